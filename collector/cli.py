@@ -1,0 +1,138 @@
+"""The `tracejudge` command: `evaluate` scores test-case files now; `serve` is the collector (not built yet)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from scoring import METRICS, BaseMetric, TracejudgeError, evaluate
+from scoring.errors import InvalidTestCaseError, JudgeConfigurationError
+from scoring.test_case import ConversationalTestCase, load_test_case
+
+EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class InputFileError(TracejudgeError):
+    """The test-case file cannot be read or one of its cases does not validate."""
+
+
+def read_test_cases(path: Path) -> list[ConversationalTestCase]:
+    """Test cases from a JSON file (one case or a list) or JSON Lines (one case per line)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputFileError(f"cannot read {path}: {exc}") from exc
+    try:
+        whole: Any = json.loads(text)
+    except json.JSONDecodeError:
+        whole = None
+    if isinstance(whole, dict | list):
+        items = [(None, c) for c in (whole if isinstance(whole, list) else [whole])]
+    else:
+        items = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                items.append((number, json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise InputFileError(f"{path}:{number}: not valid JSON ({exc.msg}); expected a JSON file "
+                                     "or one test case per line (JSON Lines)") from exc
+    if not items:
+        raise InputFileError(f"{path} holds no test case")
+    cases = []
+    for i, (line, data) in enumerate(items):
+        try:
+            cases.append(load_test_case(data))
+        except InvalidTestCaseError as exc:
+            where = f"{path}:{line}" if line is not None else f"{path} case {i}"
+            raise InputFileError(f"{where}: {exc}") from exc
+    return cases
+
+
+def _build_metrics(args: argparse.Namespace) -> list[BaseMetric]:
+    names = args.metric or list(METRICS)
+    metrics: list[BaseMetric] = []
+    for name in dict.fromkeys(names):
+        cls = METRICS[name]
+        kwargs: dict[str, Any] = {"threshold": args.threshold, "strict_mode": args.strict}
+        if name != "mcp_call_validity":
+            kwargs.update(model=args.model, eval_mode=args.eval_mode)
+        metrics.append(cls(**kwargs))
+    return metrics
+
+
+def _threshold(value: str) -> float | None:
+    if value.lower() == "none":
+        return None
+    number = float(value)
+    if not 0.0 <= number <= 1.0:
+        raise argparse.ArgumentTypeError("threshold must be between 0 and 1, or 'none'")
+    return number
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    try:
+        cases = read_test_cases(Path(args.file))
+        metrics = _build_metrics(args)
+    except (InputFileError, JudgeConfigurationError, TracejudgeError, ValueError) as exc:
+        print(f"tracejudge evaluate: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    result = evaluate(cases, metrics, max_concurrency=args.concurrency, print_results=args.format == "table")
+    if args.format == "json":
+        print(result.model_dump_json(indent=2))
+    return EXIT_PASS if result.passed else EXIT_FAIL
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    print(
+        "tracejudge serve: the OTLP collector is not built yet in this version (see the ingest issue). "
+        "Score test-case files with 'tracejudge evaluate FILE' meanwhile.",
+        file=sys.stderr,
+    )
+    return EXIT_FAIL
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tracejudge",
+        description="Evaluation collector for MCP-based LLM agents: OTLP traces in, MCP metric scores out.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the OTLP collector (not built yet)")
+    serve.set_defaults(func=cmd_serve)
+
+    ev = sub.add_parser(
+        "evaluate",
+        help="score test cases from a JSON or JSON Lines file",
+        description="Score ConversationalTestCase records from FILE (a JSON object, a JSON list, or JSON "
+        "Lines). Exit status: 0 all pass, 1 any fails or errors, 2 bad input or settings. The LLM judge "
+        "uses OPENAI_API_KEY and OPENAI_BASE_URL (any OpenAI-compatible server).",
+    )
+    ev.add_argument("file", metavar="FILE", help="test cases: .json (one case or a list) or .jsonl")
+    ev.add_argument("--metric", action="append", choices=list(METRICS),
+                    help="metric to run (repeatable; default: all three)")
+    ev.add_argument("--threshold", type=_threshold, default=0.5,
+                    help="pass mark in [0, 1], or 'none' to score only (default 0.5)")
+    ev.add_argument("--strict", action="store_true", help="strict mode: a score is 1 or 0, threshold 1")
+    ev.add_argument("--model", default=None, help="LLM judge model name (default gpt-5.4)")
+    ev.add_argument("--eval-mode", default=None, choices=["llm", "hybrid", "system_one"],
+                    help="eval mode of the judged metrics (default: TRACEJUDGE_EVAL_MODE, config, else llm)")
+    ev.add_argument("--concurrency", type=int, default=8, help="measures run at once (default 8)")
+    ev.add_argument("--format", choices=["table", "json"], default="table", help="output format")
+    ev.set_defaults(func=cmd_evaluate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

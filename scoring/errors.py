@@ -1,0 +1,47 @@
+"""Error types of the evaluation library; each message says what to do next."""
+
+from __future__ import annotations
+
+
+class TracejudgeError(Exception):
+    """Base of every error tracejudge raises on purpose."""
+
+
+class InvalidTestCaseError(TracejudgeError, ValueError):
+    """A test case does not validate; `problems` lists each one with the turn and field it is in."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("invalid test case: " + "; ".join(problems))
+
+
+class NoTaskError(TracejudgeError, ValueError):
+    """The conversation has nothing to judge (no user turn, or no agent response for this metric)."""
+
+
+class EvalModeError(TracejudgeError, ValueError):
+    """An eval mode is unknown or not available."""
+
+
+class JudgeConfigurationError(TracejudgeError):
+    """A judge cannot be built from the settings given (missing key, bad price, ...)."""
+
+
+class JudgeError(TracejudgeError):
+    """A judge call failed; the metric records the message in `error`."""
+
+
+class JudgeUnavailableError(JudgeError):
+    """The judge could not be reached or kept failing (429, 5xx, timeouts) after every retry."""
+
+
+class JudgeAuthenticationError(JudgeError):
+    """The judge refused the credentials (401/403); retrying will not help."""
+
+
+class JudgeRequestError(JudgeError):
+    """The judge rejected the request itself (4xx other than 401/403/429)."""
+
+
+class JudgeOutputError(JudgeError):
+    """The judge kept answering with output that is not the JSON object asked for."""

@@ -1,0 +1,137 @@
+"""Run metrics over test cases concurrently (bounded) and collect per-case, per-metric results."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from pydantic import BaseModel
+
+from scoring.loop_bridge import run_sync
+from scoring.metric import BaseMetric
+from scoring.test_case import ConversationalTestCase, load_test_case
+
+
+class MetricResult(BaseModel):
+    metric: str
+    name: str
+    score: float | None
+    success: bool | None
+    threshold: float | None
+    reason: str | None
+    evaluation_cost: float | None
+    error: str | None
+    score_breakdown: dict[str, Any] | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and self.success is not False
+
+
+class TestResult(BaseModel):
+    __test__ = False  # not a pytest class
+    index: int
+    name: str | None
+    metrics: list[MetricResult]
+
+    @property
+    def passed(self) -> bool:
+        return all(m.passed for m in self.metrics)
+
+
+class EvaluationResult(BaseModel):
+    test_results: list[TestResult]
+
+    @property
+    def passed(self) -> bool:
+        return all(t.passed for t in self.test_results)
+
+    @property
+    def total_cost(self) -> float | None:
+        costs = [m.evaluation_cost for t in self.test_results for m in t.metrics]
+        return None if any(c is None for c in costs) else sum(costs)  # type: ignore[misc]
+
+
+async def _run_one(metric: BaseMetric, case: ConversationalTestCase, gate: asyncio.Semaphore) -> MetricResult:
+    async with gate:
+        try:
+            await metric.a_measure(case)
+        except Exception as exc:  # recorded per metric; one failure must not hide the other results
+            metric.error = metric.error or f"{type(exc).__name__}: {exc}"
+    return MetricResult(
+        metric=metric.metric_id, name=metric.display_name, score=metric.score, success=metric.success,
+        threshold=metric.threshold, reason=metric.reason, evaluation_cost=metric.evaluation_cost,
+        error=metric.error, score_breakdown=metric.score_breakdown,
+    )
+
+
+async def a_evaluate(
+    test_cases: Sequence[ConversationalTestCase | dict[str, Any]],
+    metrics: Sequence[BaseMetric],
+    *,
+    max_concurrency: int = 8,
+    print_results: bool = True,
+    file: TextIO | None = None,
+) -> EvaluationResult:
+    """Every metric on every test case, at most `max_concurrency` measures at once."""
+    if not metrics:
+        raise ValueError("evaluate() needs at least one metric")
+    cases = [load_test_case(c) for c in test_cases]
+    gate = asyncio.Semaphore(max_concurrency)
+    per_case = [
+        asyncio.gather(*(_run_one(metric.copy(), case, gate) for metric in metrics)) for case in cases
+    ]
+    rows = await asyncio.gather(*per_case)
+    result = EvaluationResult(test_results=[
+        TestResult(index=i, name=case.name, metrics=list(results))
+        for i, (case, results) in enumerate(zip(cases, rows, strict=True))
+    ])
+    if print_results:
+        print(format_summary(result), file=file or sys.stdout)
+    return result
+
+
+def evaluate(
+    test_cases: Sequence[ConversationalTestCase | dict[str, Any]],
+    metrics: Sequence[BaseMetric],
+    *,
+    max_concurrency: int = 8,
+    print_results: bool = True,
+    file: TextIO | None = None,
+) -> EvaluationResult:
+    """Synchronous `a_evaluate`; works inside a running event loop too."""
+    return run_sync(a_evaluate(test_cases, metrics, max_concurrency=max_concurrency,
+                               print_results=print_results, file=file))
+
+
+def _verdict(m: MetricResult) -> str:
+    if m.error is not None:
+        return "ERROR"
+    if m.score is None:
+        return "n/a"
+    if m.success is None:
+        return "scored"
+    return "PASS" if m.success else "FAIL"
+
+
+def format_summary(result: EvaluationResult) -> str:
+    """A compact table: one line per case and metric, then totals."""
+    header = ("case", "metric", "score", "result", "cost_usd")
+    lines: list[tuple[str, ...]] = [header]
+    for t in result.test_results:
+        label = t.name or f"#{t.index}"
+        for m in t.metrics:
+            score = "-" if m.score is None else f"{m.score:.3f}"
+            cost = "-" if m.evaluation_cost is None else f"{m.evaluation_cost:.6f}"
+            lines.append((label, m.metric, score, _verdict(m), cost))
+    widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
+    text = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in lines]
+    total = result.total_cost
+    passed = sum(t.passed for t in result.test_results)
+    text.append(f"{passed}/{len(result.test_results)} test cases passed; total cost "
+                + ("unknown" if total is None else f"${total:.6f}"))
+    errors = [(t, m) for t in result.test_results for m in t.metrics if m.error]
+    text.extend(f"error in {t.name or f'#{t.index}'} {m.metric}: {m.error}" for t, m in errors)
+    return "\n".join(text)

@@ -1,0 +1,250 @@
+"""An LLM judge over any OpenAI-compatible chat completions API (OpenAI, vLLM, Ollama, llama.cpp).
+
+Every call is bounded: a per-judge concurrency cap, a timeout, retries with backoff that honour
+Retry-After, and strict output parsing with a few retries for invalid answers. Structured output
+(JSON schema) is asked for first; a server that rejects it gets plain JSON-in-text from then on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import openai
+from pydantic import BaseModel
+
+from scoring.errors import (
+    JudgeAuthenticationError,
+    JudgeConfigurationError,
+    JudgeOutputError,
+    JudgeRequestError,
+    JudgeUnavailableError,
+)
+from scoring.judges.pricing import TokenPrice, known_price
+from scoring.judges.retry import RETRYABLE_STATUS, RetryPolicy, parse_retry_after
+from scoring.judges.structured_output import parse_output
+from scoring.prompts import OutputSpec
+
+DEFAULT_MODEL = "gpt-5.4"
+
+T = TypeVar("T", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class Judgement(Generic[T]):
+    """A validated answer with what it cost: tokens over every attempt, and USD when the price is known."""
+
+    value: T
+    model: str
+    input_tokens: int
+    output_tokens: int
+    cost: float | None
+    attempts: int
+
+
+@dataclass
+class _LoopState:
+    client: openai.AsyncOpenAI
+    semaphore: asyncio.Semaphore
+
+
+class LLMJudge:
+    """Judge settings plus the clients it needs; one instance shares its concurrency cap across metrics."""
+
+    def __init__(
+        self,
+        model: str = DEFAULT_MODEL,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        input_price_per_token: float | None = None,
+        output_price_per_token: float | None = None,
+        timeout: float = 60.0,
+        max_retries: int = 4,
+        max_concurrency: int = 8,
+        output_retries: int = 2,
+        temperature: float | None = None,
+        retry_policy: RetryPolicy | None = None,
+    ) -> None:
+        if not model or not isinstance(model, str):
+            raise JudgeConfigurationError("the judge model must be a non-empty model name, e.g. 'gpt-5.4'")
+        if (input_price_per_token is None) != (output_price_per_token is None):
+            raise JudgeConfigurationError(
+                "give both input_price_per_token and output_price_per_token (USD per token), or neither"
+            )
+        if max_concurrency < 1:
+            raise JudgeConfigurationError("max_concurrency must be at least 1")
+        self.model = model
+        self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+        key = api_key or os.environ.get("OPENAI_API_KEY") or None
+        if key is None and self.base_url is None:
+            raise JudgeConfigurationError(
+                "no API key for the LLM judge: set OPENAI_API_KEY, or OPENAI_BASE_URL for a local "
+                "OpenAI-compatible server (vLLM, Ollama), or pass LLMJudge(api_key=..., base_url=...)"
+            )
+        self._api_key = key or "not-needed"
+        self.price: TokenPrice | None = (
+            TokenPrice(input_price_per_token, output_price_per_token)  # type: ignore[arg-type]
+            if input_price_per_token is not None
+            else known_price(model)
+        )
+        self.timeout = timeout
+        self.max_concurrency = max_concurrency
+        self.output_retries = output_retries
+        self.temperature = temperature
+        self.retry = retry_policy or RetryPolicy(max_retries=max_retries)
+        self.structured_output = True
+        self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"LLMJudge(model={self.model!r}, base_url={self.base_url!r})"
+
+    @property
+    def id(self) -> str:
+        return f"llm:{self.model}"
+
+    def _state(self) -> _LoopState:
+        """Client and semaphore of the running loop: asyncio objects must not cross event loops."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            state = self._states.get(loop)
+            if state is None:
+                client = openai.AsyncOpenAI(
+                    api_key=self._api_key, base_url=self.base_url, timeout=self.timeout, max_retries=0
+                )
+                state = _LoopState(client, asyncio.Semaphore(self.max_concurrency))
+                self._states[loop] = state
+            return state
+
+    async def judge(self, messages: list[dict[str, str]], output: type[T], spec: OutputSpec) -> Judgement[T]:
+        """Ask once, retrying transport failures and invalid answers; raise a JudgeError when out of tries."""
+        state = self._state()
+        async with state.semaphore:
+            return await self._judge(state.client, messages, output, spec)
+
+    async def _judge(
+        self, client: openai.AsyncOpenAI, messages: list[dict[str, str]], output: type[T], spec: OutputSpec
+    ) -> Judgement[T]:
+        input_tokens = output_tokens = attempts = failures = invalid = 0
+        while True:
+            attempts += 1
+            structured = self.structured_output
+            try:
+                completion = await self._create(client, messages, spec, structured)
+            except openai.APIStatusError as exc:
+                status = exc.status_code
+                if status in (401, 403):
+                    raise JudgeAuthenticationError(
+                        f"the LLM judge at {self._where()} refused the credentials (HTTP {status}): "
+                        f"{_server_message(exc)}; check OPENAI_API_KEY or the judge's api_key"
+                    ) from exc
+                if structured and status in (400, 422):
+                    completion = await self._fallback_to_text(client, messages, spec, exc)
+                elif status in RETRYABLE_STATUS and failures < self.retry.max_retries:
+                    await self.retry.sleep(self.retry.delay(failures, parse_retry_after(exc.response.headers)))
+                    failures += 1
+                    continue
+                elif status in RETRYABLE_STATUS:
+                    raise self._unavailable(f"HTTP {status}: {_server_message(exc)}", attempts) from exc
+                else:
+                    raise JudgeRequestError(
+                        f"the LLM judge at {self._where()} rejected the request (HTTP {status}): "
+                        f"{_server_message(exc)}"
+                    ) from exc
+            except (openai.APIConnectionError, openai.APIResponseValidationError) as exc:
+                if failures < self.retry.max_retries:
+                    await self.retry.sleep(self.retry.delay(failures))
+                    failures += 1
+                    continue
+                raise self._unavailable(f"{type(exc).__name__}: {exc}", attempts) from exc
+            usage = completion.usage
+            if usage is not None:
+                input_tokens += usage.prompt_tokens or 0
+                output_tokens += usage.completion_tokens or 0
+            try:
+                value = parse_output(_content(completion), output)
+            except JudgeOutputError as exc:
+                invalid += 1
+                if invalid > self.output_retries:
+                    raise JudgeOutputError(f"{exc} (after {invalid} answers from {self.model})") from exc
+                continue
+            cost = self.price.cost(input_tokens, output_tokens) if self.price else None
+            return Judgement(value, completion.model or self.model, input_tokens, output_tokens, cost, attempts)
+
+    async def _fallback_to_text(
+        self,
+        client: openai.AsyncOpenAI,
+        messages: list[dict[str, str]],
+        spec: OutputSpec,
+        rejection: openai.APIStatusError,
+    ) -> Any:
+        """Retry once without `response_format`; remember the server lacks JSON schema only if that works."""
+        try:
+            completion = await self._create(client, messages, spec, structured=False)
+        except openai.APIStatusError as exc:
+            raise JudgeRequestError(
+                f"the LLM judge at {self._where()} rejected the request (HTTP {exc.status_code}): "
+                f"{_server_message(exc)} (with a JSON schema response format: {_server_message(rejection)})"
+            ) from exc
+        self.structured_output = False
+        return completion
+
+    async def _create(
+        self, client: openai.AsyncOpenAI, messages: list[dict[str, str]], spec: OutputSpec, structured: bool
+    ) -> Any:
+        kwargs: dict[str, Any] = {"model": self.model, "messages": messages}
+        if structured:
+            kwargs["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": spec.name, "schema": spec.schema, "strict": True},
+            }
+        if self.temperature is not None:
+            kwargs["temperature"] = self.temperature
+        return await client.chat.completions.create(**kwargs)
+
+    def _where(self) -> str:
+        return self.base_url or "api.openai.com"
+
+    def _unavailable(self, last: str, attempts: int) -> JudgeUnavailableError:
+        return JudgeUnavailableError(
+            f"the LLM judge at {self._where()} kept failing after {attempts} attempts (last: {last}); "
+            "the judge may be down or rate-limiting: retry later or lower max_concurrency"
+        )
+
+
+def _content(completion: Any) -> str | None:
+    if not completion.choices:
+        return None
+    message = completion.choices[0].message
+    if getattr(message, "refusal", None):
+        raise JudgeOutputError(f"the judge refused to answer: {message.refusal}")
+    return message.content
+
+
+def _server_message(exc: openai.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return err["message"]
+        if isinstance(body.get("detail"), str):
+            return body["detail"]
+    return str(exc.message)
+
+
+def resolve_llm_judge(model: str | LLMJudge | None) -> LLMJudge:
+    """A metric's `model` argument as a judge: a model name, a judge object, or None for the default."""
+    if isinstance(model, LLMJudge):
+        return model
+    if model is None or isinstance(model, str):
+        return LLMJudge(model or DEFAULT_MODEL)
+    raise JudgeConfigurationError(
+        f"model must be a model name or an LLMJudge, not {type(model).__name__}"
+    )

@@ -1,0 +1,271 @@
+"""The conversational test-case model, in DeepEval's field names, that every stage exchanges.
+
+Two kinds of model live here. Test-case models (`Turn`, `ConversationalTestCase`, the MCP call records)
+use DeepEval's snake_case names and also accept camelCase. MCP protocol shapes (`Tool`,
+`CallToolResult`, ...) are the MCP JSON: they dump in camelCase (`inputSchema`, `structuredContent`,
+`isError`) and keep unknown protocol fields, so nothing a server sent is lost. Live `mcp.types`
+objects are accepted wherever their JSON would be; the `mcp` package itself is not required.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import (
+    AliasGenerator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from scoring.errors import InvalidTestCaseError
+
+__all__ = [
+    "CallToolResult",
+    "ContentBlock",
+    "ConversationalTestCase",
+    "GetPromptResult",
+    "MCPPromptCall",
+    "MCPResourceCall",
+    "MCPServer",
+    "MCPToolCall",
+    "Prompt",
+    "PromptArgument",
+    "PromptMessage",
+    "ReadResourceResult",
+    "Resource",
+    "ResourceContents",
+    "Tool",
+    "ToolCall",
+    "Turn",
+    "load_test_case",
+]
+
+
+def _foreign_model_to_json(value: Any, own: type[BaseModel]) -> Any:
+    """Turn another library's pydantic object (e.g. `mcp.types.Tool`) into its protocol JSON."""
+    if isinstance(value, BaseModel) and not isinstance(value, own):
+        return value.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return value
+
+
+class _CaseModel(BaseModel):
+    """A test-case record: snake_case names, camelCase accepted, unknown fields rejected."""
+
+    model_config = ConfigDict(
+        alias_generator=AliasGenerator(validation_alias=to_camel),
+        validate_by_name=True,
+        validate_by_alias=True,
+        extra="forbid",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _accept_foreign_models(cls, value: Any) -> Any:
+        return _foreign_model_to_json(value, cls)
+
+
+class _ProtocolModel(BaseModel):
+    """An MCP protocol shape: camelCase on the wire, snake_case in Python, unknown fields kept."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+        extra="allow",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _accept_foreign_models(cls, value: Any) -> Any:
+        return _foreign_model_to_json(value, cls)
+
+
+# --- MCP protocol shapes ------------------------------------------------------------------------------
+
+
+class ContentBlock(_ProtocolModel):
+    """One content block: text, image, audio, resource (embedded) or resource_link, or a future type."""
+
+    type: str
+    text: str | None = None
+    data: str | None = None
+    mime_type: str | None = None
+    uri: str | None = None
+    name: str | None = None
+    resource: dict[str, Any] | None = None
+
+
+
+class CallToolResult(_ProtocolModel):
+    content: list[ContentBlock] = Field(default_factory=list)
+    structured_content: Any = None
+    is_error: bool = False
+
+
+class ResourceContents(_ProtocolModel):
+    uri: str
+    mime_type: str | None = None
+    text: str | None = None
+    blob: str | None = None
+
+
+class ReadResourceResult(_ProtocolModel):
+    contents: list[ResourceContents] = Field(default_factory=list)
+
+
+class PromptMessage(_ProtocolModel):
+    role: str
+    content: ContentBlock
+
+
+class GetPromptResult(_ProtocolModel):
+    description: str | None = None
+    messages: list[PromptMessage] = Field(default_factory=list)
+
+
+class Tool(_ProtocolModel):
+    name: str
+    title: str | None = None
+    description: str | None = None
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    output_schema: dict[str, Any] | None = None
+
+
+class Resource(_ProtocolModel):
+    uri: str
+    name: str | None = None
+    description: str | None = None
+    mime_type: str | None = None
+
+
+class PromptArgument(_ProtocolModel):
+    name: str
+    description: str | None = None
+    required: bool | None = None
+
+
+class Prompt(_ProtocolModel):
+    name: str
+    description: str | None = None
+    arguments: list[PromptArgument] = Field(default_factory=list)
+
+
+# --- test-case records --------------------------------------------------------------------------------
+
+
+class MCPServer(_CaseModel):
+    """What one MCP server advertised: the inventory the agent chose from."""
+
+    server_name: str
+    transport: Literal["stdio", "sse", "streamable-http"] | None = None
+    available_tools: list[Tool] = Field(default_factory=list)
+    available_resources: list[Resource] = Field(default_factory=list)
+    available_prompts: list[Prompt] = Field(default_factory=list)
+
+
+class MCPToolCall(_CaseModel):
+    name: str
+    args: dict[str, Any] = Field(default_factory=dict)
+    result: CallToolResult | None = None
+
+
+class MCPResourceCall(_CaseModel):
+    uri: str
+    result: ReadResourceResult | None = None
+
+
+class MCPPromptCall(_CaseModel):
+    name: str
+    args: dict[str, Any] = Field(default_factory=dict)
+    result: GetPromptResult | None = None
+
+
+class ToolCall(_CaseModel):
+    """A non-MCP tool (function) call, in DeepEval's shape."""
+
+    name: str
+    input_parameters: dict[str, Any] | None = None
+    output: Any = None
+    type: str | None = None
+    description: str | None = None
+    reasoning: str | None = None
+
+
+class Turn(_CaseModel):
+    role: Literal["user", "assistant"]
+    content: str = ""
+    user_id: str | None = None
+    latency_ms: float | None = None
+    retrieval_context: list[str] | None = None
+    tools_called: list[ToolCall] | None = None
+    mcp_tools_called: list[MCPToolCall] | None = None
+    mcp_resources_called: list[MCPResourceCall] | None = None
+    mcp_prompts_called: list[MCPPromptCall] | None = None
+    metadata: dict[str, Any] | None = None
+
+    @property
+    def has_mcp_calls(self) -> bool:
+        return bool(self.mcp_tools_called or self.mcp_resources_called or self.mcp_prompts_called)
+
+
+class ConversationalTestCase(_CaseModel):
+    turns: list[Turn]
+    scenario: str | None = None
+    expected_outcome: str | None = None
+    user_description: str | None = None
+    chatbot_role: str | None = None
+    context: list[str] | None = None
+    name: str | None = None
+    tags: list[str] | None = None
+    metadata: dict[str, Any] | None = None
+    mcp_servers: list[MCPServer] | None = None
+
+    @field_validator("turns")
+    @classmethod
+    def _turns_not_empty(cls, turns: list[Turn]) -> list[Turn]:
+        if not turns:
+            raise ValueError("a conversational test case needs at least one turn")
+        return turns
+
+
+def _describe_location(loc: tuple[int | str, ...], data: Any) -> str:
+    """Say where an error is in words: 'turn 2 (assistant), mcp_tools_called[0].args'."""
+    parts: list[str] = []
+    i = 0
+    if len(loc) >= 2 and loc[0] == "turns" and isinstance(loc[1], int):
+        role = None
+        if isinstance(data, dict):
+            turns = data.get("turns")
+            if isinstance(turns, list) and loc[1] < len(turns) and isinstance(turns[loc[1]], dict):
+                role = turns[loc[1]].get("role")
+        parts.append(f"turn {loc[1]}" + (f" ({role})" if isinstance(role, str) else ""))
+        i = 2
+    path = ""
+    for item in loc[i:]:
+        path += f"[{item}]" if isinstance(item, int) else (f".{item}" if path else str(item))
+    if path:
+        parts.append(path)
+    return ", ".join(parts) or "test case"
+
+
+def load_test_case(data: dict[str, Any] | str | bytes | ConversationalTestCase) -> ConversationalTestCase:
+    """Validate a test case from a dict or JSON text, with errors that name the turn and field."""
+    if isinstance(data, ConversationalTestCase):
+        return data
+    if isinstance(data, str | bytes):
+        try:
+            data = json.loads(data)
+        except json.JSONDecodeError as exc:
+            raise InvalidTestCaseError([f"not valid JSON: {exc}"]) from exc
+    try:
+        return ConversationalTestCase.model_validate(data)
+    except ValidationError as exc:
+        problems = [f"{_describe_location(err['loc'], data)}: {err['msg']}" for err in exc.errors()]
+        raise InvalidTestCaseError(problems) from exc
