@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import Sequence
+from contextlib import AsyncExitStack
 from typing import Any, TextIO
 
 from pydantic import BaseModel
 
+from scoring.judges.llm import LLMJudge
 from scoring.loop_bridge import run_sync
 from scoring.metric import BaseMetric
 from scoring.test_case import ConversationalTestCase, load_test_case
@@ -80,10 +82,14 @@ async def a_evaluate(
         raise ValueError("evaluate() needs at least one metric")
     cases = [load_test_case(c) for c in test_cases]
     gate = asyncio.Semaphore(max_concurrency)
-    per_case = [
-        asyncio.gather(*(_run_one(metric.copy(), case, gate) for metric in metrics)) for case in cases
-    ]
-    rows = await asyncio.gather(*per_case)
+    async with AsyncExitStack() as stack:
+        judges = {id(j): j for m in metrics if isinstance(j := getattr(m, "model", None), LLMJudge)}
+        for judge in judges.values():  # one connection pool per judge for the whole run
+            await stack.enter_async_context(judge.session())
+        per_case = [
+            asyncio.gather(*(_run_one(metric.copy(), case, gate) for metric in metrics)) for case in cases
+        ]
+        rows = await asyncio.gather(*per_case)
     result = EvaluationResult(test_results=[
         TestResult(index=i, name=case.name, metrics=list(results))
         for i, (case, results) in enumerate(zip(cases, rows, strict=True))

@@ -13,6 +13,7 @@ from scoring.judges.llm import LLMJudge, resolve_llm_judge
 from scoring.judges.structured_output import ReasonVerdict
 from scoring.metric import BaseMetric, Scored, Usage
 from scoring.prompts import FINAL_REASON, REASON_OUTPUT, OutputSpec, build_messages
+from scoring.test_case import ConversationalTestCase
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -34,6 +35,10 @@ class JudgedMetric(BaseMetric):
         self.eval_mode = resolve_eval_mode(eval_mode)
         self.system_one_model = system_one_model
         self.model = resolve_llm_judge(model)
+
+    async def a_measure(self, test_case: ConversationalTestCase | dict[str, Any]) -> float | None:
+        async with self.model.session():
+            return await super().a_measure(test_case)
 
     async def _ask(self, usage: Usage, name: str, instructions: str, data: Any, output: type[T],
                    spec: OutputSpec) -> T:

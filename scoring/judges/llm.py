@@ -11,6 +11,8 @@ import asyncio
 import os
 import threading
 import weakref
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -48,8 +50,9 @@ class Judgement(Generic[T]):
 
 @dataclass
 class _LoopState:
-    client: openai.AsyncOpenAI
     semaphore: asyncio.Semaphore
+    client: openai.AsyncOpenAI | None = None
+    sessions: int = 0
 
 
 class LLMJudge:
@@ -111,23 +114,41 @@ class LLMJudge:
         return f"llm:{self.model}"
 
     def _state(self) -> _LoopState:
-        """Client and semaphore of the running loop: asyncio objects must not cross event loops."""
+        """State of the running loop: asyncio objects and connections must not cross event loops."""
         loop = asyncio.get_running_loop()
         with self._lock:
             state = self._states.get(loop)
             if state is None:
-                client = openai.AsyncOpenAI(
-                    api_key=self._api_key, base_url=self.base_url, timeout=self.timeout, max_retries=0
-                )
-                state = _LoopState(client, asyncio.Semaphore(self.max_concurrency))
-                self._states[loop] = state
+                state = self._states[loop] = _LoopState(asyncio.Semaphore(self.max_concurrency))
             return state
+
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator[None]:
+        """Keep one connection pool open for the calls inside; the last session out closes it.
+
+        Metrics and `evaluate()` open a session around their calls, so connections are reused within a
+        run and closed before its event loop ends.
+        """
+        state = self._state()
+        state.sessions += 1
+        try:
+            yield
+        finally:
+            state.sessions -= 1
+            if state.sessions == 0 and state.client is not None:
+                client, state.client = state.client, None
+                await client.close()
 
     async def judge(self, messages: list[dict[str, str]], output: type[T], spec: OutputSpec) -> Judgement[T]:
         """Ask once, retrying transport failures and invalid answers; raise a JudgeError when out of tries."""
-        state = self._state()
-        async with state.semaphore:
-            return await self._judge(state.client, messages, output, spec)
+        async with self.session():
+            state = self._state()
+            if state.client is None:
+                state.client = openai.AsyncOpenAI(
+                    api_key=self._api_key, base_url=self.base_url, timeout=self.timeout, max_retries=0
+                )
+            async with state.semaphore:
+                return await self._judge(state.client, messages, output, spec)
 
     async def _judge(
         self, client: openai.AsyncOpenAI, messages: list[dict[str, str]], output: type[T], spec: OutputSpec

@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from scoring import LLMJudge, RetryPolicy
+from tests.support.openai_server import FakeOpenAIServer
+
+
+class SleepRecorder:
+    """Records the waits a judge asks for instead of sleeping, so backoff is checked exactly and fast."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "TRACEJUDGE_EVAL_MODE", "TRACEJUDGE_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture
+def judge_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAIServer]:
+    with FakeOpenAIServer() as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-secret")
+        yield server
+
+
+@pytest.fixture
+def sleeps() -> SleepRecorder:
+    return SleepRecorder()
+
+
+@pytest.fixture
+def judge(judge_server: FakeOpenAIServer, sleeps: SleepRecorder) -> LLMJudge:
+    return LLMJudge("gpt-4o-mini", base_url=judge_server.base_url, api_key="sk-test-not-a-secret",
+                    retry_policy=RetryPolicy(max_retries=3, sleep=sleeps))

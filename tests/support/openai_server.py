@@ -1,0 +1,137 @@
+"""A scripted OpenAI-compatible chat completions server on a loopback port, speaking real HTTP.
+
+It stands in for the LLM API, which tests cannot reach. Each test gives a `script`: a function from the
+parsed request to a `Reply`. The server records every request so tests can count calls and read the
+exact prompts sent.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from scoring.prompts import DATA_CLOSE, DATA_OPEN
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    body: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Request:
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+    received_at: float
+
+    @property
+    def system(self) -> str:
+        return self.body["messages"][0]["content"]
+
+    @property
+    def user(self) -> str:
+        return self.body["messages"][-1]["content"]
+
+    @property
+    def judge(self) -> str:
+        """Which tracejudge judge sent this, from the fixed first line of the system prompt."""
+        match = re.search(r"tracejudge judge '([a-z_]+)'", self.system)
+        return match.group(1) if match else "unknown"
+
+    @property
+    def data(self) -> Any:
+        """The JSON data block of the user message, decoded."""
+        text = self.user
+        start, end = text.index(DATA_OPEN) + len(DATA_OPEN), text.rindex(DATA_CLOSE)
+        return json.loads(text[start:end])
+
+    @property
+    def structured(self) -> bool:
+        return (self.body.get("response_format") or {}).get("type") == "json_schema"
+
+
+def completion(content: str | dict[str, Any], prompt_tokens: int = 100, completion_tokens: int = 20,
+               model: str = "judge-model-1") -> Reply:
+    text = content if isinstance(content, str) else json.dumps(content)
+    return Reply(body={
+        "id": "chatcmpl-test",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": text}}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
+    })
+
+
+def error(status: int, message: str, headers: dict[str, str] | None = None) -> Reply:
+    return Reply(status=status, body={"error": {"message": message, "type": "test", "code": None}},
+                 headers=headers or {})
+
+
+Script = Callable[[Request], Reply]
+
+
+class FakeOpenAIServer:
+    def __init__(self, script: Script | None = None) -> None:
+        self.script: Script = script or (lambda r: completion({"reason": "ok", "score": 1.0}))
+        self.requests: list[Request] = []
+        self._lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length", "0"))
+                raw = self.rfile.read(length)
+                request = Request(self.path, {k.lower(): v for k, v in self.headers.items()},
+                                  json.loads(raw or b"{}"), time.monotonic())
+                with server._lock:
+                    server.requests.append(request)
+                if self.path.rstrip("/") != "/v1/chat/completions":
+                    reply = error(404, f"no route {self.path}")
+                else:
+                    try:
+                        reply = server.script(request)
+                    except Exception as exc:  # a broken script must show up as a 500, not a hang
+                        reply = error(500, f"script error: {exc!r}")
+                payload = json.dumps(reply.body).encode() if not isinstance(reply.body, bytes) else reply.body
+                self.send_response(reply.status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(payload)))
+                for key, value in reply.headers.items():
+                    self.send_header(key, value)
+                self.end_headers()
+                self.wfile.write(payload)
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self.port = self._httpd.server_address[1]
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+
+    def __enter__(self) -> FakeOpenAIServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def calls(self, judge: str | None = None) -> list[Request]:
+        with self._lock:
+            return [r for r in self.requests if judge is None or r.judge == judge]

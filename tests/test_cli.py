@@ -1,0 +1,85 @@
+"""`tracejudge evaluate` as users run it: a real process, files on disk, the judge on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.cases import three_task_case, two_turn_case
+from tests.test_metrics_llm import scripted
+
+
+def run(args: list[str], env_extra: dict[str, str] | None = None, cwd: Path | None = None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "TRACEJUDGE_"))}
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "collector.cli", *args], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=120)
+
+
+@pytest.fixture
+def judge_env(judge_server) -> dict[str, str]:
+    judge_server.script = scripted
+    return {"OPENAI_BASE_URL": judge_server.base_url, "OPENAI_API_KEY": "sk-test-not-a-secret"}
+
+
+def test_all_pass_exits_zero_with_a_table(tmp_path, judge_env) -> None:
+    path = tmp_path / "cases.jsonl"
+    path.write_text("\n".join(json.dumps(c) for c in (two_turn_case(), three_task_case())) + "\n")
+    proc = run(["evaluate", str(path), "--model", "gpt-4o-mini"], judge_env)
+    assert proc.returncode == 0, proc.stderr
+    assert "2/2 test cases passed" in proc.stdout
+    assert "mcp_call_validity" in proc.stdout and "mcp_use" in proc.stdout
+
+
+def test_any_failure_exits_one_and_json_format_is_machine_readable(tmp_path, judge_env) -> None:
+    path = tmp_path / "cases.json"
+    path.write_text(json.dumps([two_turn_case(), three_task_case()]))
+    proc = run(["evaluate", str(path), "--metric", "mcp_task_completion", "--threshold", "0.8",
+                "--format", "json"], judge_env)
+    assert proc.returncode == 1, proc.stderr
+    result = json.loads(proc.stdout)
+    scores = [t["metrics"][0]["score"] for t in result["test_results"]]
+    assert scores == pytest.approx([0.9, 2.2 / 3])
+    assert [t["metrics"][0]["success"] for t in result["test_results"]] == [True, False]
+
+
+def test_validity_only_needs_no_judge(tmp_path) -> None:
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps(two_turn_case()))
+    proc = run(["evaluate", str(path), "--metric", "mcp_call_validity"])
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"turns": []}\n', "at least one turn"),
+    ('{"turns": [{"role": "user", "content": "a"}]}\n{"turns": [{"role": "bot"}]}\n', "cases.jsonl:2: invalid"),
+    ('{"turns": [{"role": "user", "content": "a"}]}\nnot json\n', "cases.jsonl:2: not valid JSON"),
+    ("", "holds no test case"),
+])
+def test_bad_input_exits_two_with_a_precise_message(tmp_path, content, message) -> None:
+    path = tmp_path / "cases.jsonl"
+    path.write_text(content)
+    proc = run(["evaluate", str(path), "--metric", "mcp_call_validity"])
+    assert proc.returncode == 2
+    assert message in proc.stderr
+
+
+def test_missing_judge_settings_and_missing_file_exit_two(tmp_path) -> None:
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps(two_turn_case()))
+    proc = run(["evaluate", str(path)])
+    assert proc.returncode == 2 and "set OPENAI_API_KEY" in proc.stderr
+    proc = run(["evaluate", str(tmp_path / "missing.json")])
+    assert proc.returncode == 2 and "cannot read" in proc.stderr
+    proc = run(["evaluate", str(path), "--threshold", "7"])
+    assert proc.returncode == 2 and "threshold must be between 0 and 1" in proc.stderr
+
+
+def test_serve_says_plainly_that_it_is_not_built_yet() -> None:
+    proc = run(["serve"])
+    assert proc.returncode == 1 and "not built yet" in proc.stderr
