@@ -47,14 +47,18 @@ __all__ = [
 ]
 
 
-def _foreign_model_to_json(value: Any, own: type[BaseModel]) -> Any:
-    """Turn another library's pydantic object (e.g. `mcp.types.Tool`) into its protocol JSON."""
-    if isinstance(value, BaseModel) and not isinstance(value, own):
-        return value.model_dump(mode="json", by_alias=True, exclude_none=True)
-    return value
+class _Model(BaseModel):
+    """Accepts another library's pydantic object (e.g. `mcp.types.Tool`) as its protocol JSON."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _accept_foreign_models(cls, value: Any) -> Any:
+        if isinstance(value, BaseModel) and not isinstance(value, cls):
+            return value.model_dump(mode="json", by_alias=True, exclude_none=True)
+        return value
 
 
-class _CaseModel(BaseModel):
+class _CaseModel(_Model):
     """A test-case record: snake_case names, camelCase accepted, unknown fields rejected."""
 
     model_config = ConfigDict(
@@ -64,13 +68,8 @@ class _CaseModel(BaseModel):
         extra="forbid",
     )
 
-    @model_validator(mode="before")
-    @classmethod
-    def _accept_foreign_models(cls, value: Any) -> Any:
-        return _foreign_model_to_json(value, cls)
 
-
-class _ProtocolModel(BaseModel):
+class _ProtocolModel(_Model):
     """An MCP protocol shape: camelCase on the wire, snake_case in Python, unknown fields kept."""
 
     model_config = ConfigDict(
@@ -80,11 +79,6 @@ class _ProtocolModel(BaseModel):
         serialize_by_alias=True,
         extra="allow",
     )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _accept_foreign_models(cls, value: Any) -> Any:
-        return _foreign_model_to_json(value, cls)
 
 
 # --- MCP protocol shapes ------------------------------------------------------------------------------

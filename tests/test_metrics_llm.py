@@ -13,6 +13,7 @@ from scoring import (
     JudgeAuthenticationError,
     JudgeConfigurationError,
     JudgeOutputError,
+    JudgeRequestError,
     JudgeUnavailableError,
     LLMJudge,
     MCPTaskCompletionMetric,
@@ -339,3 +340,27 @@ def test_connection_refused_is_retried_then_reported(sleeps) -> None:
     with pytest.raises(JudgeUnavailableError, match="after 3 attempts"):
         MCPTaskCompletionMetric(model=judge).measure(two_turn_case())
     assert len(sleeps.delays) == 2
+
+
+def test_slow_judge_times_out_and_is_retried(server, sleeps) -> None:
+    slow = iter([True])
+
+    def sometimes_slow(request: Request) -> Reply:
+        if next(slow, False):
+            threading.Event().wait(1.0)
+        return scripted(request)
+
+    server.script = sometimes_slow
+    judge = LLMJudge("gpt-4o-mini", timeout=0.2, retry_policy=RetryPolicy(max_retries=2, sleep=sleeps))
+    metric = MCPTaskCompletionMetric(model=judge, include_reason=False)
+    assert metric.measure(two_turn_case()) == pytest.approx(0.9)
+    assert len(sleeps.delays) == 1 and len(server.calls()) == 2
+
+
+def test_a_request_the_judge_rejects_is_reported_with_the_server_message(server, judge) -> None:
+    server.script = lambda r: error(400, "maximum context length is 8192 tokens")
+    metric = MCPTaskCompletionMetric(model=judge)
+    with pytest.raises(JudgeRequestError, match=r"\(HTTP 400\): maximum context length is 8192 tokens"):
+        metric.measure(two_turn_case())
+    assert [r.structured for r in server.calls()] == [True, False]
+    assert judge.structured_output is True  # a failed fallback proves nothing about schema support

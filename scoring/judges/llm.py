@@ -154,9 +154,10 @@ class LLMJudge:
         self, client: openai.AsyncOpenAI, messages: list[dict[str, str]], output: type[T], spec: OutputSpec
     ) -> Judgement[T]:
         input_tokens = output_tokens = attempts = failures = invalid = 0
+        structured = self.structured_output
+        rejection: openai.APIStatusError | None = None
         while True:
             attempts += 1
-            structured = self.structured_output
             try:
                 completion = await self._create(client, messages, spec, structured)
             except openai.APIStatusError as exc:
@@ -167,24 +168,27 @@ class LLMJudge:
                         f"{_server_message(exc)}; check OPENAI_API_KEY or the judge's api_key"
                     ) from exc
                 if structured and status in (400, 422):
-                    completion = await self._fallback_to_text(client, messages, spec, exc)
-                elif status in RETRYABLE_STATUS and failures < self.retry.max_retries:
-                    await self.retry.sleep(self.retry.delay(failures, parse_retry_after(exc.response.headers)))
-                    failures += 1
+                    structured, rejection = False, exc  # ask again with the schema in the prompt only
                     continue
-                elif status in RETRYABLE_STATUS:
-                    raise self._unavailable(f"HTTP {status}: {_server_message(exc)}", attempts) from exc
-                else:
+                if status not in RETRYABLE_STATUS:
+                    also = f" (with a JSON schema response format: {_server_message(rejection)})" if rejection else ""
                     raise JudgeRequestError(
                         f"the LLM judge at {self._where()} rejected the request (HTTP {status}): "
-                        f"{_server_message(exc)}"
+                        f"{_server_message(exc)}{also}"
                     ) from exc
+                if failures >= self.retry.max_retries:
+                    raise self._unavailable(f"HTTP {status}: {_server_message(exc)}", attempts) from exc
+                await self.retry.sleep(self.retry.delay(failures, parse_retry_after(exc.response.headers)))
+                failures += 1
+                continue
             except (openai.APIConnectionError, openai.APIResponseValidationError) as exc:
-                if failures < self.retry.max_retries:
-                    await self.retry.sleep(self.retry.delay(failures))
-                    failures += 1
-                    continue
-                raise self._unavailable(f"{type(exc).__name__}: {exc}", attempts) from exc
+                if failures >= self.retry.max_retries:
+                    raise self._unavailable(f"{type(exc).__name__}: {exc}", attempts) from exc
+                await self.retry.sleep(self.retry.delay(failures))
+                failures += 1
+                continue
+            if rejection is not None:
+                self.structured_output = False  # this server answers without a JSON schema format
             usage = completion.usage
             if usage is not None:
                 input_tokens += usage.prompt_tokens or 0
@@ -197,25 +201,8 @@ class LLMJudge:
                     raise JudgeOutputError(f"{exc} (after {invalid} answers from {self.model})") from exc
                 continue
             cost = self.price.cost(input_tokens, output_tokens) if self.price else None
-            return Judgement(value, completion.model or self.model, input_tokens, output_tokens, cost, attempts)
-
-    async def _fallback_to_text(
-        self,
-        client: openai.AsyncOpenAI,
-        messages: list[dict[str, str]],
-        spec: OutputSpec,
-        rejection: openai.APIStatusError,
-    ) -> Any:
-        """Retry once without `response_format`; remember the server lacks JSON schema only if that works."""
-        try:
-            completion = await self._create(client, messages, spec, structured=False)
-        except openai.APIStatusError as exc:
-            raise JudgeRequestError(
-                f"the LLM judge at {self._where()} rejected the request (HTTP {exc.status_code}): "
-                f"{_server_message(exc)} (with a JSON schema response format: {_server_message(rejection)})"
-            ) from exc
-        self.structured_output = False
-        return completion
+            model = completion.model or self.model
+            return Judgement(value, model, input_tokens, output_tokens, cost, attempts)
 
     async def _create(
         self, client: openai.AsyncOpenAI, messages: list[dict[str, str]], spec: OutputSpec, structured: bool
