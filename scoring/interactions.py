@@ -74,18 +74,20 @@ def split_tasks(test_case: ConversationalTestCase) -> list[Task]:
             "add the user's messages as turns with role 'user'"
         )
     servers = _ServerIndex(test_case.mcp_servers or [])
-    steps = [render_step(i, t, servers) if t.role == "assistant" else None for i, t in enumerate(turns)]
-    context = tuple(step for step, unit in zip(steps, units, strict=True) if unit < 0 and step is not None)
-    tasks: list[Task] = []
-    for n in range(units[-1] + 1):
-        members = [i for i, unit in enumerate(units) if unit == n]
-        tasks.append(Task(
-            index=n,
-            text="\n".join(turns[i].content for i in members if turns[i].role == "user"),
-            user_turns=tuple(i for i in members if turns[i].role == "user"),
-            steps=tuple(steps[i] for i in members if steps[i] is not None),
-            context=context if n == 0 else (),
-        ))
+    asks: list[list[str]] = [[] for _ in range(units[-1] + 1)]
+    user_turns: list[list[int]] = [[] for _ in asks]
+    steps: list[list[dict[str, Any]]] = [[] for _ in range(len(asks) + 1)]  # last: before any user turn
+    for i, (turn, unit) in enumerate(zip(turns, units, strict=True)):
+        if turn.role == "user":
+            asks[unit].append(turn.content)
+            user_turns[unit].append(i)
+        else:
+            steps[unit].append(render_step(i, turn, servers))
+    tasks = [
+        Task(index=n, text="\n".join(asks[n]), user_turns=tuple(user_turns[n]), steps=tuple(steps[n]),
+             context=tuple(steps[-1]) if n == 0 else ())
+        for n in range(len(asks))
+    ]
     return tasks
 
 

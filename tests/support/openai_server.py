@@ -110,13 +110,16 @@ class FakeOpenAIServer:
                     except Exception as exc:  # a broken script must show up as a 500, not a hang
                         reply = error(500, f"script error: {exc!r}")
                 payload = json.dumps(reply.body).encode() if not isinstance(reply.body, bytes) else reply.body
-                self.send_response(reply.status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(payload)))
-                for key, value in reply.headers.items():
-                    self.send_header(key, value)
-                self.end_headers()
-                self.wfile.write(payload)
+                try:
+                    self.send_response(reply.status)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(payload)))
+                    for key, value in reply.headers.items():
+                        self.send_header(key, value)
+                    self.end_headers()
+                    self.wfile.write(payload)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (a timeout test); nothing to answer
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
