@@ -40,8 +40,16 @@ class JudgeAuthenticationError(JudgeError):
 
 
 class JudgeRequestError(JudgeError):
-    """The judge rejected the request itself (4xx other than 401/403/429)."""
+    """The judge rejected the request itself (4xx other than 401/403/429); `status` is the HTTP status."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class JudgeOutputError(JudgeError):
     """The judge kept answering with output that is not the JSON object asked for."""
+
+
+class ContextBudgetError(JudgeError):
+    """The conversation does not fit the System One context budget; llm mode can still score it."""

@@ -7,12 +7,8 @@ Retry-After, and strict output parsing with a few retries for invalid answers. S
 
 from __future__ import annotations
 
-import asyncio
 import os
-import threading
-import weakref
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -26,8 +22,9 @@ from scoring.errors import (
     JudgeRequestError,
     JudgeUnavailableError,
 )
+from scoring.judges.loop_pool import LoopPool
 from scoring.judges.pricing import TokenPrice, known_price
-from scoring.judges.retry import RETRYABLE_STATUS, RetryPolicy, parse_retry_after
+from scoring.judges.retry import RETRYABLE_STATUS, Retry, RetryPolicy, call_with_retries, parse_retry_after
 from scoring.judges.structured_output import parse_output
 from scoring.prompts import OutputSpec
 
@@ -46,13 +43,6 @@ class Judgement(Generic[T]):
     output_tokens: int
     cost: float | None
     attempts: int
-
-
-@dataclass
-class _LoopState:
-    semaphore: asyncio.Semaphore
-    client: openai.AsyncOpenAI | None = None
-    sessions: int = 0
 
 
 class LLMJudge:
@@ -96,15 +86,16 @@ class LLMJudge:
             else known_price(model)
         )
         self.timeout = timeout
-        self.max_concurrency = max_concurrency
         self.output_retries = output_retries
         self.temperature = temperature
         self.retry = retry_policy or RetryPolicy(max_retries=max_retries)
         self.structured_output = True
-        self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = (
-            weakref.WeakKeyDictionary()
+        self._pool: LoopPool[openai.AsyncOpenAI] = LoopPool(
+            lambda: openai.AsyncOpenAI(api_key=self._api_key, base_url=self.base_url, timeout=self.timeout,
+                                       max_retries=0),
+            lambda client: client.close(),
+            max_concurrency,
         )
-        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"LLMJudge(model={self.model!r}, base_url={self.base_url!r})"
@@ -113,81 +104,55 @@ class LLMJudge:
     def id(self) -> str:
         return f"llm:{self.model}"
 
-    def _state(self) -> _LoopState:
-        """State of the running loop: asyncio objects and connections must not cross event loops."""
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            state = self._states.get(loop)
-            if state is None:
-                state = self._states[loop] = _LoopState(asyncio.Semaphore(self.max_concurrency))
-            return state
+    def session(self) -> AbstractAsyncContextManager[None]:
+        """Reuse one connection pool for the calls inside (metrics and `evaluate()` open one per run)."""
+        return self._pool.session()
 
-    @asynccontextmanager
-    async def session(self) -> AsyncIterator[None]:
-        """Keep one connection pool open for the calls inside; the last session out closes it.
+    async def complete(self, **request: Any) -> Any:
+        """One chat completion under the concurrency cap, retried on 429, 5xx, timeouts and connection errors.
 
-        Metrics and `evaluate()` open a session around their calls, so connections are reused within a
-        run and closed before its event loop ends.
+        Raises JudgeAuthenticationError (401/403), JudgeRequestError (other 4xx) or JudgeUnavailableError.
         """
-        state = self._state()
-        state.sessions += 1
-        try:
-            yield
-        finally:
-            state.sessions -= 1
-            if state.sessions == 0 and state.client is not None:
-                client, state.client = state.client, None
-                await client.close()
+        async with self._pool.slot() as client:
+            return await call_with_retries(
+                self.retry,
+                lambda: client.chat.completions.create(model=self.model, **request),
+                self._classify,
+                self._unavailable,
+            )
+
+    def _classify(self, exc: Exception) -> Retry | None:
+        if isinstance(exc, openai.APIStatusError):
+            status = exc.status_code
+            if status in (401, 403):
+                raise JudgeAuthenticationError(
+                    f"the LLM judge at {self._where()} refused the credentials (HTTP {status}): "
+                    f"{_server_message(exc)}; check OPENAI_API_KEY or the judge's api_key"
+                ) from exc
+            if status in RETRYABLE_STATUS:
+                return Retry(f"HTTP {status}: {_server_message(exc)}", parse_retry_after(exc.response.headers))
+            raise JudgeRequestError(
+                f"the LLM judge at {self._where()} rejected the request (HTTP {status}): {_server_message(exc)}",
+                status=status,
+            ) from exc
+        if isinstance(exc, openai.APIConnectionError | openai.APIResponseValidationError):
+            return Retry(f"{type(exc).__name__}: {exc}")
+        return None
 
     async def judge(self, messages: list[dict[str, str]], output: type[T], spec: OutputSpec) -> Judgement[T]:
-        """Ask once, retrying transport failures and invalid answers; raise a JudgeError when out of tries."""
-        async with self.session():
-            state = self._state()
-            if state.client is None:
-                state.client = openai.AsyncOpenAI(
-                    api_key=self._api_key, base_url=self.base_url, timeout=self.timeout, max_retries=0
-                )
-            async with state.semaphore:
-                return await self._judge(state.client, messages, output, spec)
-
-    async def _judge(
-        self, client: openai.AsyncOpenAI, messages: list[dict[str, str]], output: type[T], spec: OutputSpec
-    ) -> Judgement[T]:
-        input_tokens = output_tokens = attempts = failures = invalid = 0
+        """Ask until a valid answer arrives; invalid answers are retried a few times, then JudgeOutputError."""
+        input_tokens = output_tokens = attempts = invalid = 0
         structured = self.structured_output
-        rejection: openai.APIStatusError | None = None
         while True:
             attempts += 1
             try:
-                completion = await self._create(client, messages, spec, structured)
-            except openai.APIStatusError as exc:
-                status = exc.status_code
-                if status in (401, 403):
-                    raise JudgeAuthenticationError(
-                        f"the LLM judge at {self._where()} refused the credentials (HTTP {status}): "
-                        f"{_server_message(exc)}; check OPENAI_API_KEY or the judge's api_key"
-                    ) from exc
-                if structured and status in (400, 422):
-                    structured, rejection = False, exc  # ask again with the schema in the prompt only
+                completion = await self.complete(**self._request(messages, spec, structured))
+            except JudgeRequestError as exc:
+                if structured and exc.status in (400, 422):
+                    structured = False  # ask again with the schema spelled out in the prompt only
                     continue
-                if status not in RETRYABLE_STATUS:
-                    also = f" (with a JSON schema response format: {_server_message(rejection)})" if rejection else ""
-                    raise JudgeRequestError(
-                        f"the LLM judge at {self._where()} rejected the request (HTTP {status}): "
-                        f"{_server_message(exc)}{also}"
-                    ) from exc
-                if failures >= self.retry.max_retries:
-                    raise self._unavailable(f"HTTP {status}: {_server_message(exc)}", attempts) from exc
-                await self.retry.sleep(self.retry.delay(failures, parse_retry_after(exc.response.headers)))
-                failures += 1
-                continue
-            except (openai.APIConnectionError, openai.APIResponseValidationError) as exc:
-                if failures >= self.retry.max_retries:
-                    raise self._unavailable(f"{type(exc).__name__}: {exc}", attempts) from exc
-                await self.retry.sleep(self.retry.delay(failures))
-                failures += 1
-                continue
-            if rejection is not None:
+                raise
+            if structured != self.structured_output:
                 self.structured_output = False  # this server answers without a JSON schema format
             usage = completion.usage
             if usage is not None:
@@ -204,18 +169,16 @@ class LLMJudge:
             model = completion.model or self.model
             return Judgement(value, model, input_tokens, output_tokens, cost, attempts)
 
-    async def _create(
-        self, client: openai.AsyncOpenAI, messages: list[dict[str, str]], spec: OutputSpec, structured: bool
-    ) -> Any:
-        kwargs: dict[str, Any] = {"model": self.model, "messages": messages}
+    def _request(self, messages: list[dict[str, str]], spec: OutputSpec, structured: bool) -> dict[str, Any]:
+        request: dict[str, Any] = {"messages": messages}
         if structured:
-            kwargs["response_format"] = {
+            request["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {"name": spec.name, "schema": spec.schema, "strict": True},
             }
         if self.temperature is not None:
-            kwargs["temperature"] = self.temperature
-        return await client.chat.completions.create(**kwargs)
+            request["temperature"] = self.temperature
+        return request
 
     def _where(self) -> str:
         return self.base_url or "api.openai.com"

@@ -12,6 +12,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
+from typing import TypeVar
 
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 
@@ -57,3 +58,38 @@ class RetryPolicy:
             return min(retry_after, self.max_delay_s)
         backoff = min(self.base_delay_s * (2**attempt), self.max_delay_s)
         return backoff * (1.0 - self.jitter * random.random())
+
+
+@dataclass(frozen=True)
+class Retry:
+    """A failure worth retrying: what went wrong, and how long the server asked us to wait (if it did)."""
+
+    what: str
+    after: float | None = None
+
+
+T = TypeVar("T")
+
+
+async def call_with_retries(
+    policy: RetryPolicy,
+    send: Callable[[], Awaitable[T]],
+    classify: Callable[[Exception], Retry | None],
+    exhausted: Callable[[str, int], Exception],
+) -> T:
+    """`send()` until it succeeds; `classify` says which failures to retry (it may raise its own error).
+
+    After `policy.max_retries` retries the error from `exhausted(last failure, attempts)` is raised.
+    """
+    failures = 0
+    while True:
+        try:
+            return await send()
+        except Exception as exc:
+            retry = classify(exc)
+            if retry is None:
+                raise
+            if failures >= policy.max_retries:
+                raise exhausted(retry.what, failures + 1) from exc
+        await policy.sleep(policy.delay(failures, retry.after))
+        failures += 1
