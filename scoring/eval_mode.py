@@ -16,7 +16,6 @@ class EvalMode(StrEnum):
     SYSTEM_ONE = "system_one"
 
 
-AVAILABLE = frozenset({EvalMode.LLM})
 _VALID = ", ".join(repr(m.value) for m in EvalMode)
 
 
@@ -44,7 +43,7 @@ def _from_config_file() -> tuple[str, str] | None:
 
 
 def resolve_eval_mode(value: str | EvalMode | None) -> EvalMode:
-    """The effective mode; raises EvalModeError for unknown values and modes not built yet."""
+    """The effective mode; raises EvalModeError naming the valid values for an unknown one."""
     if value is not None:
         mode = _parse(str(value), "the eval_mode argument")
     elif env := os.environ.get("TRACEJUDGE_EVAL_MODE"):
@@ -53,9 +52,4 @@ def resolve_eval_mode(value: str | EvalMode | None) -> EvalMode:
         mode = _parse(*found)
     else:
         mode = EvalMode.LLM
-    if mode not in AVAILABLE:
-        raise EvalModeError(
-            f"eval mode {mode.value!r} is not available yet in this version of tracejudge; "
-            "use eval_mode='llm' (an LLM judge)"
-        )
     return mode

@@ -10,9 +10,9 @@ from typing import Any, TextIO
 
 from pydantic import BaseModel
 
-from scoring.judges.llm import LLMJudge
 from scoring.loop_bridge import run_sync
 from scoring.metric import BaseMetric
+from scoring.system_one_batch import decide_together
 from scoring.test_case import ConversationalTestCase, load_test_case
 
 
@@ -69,6 +69,14 @@ async def _run_one(metric: BaseMetric, case: ConversationalTestCase, gate: async
     )
 
 
+async def _run_case(case: ConversationalTestCase, metrics: Sequence[BaseMetric],
+                    gate: asyncio.Semaphore) -> list[MetricResult]:
+    copies = [metric.copy() for metric in metrics]
+    async with gate:
+        await decide_together(copies, case)
+    return list(await asyncio.gather(*(_run_one(metric, case, gate) for metric in copies)))
+
+
 async def a_evaluate(
     test_cases: Sequence[ConversationalTestCase | dict[str, Any]],
     metrics: Sequence[BaseMetric],
@@ -83,15 +91,13 @@ async def a_evaluate(
     cases = [load_test_case(c) for c in test_cases]
     gate = asyncio.Semaphore(max_concurrency)
     async with AsyncExitStack() as stack:
-        judges = {id(j): j for m in metrics if isinstance(j := getattr(m, "model", None), LLMJudge)}
+        judges = {id(j): j for m in metrics for j in (getattr(m, "model", None), getattr(m, "system_one", None))
+                  if j is not None}
         for judge in judges.values():  # one connection pool per judge for the whole run
             await stack.enter_async_context(judge.session())
-        per_case = [
-            asyncio.gather(*(_run_one(metric.copy(), case, gate) for metric in metrics)) for case in cases
-        ]
-        rows = await asyncio.gather(*per_case)
+        rows = await asyncio.gather(*(_run_case(case, metrics, gate) for case in cases))
     result = EvaluationResult(test_results=[
-        TestResult(index=i, name=case.name, metrics=list(results))
+        TestResult(index=i, name=case.name, metrics=results)
         for i, (case, results) in enumerate(zip(cases, rows, strict=True))
     ])
     if print_results:

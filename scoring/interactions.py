@@ -207,6 +207,20 @@ def render_tasks_text(tasks: list[Task]) -> str:
     return "\n".join(lines)
 
 
+def conversation_data(test_case: ConversationalTestCase, include_inventory: bool) -> dict[str, Any]:
+    """The whole conversation as one judge state: every turn with its MCP calls, and the servers if asked."""
+    servers = _ServerIndex(test_case.mcp_servers or [])
+    turns = [
+        {"turn": i, "role": "user", "content": turn.content} if turn.role == "user"
+        else {"role": "assistant", **render_step(i, turn, servers)}
+        for i, turn in enumerate(test_case.turns)
+    ]
+    state: dict[str, Any] = {"turns": turns}
+    if include_inventory:
+        state["mcp_servers"] = inventory_data(test_case.mcp_servers)
+    return state
+
+
 def inventory_data(servers: list[MCPServer] | None) -> list[dict[str, Any]]:
     """Every server's tools, resources and prompts, each under its server's name."""
     return [

@@ -1,24 +1,63 @@
-"""The part of the two MCP metrics that asks judges: eval mode, the LLM judge, concurrency, final reason."""
+"""What the two MCP metrics share: eval modes, their judges, per-task decisions and the final reason.
+
+- llm: every per-task decision by the LLM judge; final reason by the LLM.
+- hybrid: every per-task decision by System One as a four-level score, packed into as few requests as the
+  context budget allows; a decision System One cannot make (unreachable, overloaded, over budget, bad
+  credentials) falls back to the LLM and says why in `system_one_fallback_reason`.
+- system_one: one request over the whole conversation with weighted questions; no LLM at all.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel
-
+from scoring.errors import ContextBudgetError, JudgeAuthenticationError, JudgeUnavailableError, NoTaskError
 from scoring.eval_mode import EvalMode, resolve_eval_mode
-from scoring.judges.llm import LLMJudge, resolve_llm_judge
-from scoring.judges.structured_output import ReasonVerdict
+from scoring.interactions import Task, conversation_data, render_tasks_text, split_tasks
+from scoring.judges.budget import DEFAULT_BUDGET, estimate_tokens
+from scoring.judges.llm import LLMJudge
+from scoring.judges.questions import Question, ScoreLevels
+from scoring.judges.resolve import resolve_llm_judge, resolve_system_one_judge
+from scoring.judges.structured_output import ReasonVerdict, ScoreVerdict
+from scoring.judges.system_one import Decision
 from scoring.metric import BaseMetric, Scored, Usage
-from scoring.prompts import FINAL_REASON, REASON_OUTPUT, OutputSpec, build_messages
+from scoring.prompts import FINAL_REASON, REASON_OUTPUT, SCORE_OUTPUT, build_messages
+from scoring.system_one_mode import WeightedQuestion, deterministic_reason, equation, weighted_score
 from scoring.test_case import ConversationalTestCase
 
-T = TypeVar("T", bound=BaseModel)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One per-task decision: the LLM prompt that can make it and the System One question that can."""
+
+    key: str
+    task: Task
+    judge_name: str
+    instructions: str
+    data: dict[str, Any]
+    levels: tuple[str, ...]
+    question: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    score: float
+    reason: str
+    decided_by: str
+    confidence: float | None = None
+    fallback: str | None = None
 
 
 class JudgedMetric(BaseMetric):
+    system_one_questions: ClassVar[tuple[WeightedQuestion, ...]]
+    include_inventory: ClassVar[bool]
+
     def __init__(
         self,
         threshold: float | None = 0.5,
@@ -33,27 +72,181 @@ class JudgedMetric(BaseMetric):
     ) -> None:
         super().__init__(threshold, include_reason, strict_mode, async_mode, verbose_mode, flaky)
         self.eval_mode = resolve_eval_mode(eval_mode)
+        self.model = resolve_llm_judge(model) if self.eval_mode is not EvalMode.SYSTEM_ONE else None
+        self.system_one = (resolve_system_one_judge(system_one_model)
+                           if self.eval_mode is not EvalMode.LLM else None)
         self.system_one_model = system_one_model
-        self.model = resolve_llm_judge(model)
+        self._prefetched: Decision | BaseException | None = None
+
+    def _reset(self) -> None:
+        super()._reset()
+        self.system_one_fallback_reason: str | None = None
+
+    def use_decision(self, decision: Decision | BaseException) -> None:
+        """Score the next measure from a System One decision made for several metrics at once (evaluate())."""
+        self._prefetched = decision
 
     async def a_measure(self, test_case: ConversationalTestCase | dict[str, Any]) -> float | None:
-        async with self.model.session():
+        async with AsyncExitStack() as stack:
+            for judge in (self.model, self.system_one):
+                if judge is not None:
+                    await stack.enter_async_context(judge.session())
             return await super().a_measure(test_case)
 
-    async def _ask(self, usage: Usage, name: str, instructions: str, data: Any, output: type[T],
-                   spec: OutputSpec) -> T:
-        """One LLM judge call, its tokens and cost added to this measure's usage."""
-        judgement = await self.model.judge(build_messages(name, instructions, data, spec), output, spec)
-        usage.add(judgement.model, judgement.input_tokens, judgement.output_tokens, judgement.cost)
-        return judgement.value
+    async def _score(self, test_case: ConversationalTestCase, usage: Usage) -> Scored:
+        if self.eval_mode is EvalMode.SYSTEM_ONE:
+            return await self._score_system_one(test_case, usage)
+        return await self._score_tasks(test_case, usage)
 
-    async def _gather(self, calls: list[Awaitable[T]]) -> list[T]:
+    async def _score_tasks(self, test_case: ConversationalTestCase, usage: Usage) -> Scored:
+        raise NotImplementedError
+
+    async def _gather(self, calls: Sequence[Awaitable[T]]) -> list[T]:
         """Independent judge calls: concurrently in async mode (the judge caps them), else one by one."""
         if self.async_mode:
             return list(await asyncio.gather(*calls))
         return [await call for call in calls]
 
+    # --- per-task decisions (llm and hybrid) ---------------------------------------------------------
+
+    async def _decide(self, asks: list[Ask], usage: Usage, shared: dict[str, Any]) -> dict[str, Verdict]:
+        """Every ask decided: by the LLM in llm mode, else by System One with per-decision LLM fallback."""
+        if self.eval_mode is EvalMode.LLM:
+            verdicts = await self._gather([self._ask_llm(a, usage) for a in asks])
+            return {a.key: v for a, v in zip(asks, verdicts, strict=True)}
+        decided: dict[str, Verdict] = {}
+        fallbacks: list[tuple[Ask, str]] = []
+        groups, oversized = self._pack(asks, shared)
+        fallbacks += [(a, "context budget exceeded: the task alone is too large for System One") for a in oversized]
+        disabled: str | None = None
+        for group in groups:
+            if disabled is not None:
+                fallbacks += [(a, disabled) for a in group]
+                continue
+            try:
+                decision = await self._system_one_decide(group, shared)
+            except JudgeAuthenticationError as exc:
+                disabled = f"System One disabled for this measure: {exc}"
+                fallbacks += [(a, disabled) for a in group]
+                continue
+            except (JudgeUnavailableError, ContextBudgetError) as exc:
+                fallbacks += [(a, f"{type(exc).__name__}: {exc}") for a in group]
+                continue
+            usage.add(decision.model, decision.input_tokens, decision.output_tokens, decision.cost,
+                      system_one_requests=decision.requests)
+            for ask in group:
+                answer = decision.answers[ask.key]
+                level = ask.levels[int(answer.most_likely)]
+                decided[ask.key] = Verdict(
+                    answer.value,
+                    f"System One: most likely \"{level}\" (expected level {answer.expected_level:.2f} of "
+                    f"{len(ask.levels) - 1}, confidence {answer.confidence:.2f})",
+                    f"system_one:{decision.model}",
+                    answer.confidence,
+                )
+        if fallbacks:
+            causes = list(dict.fromkeys(cause for _, cause in fallbacks))
+            self.system_one_fallback_reason = "; ".join(causes)
+            verdicts = await self._gather([self._ask_llm(a, usage, cause) for a, cause in fallbacks])
+            decided.update({a.key: v for (a, _), v in zip(fallbacks, verdicts, strict=True)})
+        return decided
+
+    async def _ask_llm(self, ask: Ask, usage: Usage, fallback: str | None = None) -> Verdict:
+        verdict = await self._llm(usage, ask.judge_name, ask.instructions, ask.data, ScoreVerdict)
+        assert self.model is not None
+        return Verdict(verdict.score, verdict.reason, self.model.id, fallback=fallback)
+
+    async def _llm(self, usage: Usage, name: str, instructions: str, data: Any, output: type[Any]) -> Any:
+        assert self.model is not None
+        spec = REASON_OUTPUT if output is ReasonVerdict else SCORE_OUTPUT
+        judgement = await self.model.judge(build_messages(name, instructions, data, spec), output, spec)
+        usage.add(judgement.model, judgement.input_tokens, judgement.output_tokens, judgement.cost)
+        return judgement.value
+
+    @staticmethod
+    def _task_state(task: Task) -> dict[str, Any]:
+        return {"task_index": task.index, **task.data()}
+
+    def _questions(self, asks: list[Ask]) -> dict[str, Question]:
+        return {a.key: ScoreLevels(a.question, a.levels) for a in asks}
+
+    def _pack(self, asks: list[Ask], shared: dict[str, Any]) -> tuple[list[list[Ask]], list[Ask]]:
+        """Group asks by task into as few System One requests as the budget allows; too-large tasks apart."""
+        budget = getattr(self.system_one, "budget", DEFAULT_BUDGET)
+        by_task: dict[int, list[Ask]] = {}
+        for ask in asks:
+            by_task.setdefault(ask.task.index, []).append(ask)
+        base = estimate_tokens(shared)
+        groups: list[list[Ask]] = []
+        oversized: list[Ask] = []
+        state_tokens, q_tokens, current = base, [], []  # type: ignore[var-annotated]
+        for task_asks in by_task.values():
+            t_state = estimate_tokens(self._task_state(task_asks[0].task))
+            t_q = [estimate_tokens(q.wire()) for q in self._questions(task_asks).values()]
+            if not budget.fits(base + t_state, t_q):
+                oversized += task_asks
+                continue
+            if current and not budget.fits(state_tokens + t_state, q_tokens + t_q):
+                groups.append(current)
+                state_tokens, q_tokens, current = base, [], []
+            current = current + task_asks
+            state_tokens += t_state
+            q_tokens = q_tokens + t_q
+        if current:
+            groups.append(current)
+        return groups, oversized
+
+    async def _system_one_decide(self, group: list[Ask], shared: dict[str, Any]) -> Decision:
+        assert self.system_one is not None
+        tasks = list({a.task.index: self._task_state(a.task) for a in group}.values())
+        return await self.system_one.decide({**shared, "tasks": tasks}, self._questions(group))
+
+    # --- system_one ----------------------------------------------------------------------------------
+
+    def system_one_request(self, test_case: ConversationalTestCase) -> tuple[dict[str, Any], dict[str, Question]]:
+        """The state and the weighted questions of metrics.md section 7 for this conversation."""
+        if not any(t.role == "user" for t in test_case.turns):
+            raise NoTaskError("the conversation has no user turn, so there is no task to judge")
+        state = conversation_data(test_case, include_inventory=self.include_inventory)
+        return state, {q.key: q.question for q in self.system_one_questions}
+
+    async def _score_system_one(self, test_case: ConversationalTestCase, usage: Usage) -> Scored:
+        assert self.system_one is not None
+        state, questions = self.system_one_request(test_case)
+        prefetched, self._prefetched = self._prefetched, None
+        if isinstance(prefetched, BaseException):
+            raise prefetched
+        decision = prefetched or await self.system_one.decide(state, questions)
+        usage.add(decision.model, decision.input_tokens, decision.output_tokens, decision.cost,
+                  system_one_requests=decision.requests)
+        answers = decision.answers
+        qs = self.system_one_questions
+        rows = [
+            {"key": q.key, "label": q.label, "weight": q.weight, "type": answers[q.key].kind,
+             "probabilities": answers[q.key].probabilities, "value": answers[q.key].value,
+             "confidence": answers[q.key].confidence, "most_likely": answers[q.key].most_likely,
+             "passes": answers[q.key].passes, "decided_by": f"system_one:{decision.model}"}
+            for q in qs
+        ]
+        breakdown = {"eval_mode": "system_one", "equation": equation(qs), "questions": rows,
+                     "model": decision.model, "calibrated": decision.calibrated,
+                     "shared_request": prefetched is not None}
+        return Scored(
+            weighted_score(qs, answers), breakdown,
+            logs=render_tasks_text(split_tasks(test_case)),
+            detail=(decision.model, answers),
+            confidence=min(a.confidence for a in answers.values()),
+            strict_pass=all(answers[q.key].passes for q in qs),
+        )
+
+    # --- final reason --------------------------------------------------------------------------------
+
     async def _reason(self, scored: Scored, usage: Usage) -> str | None:
+        if self.eval_mode is EvalMode.SYSTEM_ONE:
+            model, answers = scored.detail
+            assert self.score is not None
+            return deterministic_reason(self.display_name, model, self.system_one_questions, answers,
+                                        self.score, self.strict_mode)
         data = {
             "metric": self.display_name,
             "score": self.score,
@@ -62,5 +255,18 @@ class JudgedMetric(BaseMetric):
             "strict_mode": self.strict_mode,
             "tasks": scored.detail,
         }
-        verdict = await self._ask(usage, "final_reason", FINAL_REASON, data, ReasonVerdict, REASON_OUTPUT)
+        verdict = await self._llm(usage, "final_reason", FINAL_REASON, data, ReasonVerdict)
         return verdict.reason
+
+    def _verdict_breakdown(self, verdict: Verdict) -> dict[str, Any]:
+        row: dict[str, Any] = {"decided_by": verdict.decided_by}
+        if verdict.confidence is not None:
+            row["confidence"] = verdict.confidence
+        if verdict.fallback is not None:
+            row["system_one_fallback_reason"] = verdict.fallback
+        return row
+
+    def _task_confidence(self, verdicts: list[Verdict]) -> float | None:
+        values = [v.confidence for v in verdicts if v.confidence is not None]
+        return min(values) if values else None
+

@@ -1,7 +1,8 @@
 """Multi-Turn MCP Use: did the agent pick the right MCP primitives and pass the right arguments, per task?
 
-Score = mean over answered tasks of min(primitive score, argument score). The breakdown also keeps
-the per-task values and DeepEval's min(mean primitive, mean argument) so either reading is derivable.
+llm and hybrid: score = mean over answered tasks of min(primitive score, argument score); the breakdown
+also keeps DeepEval's min(mean primitive, mean argument). system_one: (2 v0 + v1 + v2) / 4 over the
+questions below.
 """
 
 from __future__ import annotations
@@ -11,39 +12,61 @@ from typing import Any
 
 from scoring.errors import NoTaskError
 from scoring.interactions import Task, inventory_data, render_tasks_text, split_tasks
-from scoring.judged_metric import JudgedMetric
-from scoring.judges.structured_output import ScoreVerdict
+from scoring.judged_metric import Ask, JudgedMetric, Verdict
+from scoring.judges.questions import ScoreLevels, YesNo
 from scoring.metric import Scored, Usage
-from scoring.prompts import ARGUMENT_CORRECTNESS, PRIMITIVE_SELECTION, SCORE_OUTPUT
+from scoring.prompts import ARGUMENT_CORRECTNESS, PRIMITIVE_SELECTION
+from scoring.system_one_mode import WeightedQuestion
 from scoring.test_case import ConversationalTestCase
 
-NO_CALL = ScoreVerdict(score=1.0, reason="No MCP call was made, so no argument could be wrong.")
+NO_CALL = Verdict(1.0, "No MCP call was made, so no argument could be wrong.", "rule: no MCP call")
+
+PRIMITIVE_LEVELS = ("Wrong primitives", "Poor choice", "Reasonable choice", "Best choice")
+ARGUMENT_LEVELS = ("Incorrect", "Mostly incorrect", "Mostly correct", "Fully correct")
 
 
 class MultiTurnMCPUseMetric(JudgedMetric):
     metric_id = "mcp_use"
     display_name = "Multi-Turn MCP Use"
+    include_inventory = True
+    system_one_questions = (
+        WeightedQuestion("q_0", "right MCP primitives", 2, YesNo(
+            "In every assistant turn of `turns`, are the MCP primitives called (tools, resources, prompts) the "
+            "right ones among those the servers in `mcp_servers` offer for what the user asked, with no clearly "
+            "better primitive missed and no unnecessary call?")),
+        WeightedQuestion("q_1", "arguments match schemas and request", 1, YesNo(
+            "Does every MCP call in `turns` pass arguments that match the primitive's input schema in "
+            "`mcp_servers` and carry the values the user asked for?")),
+        WeightedQuestion("q_2", "overall MCP use", 1, ScoreLevels(
+            "Overall, how well did the assistant use the MCP servers in `mcp_servers` to serve the user's "
+            "requests in `turns`?", ("Wrong use", "Poor use", "Adequate use", "Correct use"))),
+    )
 
-    async def _score(self, test_case: ConversationalTestCase, usage: Usage) -> Scored:
+    async def _score_tasks(self, test_case: ConversationalTestCase, usage: Usage) -> Scored:
         all_tasks = split_tasks(test_case)
         tasks = [t for t in all_tasks if t.answered]
         if not tasks:
             raise NoTaskError("no task has an assistant response, so there is no MCP use to judge")
         inventory = inventory_data(test_case.mcp_servers)
 
-        async def judge(task: Task, name: str, instructions: str) -> ScoreVerdict:
-            data = {**task.data(), "mcp_servers": inventory}
-            return await self._ask(usage, name, instructions, data, ScoreVerdict, SCORE_OUTPUT)
+        def ask(task: Task, aspect: str, name: str, instructions: str, levels: tuple[str, ...], what: str) -> Ask:
+            return Ask(f"t{task.index}.{aspect}", task, name, instructions, {**task.data(), "mcp_servers": inventory},
+                       levels, f"For the task with task_index {task.index} in `tasks`: {what}")
 
-        calls = [judge(t, "mcp_primitive_selection", PRIMITIVE_SELECTION) for t in tasks]
-        calls += [judge(t, "mcp_argument_correctness", ARGUMENT_CORRECTNESS) for t in tasks if t.has_mcp_calls]
-        verdicts = iter(await self._gather(calls))
-        primitive = [next(verdicts) for _ in tasks]
-        argument = [next(verdicts) if t.has_mcp_calls else NO_CALL for t in tasks]
+        asks = [ask(t, "primitives", "mcp_primitive_selection", PRIMITIVE_SELECTION, PRIMITIVE_LEVELS,
+                    "how well did the agent choose MCP primitives (tools, resources, prompts) from `mcp_servers` "
+                    "for what the user asked? A better primitive missed, an unnecessary call or a needed call not "
+                    "made lowers the level.") for t in tasks]
+        asks += [ask(t, "arguments", "mcp_argument_correctness", ARGUMENT_CORRECTNESS, ARGUMENT_LEVELS,
+                     "how correct are the arguments of the agent's MCP calls: required fields, names and types per "
+                     "the input schemas in `mcp_servers`, and the values the user asked for?")
+                 for t in tasks if t.has_mcp_calls]
+        decided = await self._decide(asks, usage, {"mcp_servers": inventory})
 
-        judge_id = self.model.id
         rows: list[dict[str, Any]] = []
-        for task, prim, arg in zip(tasks, primitive, argument, strict=True):
+        for task in tasks:
+            prim = decided[f"t{task.index}.primitives"]
+            arg = decided.get(f"t{task.index}.arguments", NO_CALL)
             rows.append({
                 "task_index": task.index,
                 "task": task.text,
@@ -52,11 +75,13 @@ class MultiTurnMCPUseMetric(JudgedMetric):
                 "argument_score": arg.score,
                 "argument_reason": arg.reason,
                 "alignment_score": min(prim.score, arg.score),
-                "decided_by": {"primitive": judge_id, "argument": judge_id if task.has_mcp_calls else "rule"},
+                "primitive": self._verdict_breakdown(prim),
+                "argument": self._verdict_breakdown(arg),
             })
         mean_primitive = fmean(r["primitive_score"] for r in rows)
         mean_argument = fmean(r["argument_score"] for r in rows)
         breakdown = {
+            "eval_mode": self.eval_mode.value,
             "equation": "mean over tasks of min(primitive_score, argument_score)",
             "tasks": rows,
             "skipped_tasks": [t.index for t in all_tasks if not t.answered],
@@ -67,4 +92,4 @@ class MultiTurnMCPUseMetric(JudgedMetric):
         detail = [{k: r[k] for k in ("task", "alignment_score", "primitive_reason", "argument_reason")}
                   for r in rows]
         return Scored(fmean(r["alignment_score"] for r in rows), breakdown, render_tasks_text(all_tasks),
-                      detail=detail)
+                      detail=detail, confidence=self._task_confidence(list(decided.values())))

@@ -25,20 +25,31 @@ class Scored:
     reason: str | None = None
     detail: Any = None
     confidence: float | None = None
+    strict_pass: bool | None = None  # overrides "score is 1" as the strict-mode test (system_one)
 
 
 @dataclass
 class Usage:
     """Judge calls and tokens of one measure; cost is None once any call had no known price."""
 
-    calls: int = 0
+    llm_calls: int = 0
+    system_one_requests: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
     cost: float | None = 0.0
     models: list[str] = field(default_factory=list)
 
-    def add(self, model: str, input_tokens: int, output_tokens: int, cost: float | None) -> None:
-        self.calls += 1
+    @property
+    def calls(self) -> int:
+        return self.llm_calls + self.system_one_requests
+
+    def add(self, model: str, input_tokens: int, output_tokens: int, cost: float | None, *,
+            system_one_requests: int = 0) -> None:
+        """Count one LLM call, or (with `system_one_requests`) a System One decision's requests."""
+        if system_one_requests:
+            self.system_one_requests += system_one_requests
+        else:
+            self.llm_calls += 1
         self.input_tokens += input_tokens
         self.output_tokens += output_tokens
         self.cost = None if cost is None or self.cost is None else self.cost + cost
@@ -111,12 +122,15 @@ class BaseMetric:
                 self.applicable = False
                 self.reason = scored.reason if self.include_reason else None
             else:
-                self.score = scored.raw if not self.strict_mode or scored.raw >= 1.0 else 0.0
+                strict_pass = scored.raw >= 1.0 if scored.strict_pass is None else scored.strict_pass
+                self.score = scored.raw if not self.strict_mode else (1.0 if strict_pass else 0.0)
                 self.success = None if self.threshold is None else self.score >= self.threshold
                 if self.include_reason:
                     self.reason = await self._reason(scored, self.usage)
             self.evaluation_cost = self.usage.cost
             self.score_breakdown = {**scored.breakdown, "judge_calls": self.usage.calls,
+                                    "llm_calls": self.usage.llm_calls,
+                                    "system_one_requests": self.usage.system_one_requests,
                                     "input_tokens": self.usage.input_tokens,
                                     "output_tokens": self.usage.output_tokens}
         except Exception as exc:

@@ -1,46 +1,58 @@
 """MCP Task Completion: judged from what the user sees, was each task done and are the claims backed?
 
-Score = mean over tasks. A task the agent never answered scores 0 without a judge call.
+llm and hybrid: score = mean over tasks; a task the agent never answered scores 0 without a judge call.
+system_one: (2 v0 + v1 + v2) / 4 over the questions below.
 """
 
 from __future__ import annotations
 
 from statistics import fmean
 
-from scoring.interactions import Task, render_tasks_text, split_tasks
-from scoring.judged_metric import JudgedMetric
-from scoring.judges.structured_output import ScoreVerdict
+from scoring.interactions import render_tasks_text, split_tasks
+from scoring.judged_metric import Ask, JudgedMetric, Verdict
+from scoring.judges.questions import ScoreLevels, YesNo
 from scoring.metric import Scored, Usage
-from scoring.prompts import SCORE_OUTPUT, TASK_COMPLETION
+from scoring.prompts import TASK_COMPLETION
+from scoring.system_one_mode import WeightedQuestion
 from scoring.test_case import ConversationalTestCase
 
-NO_RESPONSE = ScoreVerdict(score=0.0, reason="The agent never responded to this task (no response).")
+NO_RESPONSE = Verdict(0.0, "The agent never responded to this task (no response).", "rule: no response")
+COMPLETION_LEVELS = ("Not completed", "Partly completed", "Mostly completed", "Fully completed")
 
 
 class MCPTaskCompletionMetric(JudgedMetric):
     metric_id = "mcp_task_completion"
     display_name = "MCP Task Completion"
+    include_inventory = False
+    system_one_questions = (
+        WeightedQuestion("q_0", "every task completed", 2, YesNo(
+            "Is every task that a user message in `turns` asks for completed, as the user sees it in the "
+            "assistant's replies?")),
+        WeightedQuestion("q_1", "claims backed by MCP results", 1, YesNo(
+            "Is everything the assistant says it did or found backed by the MCP calls and their results in "
+            "`turns`?")),
+        WeightedQuestion("q_2", "overall completion", 1, ScoreLevels(
+            "Overall, how completely did the assistant do what the user asked in `turns`?", COMPLETION_LEVELS)),
+    )
 
-    async def _score(self, test_case: ConversationalTestCase, usage: Usage) -> Scored:
+    async def _score_tasks(self, test_case: ConversationalTestCase, usage: Usage) -> Scored:
         tasks = split_tasks(test_case)
-        answered = [t for t in tasks if t.answered]
-
-        async def judge(task: Task) -> ScoreVerdict:
-            return await self._ask(usage, "mcp_task_completion", TASK_COMPLETION, task.data(), ScoreVerdict,
-                                   SCORE_OUTPUT)
-
-        judged = iter(await self._gather([judge(t) for t in answered]))
-        verdicts = [next(judged) if t.answered else NO_RESPONSE for t in tasks]
-        rows = [
-            {
-                "task_index": task.index,
-                "task": task.text,
-                "score": verdict.score,
-                "reason": verdict.reason,
-                "decided_by": self.model.id if task.answered else "rule: no response",
-            }
-            for task, verdict in zip(tasks, verdicts, strict=True)
+        asks = [
+            Ask(f"t{t.index}.completion", t, "mcp_task_completion", TASK_COMPLETION, t.data(), COMPLETION_LEVELS,
+                f"For the task with task_index {t.index} in `tasks`: judging only what the user sees in the "
+                "agent's replies (`response_to_user`), how completely and correctly was the task done, with "
+                "every claim of having done or found something backed by the MCP calls and results?")
+            for t in tasks if t.answered
         ]
-        breakdown = {"equation": "mean over tasks of the task completion score", "tasks": rows}
+        decided = await self._decide(asks, usage, {})
+        verdicts = [decided.get(f"t{t.index}.completion", NO_RESPONSE) for t in tasks]
+        rows = [
+            {"task_index": task.index, "task": task.text, "score": v.score, "reason": v.reason,
+             **self._verdict_breakdown(v)}
+            for task, v in zip(tasks, verdicts, strict=True)
+        ]
+        breakdown = {"eval_mode": self.eval_mode.value, "equation": "mean over tasks of the task completion score",
+                     "tasks": rows}
         detail = [{"task": r["task"], "score": r["score"], "reason": r["reason"]} for r in rows]
-        return Scored(fmean(r["score"] for r in rows), breakdown, render_tasks_text(tasks), detail=detail)
+        return Scored(fmean(r["score"] for r in rows), breakdown, render_tasks_text(tasks), detail=detail,
+                      confidence=self._task_confidence(list(decided.values())))

@@ -5,7 +5,8 @@ from collections.abc import Iterator
 import pytest
 
 from scoring import LLMJudge, RetryPolicy
-from tests.support.openai_server import FakeOpenAIServer
+from scoring.judges import TypeSafeJudge
+from tests.support.scripted_server import SYSTEM_ONE_PATH, ScriptedServer
 
 
 class SleepRecorder:
@@ -20,14 +21,15 @@ class SleepRecorder:
 
 @pytest.fixture(autouse=True)
 def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "TRACEJUDGE_EVAL_MODE", "TRACEJUDGE_CONFIG"):
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "TYPESAFE_API_KEY", "TYPESAFE_BASE_URL",
+                 "TRACEJUDGE_EVAL_MODE", "TRACEJUDGE_CONFIG"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)
 
 
 @pytest.fixture
-def judge_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer() as server:
+def judge_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedServer]:
+    with ScriptedServer() as server:
         monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
         monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-secret")
         yield server
@@ -39,6 +41,19 @@ def sleeps() -> SleepRecorder:
 
 
 @pytest.fixture
-def judge(judge_server: FakeOpenAIServer, sleeps: SleepRecorder) -> LLMJudge:
+def judge(judge_server: ScriptedServer, sleeps: SleepRecorder) -> LLMJudge:
     return LLMJudge("gpt-4o-mini", base_url=judge_server.base_url, api_key="sk-test-not-a-secret",
                     retry_policy=RetryPolicy(max_retries=3, sleep=sleeps))
+
+
+@pytest.fixture
+def s1_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedServer]:
+    with ScriptedServer(SYSTEM_ONE_PATH) as server:
+        monkeypatch.setenv("TYPESAFE_BASE_URL", server.root_url)
+        monkeypatch.setenv("TYPESAFE_API_KEY", "ts-test-not-a-secret")
+        yield server
+
+
+@pytest.fixture
+def s1(s1_server: ScriptedServer, sleeps: SleepRecorder) -> TypeSafeJudge:
+    return TypeSafeJudge("jev-latest", retry_policy=RetryPolicy(max_retries=2, sleep=sleeps))

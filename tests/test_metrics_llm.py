@@ -23,7 +23,7 @@ from scoring import (
 )
 from scoring.prompts import REASON_OUTPUT
 from tests.support.cases import three_task_case, two_turn_case
-from tests.support.openai_server import Reply, Request, completion, error
+from tests.support.scripted_server import Reply, Request, completion, error
 
 FLIGHTS = "Find flights from SFO to JFK on 2026-12-24."
 WEATHER = "What's the weather in New York?"
@@ -311,20 +311,23 @@ def test_verbose_logs_keep_the_steps_and_verbose_mode_prints_them(server, judge,
     assert "search_flights on flights" in capsys.readouterr().out
 
 
-def test_eval_modes_other_than_llm_are_not_available_yet(server, judge, monkeypatch, tmp_path) -> None:
-    with pytest.raises(EvalModeError, match="'hybrid' is not available yet"):
-        MultiTurnMCPUseMetric(model=judge, eval_mode="hybrid")
+def test_eval_mode_comes_from_argument_then_environment_then_config_file(server, judge, monkeypatch,
+                                                                        tmp_path) -> None:
     with pytest.raises(EvalModeError, match="valid values: 'llm', 'hybrid', 'system_one'"):
         MCPTaskCompletionMetric(model=judge, eval_mode="fast")
+    monkeypatch.setenv("TYPESAFE_BASE_URL", "http://127.0.0.1:9")
+    (tmp_path / "tracejudge.toml").write_text('[scoring]\neval_mode = "hybrid"\n')
+    assert MCPTaskCompletionMetric(model=judge).eval_mode == "hybrid"
     monkeypatch.setenv("TRACEJUDGE_EVAL_MODE", "system_one")
-    with pytest.raises(EvalModeError, match="'system_one' is not available yet"):
+    assert MCPTaskCompletionMetric(model=judge).eval_mode == "system_one"
+    assert MCPTaskCompletionMetric(model=judge, eval_mode="llm").eval_mode == "llm"
+    monkeypatch.setenv("TRACEJUDGE_EVAL_MODE", "sometimes")
+    with pytest.raises(EvalModeError, match="from TRACEJUDGE_EVAL_MODE"):
         MCPTaskCompletionMetric(model=judge)
     monkeypatch.delenv("TRACEJUDGE_EVAL_MODE")
     (tmp_path / "tracejudge.toml").write_text('[scoring]\neval_mode = "bogus"\n')
     with pytest.raises(EvalModeError, match="from \\[scoring\\] eval_mode in tracejudge.toml"):
         MCPTaskCompletionMetric(model=judge)
-    (tmp_path / "tracejudge.toml").write_text('[scoring]\neval_mode = "llm"\n')
-    assert MCPTaskCompletionMetric(model=judge).eval_mode == "llm"
 
 
 def test_missing_credentials_say_what_to_set() -> None:

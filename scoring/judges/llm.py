@@ -208,14 +208,3 @@ def _server_message(exc: openai.APIStatusError) -> str:
         if isinstance(body.get("detail"), str):
             return body["detail"]
     return str(exc.message)
-
-
-def resolve_llm_judge(model: str | LLMJudge | None) -> LLMJudge:
-    """A metric's `model` argument as a judge: a model name, a judge object, or None for the default."""
-    if isinstance(model, LLMJudge):
-        return model
-    if model is None or isinstance(model, str):
-        return LLMJudge(model or DEFAULT_MODEL)
-    raise JudgeConfigurationError(
-        f"model must be a model name or an LLMJudge, not {type(model).__name__}"
-    )

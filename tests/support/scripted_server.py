@@ -1,8 +1,8 @@
-"""A scripted OpenAI-compatible chat completions server on a loopback port, speaking real HTTP.
+"""Scripted HTTP servers on loopback ports for the outside services tests cannot reach: an OpenAI-compatible
+chat completions API and a TypeSafe-compatible System One API, speaking their real wire protocols.
 
-It stands in for the LLM API, which tests cannot reach. Each test gives a `script`: a function from the
-parsed request to a `Reply`. The server records every request so tests can count calls and read the
-exact prompts sent.
+Each test gives a `script`: a function from the parsed request to a `Reply`. The server records every
+request so tests can count calls and read the exact prompts and questions sent.
 """
 
 from __future__ import annotations
@@ -58,6 +58,14 @@ class Request:
     def structured(self) -> bool:
         return (self.body.get("response_format") or {}).get("type") == "json_schema"
 
+    @property
+    def state(self) -> Any:
+        return self.body["state"]
+
+    @property
+    def questions(self) -> dict[str, Any]:
+        return self.body["questions"]
+
 
 def completion(content: str | dict[str, Any], prompt_tokens: int = 100, completion_tokens: int = 20,
                model: str = "judge-model-1") -> Reply:
@@ -79,11 +87,28 @@ def error(status: int, message: str, headers: dict[str, str] | None = None) -> R
                  headers=headers or {})
 
 
+def system_one_answers(answers: dict[str, Any], model: str = "jev-1.13.0", input_tokens: int = 1000) -> Reply:
+    """A System One response; each answer is a P(yes) float or a list of level probabilities."""
+    wire: dict[str, Any] = {}
+    for key, value in answers.items():
+        if isinstance(value, float | int):
+            wire[key] = {"type": "noul", "noul": float(value)}
+        else:
+            probs = {str(i): p for i, p in enumerate(value)}
+            wire[key] = {"type": "score", "score": sum(i * p for i, p in enumerate(value)),
+                         "confidence": 0.5, "probabilities": probs}
+    return Reply(body={"model": model, "answers": wire, "usage": {"input_tokens": input_tokens, "output_tokens": 3}})
+
+
 Script = Callable[[Request], Reply]
 
+CHAT_PATH = "/v1/chat/completions"
+SYSTEM_ONE_PATH = "/v1/systemone"
 
-class FakeOpenAIServer:
-    def __init__(self, script: Script | None = None) -> None:
+
+class ScriptedServer:
+    def __init__(self, path: str = CHAT_PATH, script: Script | None = None) -> None:
+        self.path = path
         self.script: Script = script or (lambda r: completion({"reason": "ok", "score": 1.0}))
         self.requests: list[Request] = []
         self._lock = threading.Lock()
@@ -102,7 +127,7 @@ class FakeOpenAIServer:
                                   json.loads(raw or b"{}"), time.monotonic())
                 with server._lock:
                     server.requests.append(request)
-                if self.path.rstrip("/") != "/v1/chat/completions":
+                if self.path.rstrip("/") != server.path:
                     reply = error(404, f"no route {self.path}")
                 else:
                     try:
@@ -124,10 +149,11 @@ class FakeOpenAIServer:
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
         self.port = self._httpd.server_address[1]
-        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self.root_url = f"http://127.0.0.1:{self.port}"
+        self.base_url = f"{self.root_url}/v1"
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
 
-    def __enter__(self) -> FakeOpenAIServer:
+    def __enter__(self) -> ScriptedServer:
         self._thread.start()
         return self
 

@@ -1,0 +1,32 @@
+"""Turn a metric's `model` and `system_one_model` arguments into judge objects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scoring.errors import JudgeConfigurationError
+from scoring.judges.llm import DEFAULT_MODEL, LLMJudge
+from scoring.judges.system_one import SystemOneJudge
+from scoring.judges.typesafe import DEFAULT_MODEL as DEFAULT_SYSTEM_ONE_MODEL
+from scoring.judges.typesafe import TypeSafeJudge
+
+
+def resolve_llm_judge(model: str | LLMJudge | None) -> LLMJudge:
+    """A model name (OpenAI-compatible API), a judge object, or None for the default model."""
+    if isinstance(model, LLMJudge):
+        return model
+    if model is None or isinstance(model, str):
+        return LLMJudge(model or DEFAULT_MODEL)
+    raise JudgeConfigurationError(f"model must be a model name or an LLMJudge, not {type(model).__name__}")
+
+
+def resolve_system_one_judge(value: Any) -> SystemOneJudge:
+    """None (TypeSafe `jev-latest`), a TypeSafe model name, or a System One judge object."""
+    if value is None or isinstance(value, str):
+        return TypeSafeJudge(value or DEFAULT_SYSTEM_ONE_MODEL)
+    if isinstance(value, SystemOneJudge):
+        return value
+    raise JudgeConfigurationError(
+        "system_one_model must be a TypeSafe model name (e.g. 'jev-latest') or a System One judge such as "
+        f"TypeSafeJudge or LogprobJudge, not {type(value).__name__}"
+    )

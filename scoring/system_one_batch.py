@@ -1,0 +1,58 @@
+"""One System One request for every system_one metric of one conversation (as `evaluate()` runs them).
+
+The metrics' states are merged (they share the turns; MCP use adds the server inventory), their question
+keys are namespaced by metric id, and each metric is charged its share of the cost by question count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from scoring.eval_mode import EvalMode
+from scoring.judged_metric import JudgedMetric
+from scoring.judges.questions import Question
+from scoring.metric import BaseMetric
+from scoring.test_case import ConversationalTestCase
+
+
+def _merge(states: list[dict[str, Any]]) -> dict[str, Any] | None:
+    merged: dict[str, Any] = {}
+    for state in states:
+        for key, value in state.items():
+            if key in merged and merged[key] != value:
+                return None  # conflicting views of the conversation: ask separately
+            merged[key] = value
+    return merged
+
+
+async def decide_together(metrics: Sequence[BaseMetric], test_case: ConversationalTestCase) -> None:
+    """Give each group of system_one metrics sharing a judge one joint decision (or its error)."""
+    groups: dict[int, list[JudgedMetric]] = {}
+    for metric in metrics:
+        if isinstance(metric, JudgedMetric) and metric.eval_mode is EvalMode.SYSTEM_ONE:
+            groups.setdefault(id(metric.system_one), []).append(metric)
+    for group in groups.values():
+        if len(group) < 2:
+            continue
+        try:
+            requests = [m.system_one_request(test_case) for m in group]
+        except Exception:
+            continue  # each metric reports its own error when it runs
+        state = _merge([state for state, _ in requests])
+        if state is None:
+            continue
+        questions: dict[str, Question] = {
+            f"{m.metric_id}.{key}": q for m, (_, qs) in zip(group, requests, strict=True) for key, q in qs.items()
+        }
+        judge = group[0].system_one
+        assert judge is not None
+        try:
+            async with judge.session():
+                decision = await judge.decide(state, questions)
+        except Exception as exc:  # the shared failure becomes each metric's error
+            for metric in group:
+                metric.use_decision(exc)
+            continue
+        for metric in group:
+            metric.use_decision(decision.share(metric.metric_id, len(questions)))
