@@ -1,16 +1,20 @@
-"""The `tracejudge` command: `evaluate` scores test-case files now; `serve` is the collector (not built yet)."""
+"""The `tracejudge` command: `evaluate` scores test-case files, `set-eval-mode` edits the config file,
+`serve` runs the collector (not built yet)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from collector.config_file import ConfigFileError, set_value
 from scoring import METRICS, BaseMetric, TracejudgeError, evaluate
 from scoring.errors import InvalidTestCaseError, JudgeConfigurationError
+from scoring.eval_mode import EvalMode, config_path
 from scoring.test_case import ConversationalTestCase, load_test_case
 
 EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
@@ -61,7 +65,7 @@ def _build_metrics(args: argparse.Namespace) -> list[BaseMetric]:
         cls = METRICS[name]
         kwargs: dict[str, Any] = {"threshold": args.threshold, "strict_mode": args.strict}
         if name != "mcp_call_validity":
-            kwargs.update(model=args.model, eval_mode=args.eval_mode)
+            kwargs.update(model=args.model, eval_mode=args.eval_mode, system_one_model=args.system_one_model)
         metrics.append(cls(**kwargs))
     return metrics
 
@@ -86,6 +90,20 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(result.model_dump_json(indent=2))
     return EXIT_PASS if result.passed else EXIT_FAIL
+
+
+def cmd_set_eval_mode(args: argparse.Namespace) -> int:
+    path = config_path()
+    try:
+        set_value(path, "scoring", "eval_mode", args.mode)
+    except ConfigFileError as exc:
+        print(f"tracejudge set-eval-mode: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"eval_mode = {args.mode!r} written to [scoring] in {path.resolve()}")
+    if os.environ.get("TRACEJUDGE_EVAL_MODE"):
+        print(f"note: TRACEJUDGE_EVAL_MODE={os.environ['TRACEJUDGE_EVAL_MODE']} is set and takes precedence "
+              "over the config file", file=sys.stderr)
+    return EXIT_PASS
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -123,9 +141,22 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--model", default=None, help="LLM judge model name (default gpt-5.4)")
     ev.add_argument("--eval-mode", default=None, choices=["llm", "hybrid", "system_one"],
                     help="eval mode of the judged metrics (default: TRACEJUDGE_EVAL_MODE, config, else llm)")
+    ev.add_argument("--system-one-model", default=None, metavar="MODEL",
+                    help="System One judge for hybrid/system_one: a TypeSafe model (default jev-latest; "
+                    "TYPESAFE_API_KEY, TYPESAFE_BASE_URL) or logprob:MODEL for an OpenAI-compatible model's logprobs")
     ev.add_argument("--concurrency", type=int, default=8, help="measures run at once (default 8)")
     ev.add_argument("--format", choices=["table", "json"], default="table", help="output format")
     ev.set_defaults(func=cmd_evaluate)
+
+    mode = sub.add_parser(
+        "set-eval-mode",
+        help="write the default eval mode to the config file",
+        description="Write [scoring] eval_mode to the config file the CLI and the collector read "
+        "(TRACEJUDGE_CONFIG, else ./tracejudge.toml), keeping the rest of the file. TRACEJUDGE_EVAL_MODE and "
+        "a metric's eval_mode argument still take precedence.",
+    )
+    mode.add_argument("mode", choices=[m.value for m in EvalMode], help="llm, hybrid or system_one")
+    mode.set_defaults(func=cmd_set_eval_mode)
     return parser
 
 

@@ -26,8 +26,13 @@ def _parse(value: str, source: str) -> EvalMode:
         raise EvalModeError(f"unknown eval mode {value!r} from {source}; valid values: {_VALID}") from None
 
 
+def config_path() -> Path:
+    """The config file the CLI and the collector read: TRACEJUDGE_CONFIG, else ./tracejudge.toml."""
+    return Path(os.environ.get("TRACEJUDGE_CONFIG") or "tracejudge.toml")
+
+
 def _from_config_file() -> tuple[str, str] | None:
-    path = Path(os.environ.get("TRACEJUDGE_CONFIG") or "tracejudge.toml")
+    path = config_path()
     if not path.is_file():
         return None
     try:

@@ -52,6 +52,7 @@ class Verdict:
     decided_by: str
     confidence: float | None = None
     fallback: str | None = None
+    calibrated: bool | None = None
 
 
 class JudgedMetric(BaseMetric):
@@ -143,6 +144,7 @@ class JudgedMetric(BaseMetric):
                     f"{len(ask.levels) - 1}, confidence {answer.confidence:.2f})",
                     f"system_one:{decision.model}",
                     answer.confidence,
+                    calibrated=decision.calibrated,
                 )
         if fallbacks:
             causes = list(dict.fromkeys(cause for _, cause in fallbacks))
@@ -262,6 +264,8 @@ class JudgedMetric(BaseMetric):
         row: dict[str, Any] = {"decided_by": verdict.decided_by}
         if verdict.confidence is not None:
             row["confidence"] = verdict.confidence
+        if verdict.calibrated is not None:
+            row["calibrated"] = verdict.calibrated
         if verdict.fallback is not None:
             row["system_one_fallback_reason"] = verdict.fallback
         return row

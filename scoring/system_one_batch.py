@@ -27,11 +27,12 @@ def _merge(states: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 async def decide_together(metrics: Sequence[BaseMetric], test_case: ConversationalTestCase) -> None:
-    """Give each group of system_one metrics sharing a judge one joint decision (or its error)."""
-    groups: dict[int, list[JudgedMetric]] = {}
+    """Give each group of system_one metrics asking the same judge one joint decision (or its error)."""
+    groups: dict[tuple[type, str], list[JudgedMetric]] = {}
     for metric in metrics:
         if isinstance(metric, JudgedMetric) and metric.eval_mode is EvalMode.SYSTEM_ONE:
-            groups.setdefault(id(metric.system_one), []).append(metric)
+            judge = metric.system_one  # judges of the same type, model and endpoint count as one
+            groups.setdefault((type(judge), repr(judge)), []).append(metric)
     for group in groups.values():
         if len(group) < 2:
             continue

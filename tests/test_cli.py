@@ -83,3 +83,49 @@ def test_missing_judge_settings_and_missing_file_exit_two(tmp_path) -> None:
 def test_serve_says_plainly_that_it_is_not_built_yet() -> None:
     proc = run(["serve"])
     assert proc.returncode == 1 and "not built yet" in proc.stderr
+
+
+def test_set_eval_mode_writes_the_config_file_and_keeps_the_rest(tmp_path) -> None:
+    config = tmp_path / "tracejudge.toml"
+    config.write_text('# my settings\n[scoring]\nthreshold = 0.7  # keep\n\n[sampling]\nrate = 0.1\n')
+    proc = run(["set-eval-mode", "hybrid"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert str(config) in proc.stdout
+    text = config.read_text()
+    assert text == ('# my settings\n[scoring]\nthreshold = 0.7  # keep\neval_mode = "hybrid"\n\n'
+                    '[sampling]\nrate = 0.1\n')
+    proc = run(["set-eval-mode", "system_one"], cwd=tmp_path)
+    assert 'eval_mode = "system_one"' in config.read_text() and "hybrid" not in config.read_text()
+    elsewhere = tmp_path / "conf" / "tj.toml"
+    elsewhere.parent.mkdir()
+    proc = run(["set-eval-mode", "llm"], {"TRACEJUDGE_CONFIG": str(elsewhere)}, cwd=tmp_path)
+    assert proc.returncode == 0 and elsewhere.read_text() == '[scoring]\neval_mode = "llm"\n'
+    assert str(elsewhere) in proc.stdout
+
+
+def test_set_eval_mode_refuses_a_broken_file_and_unknown_modes(tmp_path) -> None:
+    config = tmp_path / "tracejudge.toml"
+    config.write_text("[scoring\n")
+    proc = run(["set-eval-mode", "llm"], cwd=tmp_path)
+    assert proc.returncode == 2 and "not valid TOML" in proc.stderr
+    assert config.read_text() == "[scoring\n"
+    proc = run(["set-eval-mode", "fast"], cwd=tmp_path)
+    assert proc.returncode == 2 and "invalid choice: 'fast'" in proc.stderr
+
+
+def test_evaluate_in_system_one_mode_from_the_config_file(tmp_path, s1_server) -> None:
+    from tests.support.scripted_server import system_one_answers
+
+    s1_server.script = lambda r: system_one_answers(
+        {k: (0.9 if not k.endswith("q_2") else [0.0, 0.0, 0.0, 1.0]) for k in r.questions})
+    (tmp_path / "tracejudge.toml").write_text('[scoring]\neval_mode = "system_one"\n')
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps(two_turn_case()))
+    env = {"TYPESAFE_BASE_URL": s1_server.root_url}
+    proc = run(["evaluate", str(path), "--system-one-model", "jev-1.13.0", "--format", "json"], env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    scores = {m["metric"]: m["score"] for m in result["test_results"][0]["metrics"]}
+    assert scores["mcp_use"] == pytest.approx((1.8 + 0.9 + 1.0) / 4) == scores["mcp_task_completion"]
+    [request] = s1_server.calls()
+    assert request.body["model"] == "jev-1.13.0" and len(request.questions) == 6

@@ -6,6 +6,7 @@ from typing import Any
 
 from scoring.errors import JudgeConfigurationError
 from scoring.judges.llm import DEFAULT_MODEL, LLMJudge
+from scoring.judges.logprob import LogprobJudge
 from scoring.judges.system_one import SystemOneJudge
 from scoring.judges.typesafe import DEFAULT_MODEL as DEFAULT_SYSTEM_ONE_MODEL
 from scoring.judges.typesafe import TypeSafeJudge
@@ -20,13 +21,20 @@ def resolve_llm_judge(model: str | LLMJudge | None) -> LLMJudge:
     raise JudgeConfigurationError(f"model must be a model name or an LLMJudge, not {type(model).__name__}")
 
 
+LOGPROB_PREFIX = "logprob:"
+
+
 def resolve_system_one_judge(value: Any) -> SystemOneJudge:
-    """None (TypeSafe `jev-latest`), a TypeSafe model name, or a System One judge object."""
+    """None (TypeSafe `jev-latest`), a TypeSafe model name, `logprob:<model>` (letter logprobs of an
+    OpenAI-compatible model at OPENAI_BASE_URL), or a System One judge object."""
+    if isinstance(value, str) and value.startswith(LOGPROB_PREFIX):
+        return LogprobJudge(value.removeprefix(LOGPROB_PREFIX) or DEFAULT_MODEL)
     if value is None or isinstance(value, str):
         return TypeSafeJudge(value or DEFAULT_SYSTEM_ONE_MODEL)
     if isinstance(value, SystemOneJudge):
         return value
     raise JudgeConfigurationError(
-        "system_one_model must be a TypeSafe model name (e.g. 'jev-latest') or a System One judge such as "
+        "system_one_model must be a TypeSafe model name (e.g. 'jev-latest'), 'logprob:<model>', or a System One "
+        "judge such as "
         f"TypeSafeJudge or LogprobJudge, not {type(value).__name__}"
     )
