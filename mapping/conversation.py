@@ -1,0 +1,389 @@
+"""Group normalized spans into conversations and rebuild each as a ConversationalTestCase.
+
+One trace belongs to one conversation (semconv.md section 7 rule 2 picks the key). Within a trace each
+outermost agent-run span is one turn: the user's message, the agent's reply, and every MCP tool,
+resource and prompt call under it with arguments and results. Calls are assembled from every source
+that saw them (tool spans, MCP client and server spans, tool-call parts of LLM messages) and paired by
+call id, so one call is one record however many spans describe it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mapping.conversation_key import trace_conversation_key
+from mapping.dialects import DIALECTS, AgentRun, LLMCall, MCPOperation, ToolDefinition, ToolExecution
+from mapping.messages import Message, final_assistant_text, last_user_text
+from mapping.results import prompt_result, resource_result, tool_result
+from mapping.spans import Span
+from scoring.test_case import (
+    ConversationalTestCase,
+    MCPPromptCall,
+    MCPResourceCall,
+    MCPServer,
+    MCPToolCall,
+    ToolCall,
+    Turn,
+)
+
+DEFAULT_SERVER = "mcp"
+
+
+@dataclass(frozen=True)
+class Conversation:
+    conversation_id: str
+    key: str
+    test_case: ConversationalTestCase
+    service_name: str | None
+    agent_name: str | None
+    trace_ids: tuple[str, ...]
+    first_span_ns: int
+    last_span_ns: int
+    content_hash: str
+
+
+@dataclass
+class _Facts:
+    span: Span
+    run: AgentRun | None = None
+    llm: LLMCall | None = None
+    tool: ToolExecution | None = None
+    op: MCPOperation | None = None
+    definitions: list[ToolDefinition] = field(default_factory=list)
+
+
+def _facts(span: Span) -> _Facts:
+    facts = _Facts(span)
+    for dialect in DIALECTS:
+        if not dialect.applies(span):
+            continue
+        facts.run = facts.run or dialect.agent_run(span)
+        facts.llm = facts.llm or dialect.llm_call(span)
+        facts.tool = facts.tool or dialect.tool_execution(span)
+        facts.op = facts.op or dialect.mcp_operation(span)
+        if not facts.definitions:
+            facts.definitions = dialect.tool_definitions(span)
+    return facts
+
+
+@dataclass
+class _Call:
+    kind: str  # tool | resource | prompt
+    name: str
+    start_ns: int
+    call_id: str | None = None
+    arguments: Any = None
+    result: Any = None
+    error: bool = False
+    error_message: str | None = None
+    mcp: bool = False
+    server: str | None = None
+
+    def absorb(self, arguments: Any, result: Any, error: bool, error_message: str | None) -> None:
+        """Fill what this record lacks from another view of the same call; an error on either side counts."""
+        if self.arguments is None:
+            self.arguments = arguments
+        if self.result is None:
+            self.result = result
+        self.error = self.error or error
+        self.error_message = self.error_message or error_message
+
+
+@dataclass
+class _Draft:
+    """One turn being rebuilt from one agent run."""
+
+    start_ns: int
+    trace_id: str
+    run_span_id: str
+    service_name: str | None
+    agent_name: str | None = None
+    user_text: str | None = None
+    reply: str | None = None
+    calls: list[_Call] = field(default_factory=list)
+    listed: list[tuple[str, str | None, dict[str, Any]]] = field(default_factory=list)  # (method, server, item)
+    definitions: list[ToolDefinition] = field(default_factory=list)
+
+
+class _Trace:
+    def __init__(self, spans: list[Span]) -> None:
+        self.facts = {s.span_id: _facts(s) for s in sorted(spans, key=lambda s: (s.start_ns, s.span_id))}
+
+    def parent(self, facts: _Facts) -> _Facts | None:
+        pid = facts.span.parent_span_id
+        return self.facts.get(pid) if pid else None
+
+    def ancestors(self, facts: _Facts) -> Iterable[_Facts]:
+        seen = {facts.span.span_id}
+        current = self.parent(facts)
+        while current is not None and current.span.span_id not in seen:  # a parent cycle must not hang us
+            seen.add(current.span.span_id)
+            yield current
+            current = self.parent(current)
+
+    def drafts(self) -> list[_Draft]:
+        all_facts = list(self.facts.values())
+        runs = [f for f in all_facts if f.run and not any(a.run for a in self.ancestors(f))]
+        if not runs:  # no agent span: the whole trace is one run
+            root = next((f for f in all_facts if self.parent(f) is None), all_facts[0])
+            return [self._draft(root, AgentRun(), all_facts)]
+        members: dict[str, list[_Facts]] = {r.span.span_id: [] for r in runs}
+        for f in all_facts:
+            owner = f if f.span.span_id in members else next(
+                (a for a in self.ancestors(f) if a.span.span_id in members), None)
+            if owner is None:  # an orphan: the run whose time window holds it, else the first run
+                owner = next((r for r in runs if r.span.start_ns <= f.span.start_ns <= r.span.end_ns), runs[0])
+            members[owner.span.span_id].append(f)
+        return [self._draft(r, r.run or AgentRun(), members[r.span.span_id]) for r in runs]
+
+    def _draft(self, root: _Facts, run: AgentRun, members: list[_Facts]) -> _Draft:
+        draft = _Draft(start_ns=root.span.start_ns, trace_id=root.span.trace_id, run_span_id=root.span.span_id,
+                       service_name=root.span.service_name, agent_name=run.agent_name)
+        llms = [f.llm for f in members if f.llm is not None]
+        if run.history is not None:
+            new = run.history[run.new_from or 0:]
+            draft.user_text = "\n".join(m.text for m in new if m.is_user_text) or None
+            draft.reply = final_assistant_text(new) or run.output_text
+            message_sources = [new]
+        else:
+            first_input = llms[0].input if llms else []
+            draft.user_text = last_user_text(first_input) or run.input_text
+            draft.reply = (final_assistant_text(llms[-1].output) if llms else None) or run.output_text
+            message_sources = [m for llm in llms for m in (llm.output, llm.input)]
+        if draft.agent_name is None:
+            names = ((f.run.agent_name if f.run else None) or f.span.str_attr("gen_ai.agent.name") for f in members)
+            draft.agent_name = next((n for n in names if n), None)
+        self._collect_calls(draft, members)
+        for messages in message_sources:
+            _pair_parts(draft.calls, messages, root.span.start_ns)
+        for f in members:
+            draft.definitions += f.definitions
+            if f.op is not None and f.op.method.endswith("/list"):
+                draft.listed += [(f.op.method, f.op.server, item) for item in f.op.listed]
+        draft.calls.sort(key=lambda c: c.start_ns)
+        return draft
+
+    def _collect_calls(self, draft: _Draft, members: list[_Facts]) -> None:
+        by_span: dict[str, _Call] = {}
+        by_request: dict[tuple[str, str], _Call] = {}
+        for f in members:
+            span, tool, op = f.span, f.tool, f.op
+            if op is not None and op.method.endswith("/list"):
+                continue
+            kind = "tool" if tool is not None else _OP_KINDS.get(op.method) if op is not None else None
+            if kind is None:
+                continue
+            name = tool.name if tool is not None else (op.target if op is not None else None) or "unknown"
+            owner = next((by_span[a.span.span_id] for a in self.ancestors(f) if a.span.span_id in by_span), None)
+            request_key = (op.method, op.request_id) if op is not None and op.request_id else None
+            same = owner if owner is not None and owner.kind == kind and owner.name == name else None
+            same = same or (by_request.get(request_key) if request_key else None)
+            view = tool or op
+            assert view is not None
+            if same is not None:  # another view of a call already seen: the MCP server side, a nested span
+                same.absorb(view.arguments, view.result, view.error, view.error_message)
+                call = same
+            else:
+                call = _Call(kind, name, span.start_ns, tool.call_id if tool else None, view.arguments, view.result,
+                             view.error, view.error_message, tool.mcp if tool else True, tool.server if tool else None)
+                draft.calls.append(call)
+            if tool is not None and tool.mcp:
+                call.mcp = True
+            if op is not None:
+                call.mcp = True
+                if op.server and (op.side == "server" or call.server is None):
+                    call.server = op.server  # the server's own name beats the address the client dialled
+            by_span[span.span_id] = call
+            if request_key:
+                by_request[request_key] = call
+
+
+_OP_KINDS = {"tools/call": "tool", "resources/read": "resource", "prompts/get": "prompt"}
+
+
+def _pair_parts(calls: list[_Call], messages: list[Message], start_ns: int) -> None:
+    """Tool-call and tool-result parts of messages, paired by call id with the calls already known."""
+    by_id = {c.call_id: c for c in calls if c.call_id}
+    for message in messages:
+        for part in message.tool_calls:
+            call = by_id.get(part.id) if part.id else None
+            if call is None:
+                call = next((c for c in calls if c.kind == "tool" and c.call_id is None and c.name == part.name), None)
+                if call is not None:
+                    call.call_id = part.id
+            if call is None:
+                call = _Call("tool", part.name or "unknown", start_ns, part.id)
+                calls.append(call)
+            if part.id:
+                by_id[part.id] = call
+            call.absorb(part.arguments, None, False, None)
+        for part in message.tool_results:
+            call = by_id.get(part.id) if part.id else None
+            if call is not None:
+                call.absorb(None, part.result, False, None)
+
+
+# --- the MCP server inventory ---------------------------------------------------------------------------
+
+
+class _Inventory:
+    def __init__(self, given: Sequence[MCPServer]) -> None:
+        self.servers: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
+        for server in given:
+            data = server.model_dump(mode="json", exclude_none=True)
+            entry = self._server(server.server_name)
+            entry["meta"]["transport"] = {"transport": server.transport} if server.transport else {}
+            for tool in data.get("available_tools", []):
+                entry["tools"][tool["name"]] = tool
+            for res in data.get("available_resources", []):
+                entry["resources"][res["uri"]] = res
+            for prompt in data.get("available_prompts", []):
+                entry["prompts"][prompt["name"]] = prompt
+
+    def _server(self, name: str) -> dict[str, dict[str, dict[str, Any]]]:
+        return self.servers.setdefault(name, {"tools": {}, "resources": {}, "prompts": {}, "meta": {}})
+
+    def add_listed(self, method: str, server: str | None, item: dict[str, Any]) -> None:
+        section = method.split("/", 1)[0]
+        key = "uri" if section == "resources" else "name"
+        if section in ("tools", "resources", "prompts") and isinstance(item.get(key), str):
+            existing = self._server(server or DEFAULT_SERVER)[section].setdefault(item[key], {})
+            existing.update({k: v for k, v in item.items() if v is not None})
+
+    def server_of_tool(self, name: str) -> str | None:
+        return next((s for s, entry in self.servers.items() if name in entry["tools"]), None)
+
+    def add_definition(self, server: str, definition: ToolDefinition) -> None:
+        tool = self._server(server)["tools"].setdefault(definition.name, {"name": definition.name})
+        if definition.description and not tool.get("description"):
+            tool["description"] = definition.description
+        if definition.input_schema and not tool.get("inputSchema"):
+            tool["inputSchema"] = definition.input_schema
+
+    def to_servers(self) -> list[MCPServer]:
+        out = []
+        for name in sorted(self.servers):
+            entry = self.servers[name]
+            out.append(MCPServer.model_validate({
+                "server_name": name,
+                **entry["meta"].get("transport", {}),
+                "available_tools": [entry["tools"][k] for k in sorted(entry["tools"])],
+                "available_resources": [entry["resources"][k] for k in sorted(entry["resources"])],
+                "available_prompts": [entry["prompts"][k] for k in sorted(entry["prompts"])],
+            }))
+        return out
+
+
+def _args(value: Any, name: str, notes: list[str]) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        return value
+    notes.append(f"arguments of {name} are not a JSON object (kept out of args): {str(value)[:200]}")
+    return {}
+
+
+def _assistant_turn(draft: _Draft, inventory: _Inventory) -> Turn | None:
+    tools, resources, prompts, functions = [], [], [], []
+    notes: list[str] = []
+    for call in draft.calls:
+        if call.kind == "resource":
+            resources.append(MCPResourceCall(uri=call.name, result=resource_result(call.result, call.name)))
+        elif call.kind == "prompt":
+            prompts.append(MCPPromptCall(name=call.name, args=_args(call.arguments, call.name, notes),
+                                         result=prompt_result(call.result)))
+        elif call.mcp or inventory.server_of_tool(call.name):
+            tools.append(MCPToolCall(name=call.name, args=_args(call.arguments, call.name, notes),
+                                     result=tool_result(call.result, call.error, call.error_message)))
+        else:
+            params = call.arguments if isinstance(call.arguments, dict) or call.arguments is None \
+                else {"input": call.arguments}
+            functions.append(ToolCall(name=call.name, input_parameters=params, output=call.result, type="function"))
+    if not (draft.reply or tools or resources or prompts or functions):
+        return None
+    metadata: dict[str, Any] = {"trace_id": draft.trace_id, "span_id": draft.run_span_id}
+    if notes:
+        metadata["mapping_notes"] = notes
+    return Turn(role="assistant", content=draft.reply or "", mcp_tools_called=tools or None,
+                mcp_resources_called=resources or None, mcp_prompts_called=prompts or None,
+                tools_called=functions or None, metadata=metadata)
+
+
+def _dedupe(spans: Iterable[Span | dict[str, Any]]) -> list[Span]:
+    """One span per (trace_id, span_id): exporters retry, so the same span can arrive twice."""
+    unique: dict[tuple[str, str], Span] = {}
+    for item in spans:
+        span = item if isinstance(item, Span) else Span.from_record(item)
+        kept = unique.get(span.key)
+        if kept is None or len(span.attributes) > len(kept.attributes):
+            unique[span.key] = span
+    return list(unique.values())
+
+
+def build_conversations(spans: Iterable[Span | dict[str, Any]],
+                        servers: Sequence[MCPServer | dict[str, Any]] | None = None) -> list[Conversation]:
+    """Every conversation the spans describe, as test cases with the MCP servers' inventory.
+
+    `servers` is a user-supplied inventory (MCPServer objects or dicts), merged by server name with what the
+    traces listed. Conversations with no turn (e.g. only MCP housekeeping) are left out.
+    """
+    given = [s if isinstance(s, MCPServer) else MCPServer.model_validate(s) for s in servers or []]
+    by_trace: dict[str, list[Span]] = {}
+    for span in _dedupe(spans):
+        by_trace.setdefault(span.trace_id, []).append(span)
+    groups: dict[str, tuple[str, list[list[Span]]]] = {}
+    for trace_spans in by_trace.values():
+        key, value = trace_conversation_key(trace_spans)
+        groups.setdefault(value, (key, []))[1].append(trace_spans)
+    conversations = []
+    for conversation_id, (key, traces) in groups.items():
+        conversation = _build_one(conversation_id, key, traces, given)
+        if conversation is not None:
+            conversations.append(conversation)
+    return sorted(conversations, key=lambda c: (c.first_span_ns, c.conversation_id))
+
+
+def _build_one(conversation_id: str, key: str, traces: list[list[Span]],
+               given: list[MCPServer]) -> Conversation | None:
+    drafts = sorted((d for spans in traces for d in _Trace(spans).drafts()), key=lambda d: d.start_ns)
+    inventory = _Inventory(given)
+    seen = {c.server for d in drafts for c in d.calls if c.server} | {srv for d in drafts for _, srv, _ in d.listed
+                                                                      if srv} | set(inventory.servers)
+    default_server = next(iter(seen)) if len(seen) == 1 else DEFAULT_SERVER
+    for draft in drafts:
+        for method, server, item in draft.listed:
+            inventory.add_listed(method, server or default_server, item)
+    definitions = {d.name: d for draft in drafts for d in draft.definitions}
+    for draft in drafts:
+        for call in draft.calls:
+            if call.kind == "tool" and (call.mcp or inventory.server_of_tool(call.name)):
+                server = call.server or inventory.server_of_tool(call.name) or default_server
+                inventory.add_definition(server, definitions.get(call.name) or ToolDefinition(call.name))
+    turns: list[Turn] = []
+    for draft in drafts:
+        if draft.user_text:
+            turns.append(Turn(role="user", content=draft.user_text))
+        assistant = _assistant_turn(draft, inventory)
+        if assistant is not None:
+            turns.append(assistant)
+    if not turns:
+        return None
+    all_spans = [s for spans in traces for s in spans]
+    test_case = ConversationalTestCase(turns=turns, name=conversation_id, mcp_servers=inventory.to_servers())
+    digest = hashlib.sha256(json.dumps(test_case.model_dump(mode="json"), sort_keys=True,
+                                       ensure_ascii=False).encode()).hexdigest()
+    return Conversation(
+        conversation_id=conversation_id,
+        key=key,
+        test_case=test_case,
+        service_name=next((d.service_name for d in drafts if d.service_name), None),
+        agent_name=next((d.agent_name for d in drafts if d.agent_name), None),
+        trace_ids=tuple(sorted({s.trace_id for s in all_spans})),
+        first_span_ns=min(s.start_ns for s in all_spans),
+        last_span_ns=max(max(s.end_ns, s.start_ns) for s in all_spans),
+        content_hash=digest,
+    )

@@ -1,0 +1,32 @@
+"""Which conversation a trace belongs to: the first key present wins (semconv.md section 7, rule 2)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mapping.spans import Span
+
+KEY_PRECEDENCE = (
+    "gen_ai.conversation.id",
+    "session.id",
+    "traceloop.association.properties.session_id",
+    "gcp.vertex.agent.session_id",
+    "langsmith.trace.session_id",
+    "mcp.session.id",
+)
+TRACE_KEY = "trace_id"
+
+
+def trace_conversation_key(spans: Sequence[Span]) -> tuple[str, str]:
+    """(key name, value) for the spans of one trace, looking at spans (roots first), then resources."""
+    ordered = sorted(spans, key=lambda s: (s.parent_span_id is not None, s.start_ns))
+    for key in KEY_PRECEDENCE:
+        for span in ordered:
+            value = span.str_attr(key)
+            if value:
+                return key, value
+        for span in ordered:
+            value = span.resource.get(key)
+            if isinstance(value, str) and value:
+                return key, value
+    return TRACE_KEY, ordered[0].trace_id

@@ -1,0 +1,142 @@
+"""Chat messages as (role, parts), whatever shape a dialect stored them in.
+
+The OTel GenAI parts format (`{"role", "parts": [{"type": "text"|"tool_call"|"tool_call_response", ...}]}`)
+is the common form; the per-dialect modules turn their flattened or legacy encodings into it. Unknown
+roles and part types are kept or skipped, never an error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from mapping.spans import parse_json_value
+
+ROLE_ALIASES = {"model": "assistant", "ai": "assistant", "human": "user", "developer": "system",
+                "function": "tool"}
+
+
+@dataclass(frozen=True)
+class Part:
+    type: str
+    text: str | None = None
+    id: str | None = None
+    name: str | None = None
+    arguments: Any = None
+    result: Any = None
+
+
+@dataclass
+class Message:
+    role: str
+    parts: list[Part] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(p.text for p in self.parts if p.type == "text" and p.text)
+
+    @property
+    def tool_calls(self) -> list[Part]:
+        return [p for p in self.parts if p.type == "tool_call"]
+
+    @property
+    def tool_results(self) -> list[Part]:
+        return [p for p in self.parts if p.type == "tool_call_response"]
+
+    @property
+    def is_user_text(self) -> bool:
+        """A real user message: role user with text (tool results sent as role user do not count)."""
+        return self.role == "user" and bool(self.text)
+
+
+def normalize_role(role: Any) -> str:
+    text = str(role or "unknown").strip().lower()
+    return ROLE_ALIASES.get(text, text)
+
+
+def _text_of(content: Any) -> str | None:
+    """Text from a content value: a string, a list of blocks, or a block."""
+    content = parse_json_value(content)
+    if content is None:
+        return None
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = [t for t in (_text_of(c) for c in content) if t]
+        return "\n".join(texts) if texts else None
+    if isinstance(content, dict):
+        for key in ("text", "content"):
+            if isinstance(content.get(key), str):
+                return content[key]
+    return None
+
+
+def parse_part(raw: Any) -> Part | None:
+    if isinstance(raw, str):
+        return Part("text", text=raw)
+    if not isinstance(raw, dict):
+        return None
+    kind = str(raw.get("type") or ("text" if "content" in raw or "text" in raw else "unknown"))
+    if kind == "text":
+        return Part("text", text=_text_of(raw.get("content", raw.get("text"))) or "")
+    if kind in ("tool_call", "function_call", "tool_use"):
+        return Part("tool_call", id=_str(raw.get("id")), name=_str(raw.get("name")),
+                    arguments=parse_json_value(raw.get("arguments", raw.get("input"))))
+    if kind in ("tool_call_response", "function_call_output", "tool_result"):
+        result = raw.get("response", raw.get("result", raw.get("content", raw.get("output"))))
+        return Part("tool_call_response", id=_str(raw.get("id", raw.get("tool_call_id"))),
+                    name=_str(raw.get("name")), result=parse_json_value(result))
+    return Part(kind)
+
+
+def _str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def parse_message(raw: Any) -> Message | None:
+    """One message in the OTel parts format, or the older `{role, content, tool_calls}` form."""
+    if not isinstance(raw, dict):
+        return None
+    role = normalize_role(raw.get("role"))
+    parts: list[Part] = []
+    if isinstance(raw.get("parts"), list):
+        parts = [p for p in (parse_part(p) for p in raw["parts"]) if p is not None]
+    else:
+        text = _text_of(raw.get("content"))
+        if text:
+            parts.append(Part("text", text=text))
+        for call in raw.get("tool_calls") or []:
+            if isinstance(call, dict):
+                function = call.get("function") if isinstance(call.get("function"), dict) else call
+                parts.append(Part("tool_call", id=_str(call.get("id")), name=_str(function.get("name")),
+                                  arguments=parse_json_value(function.get("arguments"))))
+        if role == "tool" and raw.get("id", raw.get("tool_call_id")) is not None:
+            parts = [Part("tool_call_response", id=_str(raw.get("id", raw.get("tool_call_id"))),
+                          result=parse_json_value(raw.get("content")))]
+    if role == "user" and parts and all(p.type == "tool_call_response" for p in parts):
+        role = "tool"  # pydantic-ai before v6 and ADK send tool results as user messages
+    return Message(role, parts)
+
+
+def parse_messages(value: Any) -> list[Message]:
+    """A messages attribute (JSON string or structured list) as Messages; anything else gives []."""
+    value = parse_json_value(value)
+    if isinstance(value, dict):
+        value = [value]
+    if not isinstance(value, list):
+        return []
+    return [m for m in (parse_message(v) for v in value) if m is not None]
+
+
+def last_user_text(messages: list[Message]) -> str | None:
+    for message in reversed(messages):
+        if message.is_user_text:
+            return message.text
+    return None
+
+
+def final_assistant_text(messages: list[Message]) -> str | None:
+    for message in reversed(messages):
+        if message.role == "assistant" and message.text:
+            return message.text
+    return None

@@ -1,0 +1,300 @@
+"""Decode an OTLP ExportTraceServiceRequest (protobuf or OTLP/JSON) into normalized spans.
+
+A request that cannot be decoded at all raises OTLPDecodeError (the receiver answers 400 /
+INVALID_ARGUMENT). A span that decodes but is invalid (bad or zero ids, negative times) is reported in
+`problems` with where it is and why, and the other spans of the request are kept (partial success).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from mapping.spans import Span, SpanEvent, SpanLink
+
+PROTOBUF_TYPES = frozenset({"application/x-protobuf", "application/protobuf"})
+JSON_TYPES = frozenset({"application/json"})
+MAX_ANY_VALUE_DEPTH = 64
+
+
+class OTLPDecodeError(ValueError):
+    """The request is not a decodable ExportTraceServiceRequest; nothing in it can be kept."""
+
+
+class UnsupportedContentTypeError(OTLPDecodeError):
+    """The content type is neither OTLP protobuf nor OTLP/JSON."""
+
+
+@dataclass(frozen=True)
+class SpanProblem:
+    where: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.reason}"
+
+
+@dataclass
+class DecodedRequest:
+    spans: list[Span] = field(default_factory=list)
+    problems: list[SpanProblem] = field(default_factory=list)
+
+
+class _InvalidSpan(ValueError):
+    pass
+
+
+def decode_otlp(payload: bytes | str, content_type: str) -> DecodedRequest:
+    """Spans of one export request; `content_type` is the HTTP Content-Type (parameters ignored)."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media in PROTOBUF_TYPES:
+        if isinstance(payload, str):
+            raise OTLPDecodeError("a protobuf request must be bytes")
+        return _decode_protobuf(payload)
+    if media in JSON_TYPES:
+        return _decode_json(payload)
+    raise UnsupportedContentTypeError(
+        f"unsupported content type {content_type!r}: send application/x-protobuf or application/json"
+    )
+
+
+# --- ids ------------------------------------------------------------------------------------------------
+
+
+def _id_from_bytes(raw: bytes, size: int, what: str, required: bool = True) -> str | None:
+    if not raw:
+        if required:
+            raise _InvalidSpan(f"{what} is missing")
+        return None
+    if len(raw) != size:
+        raise _InvalidSpan(f"{what} must be {size} bytes, got {len(raw)}")
+    if raw == bytes(size):
+        if required:
+            raise _InvalidSpan(f"{what} is all zeros, which OTLP forbids")
+        return None
+    return raw.hex()
+
+
+def _id_from_text(text: Any, size: int, what: str, required: bool = True) -> str | None:
+    if text in (None, ""):
+        return _id_from_bytes(b"", size, what, required)
+    if not isinstance(text, str):
+        raise _InvalidSpan(f"{what} must be a hex string, got {type(text).__name__}")
+    if len(text) == size * 2:
+        try:
+            return _id_from_bytes(bytes.fromhex(text), size, what, required)
+        except ValueError:
+            pass
+    try:  # protobuf's canonical JSON mapping sends bytes as base64; accept it too
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise _InvalidSpan(f"{what} {text[:40]!r} is not {size * 2} hex characters") from None
+    return _id_from_bytes(raw, size, what, required)
+
+
+def _time(value: Any, what: str) -> int:
+    if value in (None, ""):
+        return 0
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise _InvalidSpan(f"{what} must be an integer count of nanoseconds, got {str(value)[:40]!r}") from None
+    if number < 0:
+        raise _InvalidSpan(f"{what} is negative")
+    return number
+
+
+# --- protobuf -------------------------------------------------------------------------------------------
+
+
+def _pb_any(value: Any, depth: int = 0) -> Any:
+    if depth > MAX_ANY_VALUE_DEPTH:
+        raise _InvalidSpan(f"an attribute value nests deeper than {MAX_ANY_VALUE_DEPTH} levels")
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "array_value":
+        return [_pb_any(v, depth + 1) for v in value.array_value.values]
+    if kind == "kvlist_value":
+        return {kv.key: _pb_any(kv.value, depth + 1) for kv in value.kvlist_value.values}
+    if kind == "bytes_value":
+        return base64.b64encode(value.bytes_value).decode("ascii")
+    return getattr(value, kind)
+
+
+def _pb_attrs(items: Any) -> dict[str, Any]:
+    return {kv.key: _pb_any(kv.value) for kv in items}
+
+
+def _decode_protobuf(payload: bytes) -> DecodedRequest:
+    request = ExportTraceServiceRequest()
+    try:
+        request.ParseFromString(payload)
+    except (DecodeError, ValueError, RuntimeError) as exc:
+        raise OTLPDecodeError(f"the body is not a valid OTLP protobuf ExportTraceServiceRequest: {exc}") from exc
+    out = DecodedRequest()
+    for r, rs in enumerate(request.resource_spans):
+        try:
+            resource = _pb_attrs(rs.resource.attributes)
+        except _InvalidSpan as exc:
+            out.problems.append(SpanProblem(f"resource_spans[{r}].resource", str(exc)))
+            continue
+        for s, ss in enumerate(rs.scope_spans):
+            for i, span in enumerate(ss.spans):
+                where = f"resource_spans[{r}].scope_spans[{s}].spans[{i}]"
+                try:
+                    out.spans.append(Span(
+                        trace_id=_id_from_bytes(span.trace_id, 16, "trace_id"),  # type: ignore[arg-type]
+                        span_id=_id_from_bytes(span.span_id, 8, "span_id"),  # type: ignore[arg-type]
+                        parent_span_id=_id_from_bytes(span.parent_span_id, 8, "parent_span_id", required=False),
+                        name=span.name, kind=span.kind,
+                        start_ns=span.start_time_unix_nano, end_ns=span.end_time_unix_nano,
+                        status_code=span.status.code, status_message=span.status.message,
+                        attributes=_pb_attrs(span.attributes),
+                        events=[SpanEvent(e.name, e.time_unix_nano, _pb_attrs(e.attributes)) for e in span.events],
+                        links=[SpanLink(lk.trace_id.hex(), lk.span_id.hex(), _pb_attrs(lk.attributes))
+                               for lk in span.links],
+                        resource=resource, scope_name=ss.scope.name, scope_version=ss.scope.version,
+                    ))
+                except _InvalidSpan as exc:
+                    out.problems.append(SpanProblem(_where(where, span.trace_id.hex(), span.span_id.hex()), str(exc)))
+    return out
+
+
+def _where(path: str, trace_id: str, span_id: str) -> str:
+    ids = ", ".join(p for p in (f"trace_id {trace_id}" if trace_id else "", f"span_id {span_id}" if span_id else "")
+                    if p)
+    return f"{path} ({ids})" if ids else path
+
+
+# --- JSON -----------------------------------------------------------------------------------------------
+
+
+def _get(obj: dict[str, Any], camel: str, snake: str | None = None) -> Any:
+    value = obj.get(camel)
+    return obj.get(snake) if value is None and snake else value
+
+
+def _json_any(value: Any, depth: int = 0) -> Any:
+    if depth > MAX_ANY_VALUE_DEPTH:
+        raise _InvalidSpan(f"an attribute value nests deeper than {MAX_ANY_VALUE_DEPTH} levels")
+    if not isinstance(value, dict):
+        raise _InvalidSpan(f"an AnyValue must be an object, got {type(value).__name__}")
+    if "stringValue" in value:
+        return value["stringValue"]
+    if "boolValue" in value:
+        return bool(value["boolValue"])
+    if "intValue" in value:
+        try:
+            return int(value["intValue"])
+        except (TypeError, ValueError):
+            raise _InvalidSpan(f"intValue {str(value['intValue'])[:40]!r} is not an integer") from None
+    if "doubleValue" in value:
+        raw = value["doubleValue"]
+        try:
+            return float(raw)  # "NaN" and "Infinity" arrive as strings in JSON
+        except (TypeError, ValueError):
+            raise _InvalidSpan(f"doubleValue {str(raw)[:40]!r} is not a number") from None
+    if "arrayValue" in value:
+        return [_json_any(v, depth + 1) for v in (value["arrayValue"] or {}).get("values") or []]
+    if "kvlistValue" in value:
+        return _json_attrs((value["kvlistValue"] or {}).get("values") or [], depth + 1)
+    if "bytesValue" in value:
+        return value["bytesValue"]
+    return None
+
+
+def _json_attrs(items: Any, depth: int = 0) -> dict[str, Any]:
+    if not isinstance(items, list):
+        raise _InvalidSpan("attributes must be a list of {key, value}")
+    out: dict[str, Any] = {}
+    for kv in items:
+        if not isinstance(kv, dict) or not isinstance(kv.get("key"), str):
+            raise _InvalidSpan("every attribute needs a string key")
+        out[kv["key"]] = _json_any(kv.get("value") or {}, depth)
+    return out
+
+
+def _json_span(span: dict[str, Any], resource: dict[str, Any], scope: dict[str, Any]) -> Span:
+    status = span.get("status") or {}
+    if not isinstance(status, dict):
+        raise _InvalidSpan("status must be an object")
+    kind = span.get("kind", 0)
+    if not isinstance(kind, int) or isinstance(kind, bool):
+        raise _InvalidSpan(f"kind must be an integer enum value, got {kind!r:.40}")
+    name = span.get("name", "")
+    if not isinstance(name, str):
+        raise _InvalidSpan("name must be a string")
+    events = []
+    for e in span.get("events") or []:
+        if not isinstance(e, dict):
+            raise _InvalidSpan("every event must be an object")
+        events.append(SpanEvent(str(e.get("name", "")), _time(_get(e, "timeUnixNano", "time_unix_nano"), "event time"),
+                                _json_attrs(e.get("attributes") or [])))
+    links = []
+    for lk in span.get("links") or []:
+        if not isinstance(lk, dict):
+            raise _InvalidSpan("every link must be an object")
+        links.append(SpanLink(
+            _id_from_text(_get(lk, "traceId", "trace_id"), 16, "link trace_id") or "",
+            _id_from_text(_get(lk, "spanId", "span_id"), 8, "link span_id") or "",
+            _json_attrs(lk.get("attributes") or []),
+        ))
+    code = status.get("code", 0)
+    return Span(
+        trace_id=_id_from_text(_get(span, "traceId", "trace_id"), 16, "trace_id"),  # type: ignore[arg-type]
+        span_id=_id_from_text(_get(span, "spanId", "span_id"), 8, "span_id"),  # type: ignore[arg-type]
+        parent_span_id=_id_from_text(_get(span, "parentSpanId", "parent_span_id"), 8, "parent_span_id",
+                                     required=False),
+        name=name, kind=kind,
+        start_ns=_time(_get(span, "startTimeUnixNano", "start_time_unix_nano"), "startTimeUnixNano"),
+        end_ns=_time(_get(span, "endTimeUnixNano", "end_time_unix_nano"), "endTimeUnixNano"),
+        status_code=code if isinstance(code, int) else 0, status_message=str(status.get("message") or ""),
+        attributes=_json_attrs(span.get("attributes") or []), events=events, links=links,
+        resource=resource, scope_name=str(scope.get("name") or ""), scope_version=str(scope.get("version") or ""),
+    )
+
+
+def _decode_json(payload: bytes | str) -> DecodedRequest:
+    try:
+        body = json.loads(payload)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise OTLPDecodeError(f"the body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise OTLPDecodeError("an OTLP/JSON request must be an object with 'resourceSpans'")
+    resource_spans = _get(body, "resourceSpans", "resource_spans") or []
+    if not isinstance(resource_spans, list):
+        raise OTLPDecodeError("'resourceSpans' must be a list")
+    out = DecodedRequest()
+    for r, rs in enumerate(resource_spans):
+        if not isinstance(rs, dict):
+            out.problems.append(SpanProblem(f"resourceSpans[{r}]", "must be an object"))
+            continue
+        try:
+            resource = _json_attrs((rs.get("resource") or {}).get("attributes") or [])
+        except (_InvalidSpan, AttributeError) as exc:
+            out.problems.append(SpanProblem(f"resourceSpans[{r}].resource", str(exc)))
+            continue
+        for s, ss in enumerate(_get(rs, "scopeSpans", "scope_spans") or []):
+            if not isinstance(ss, dict):
+                out.problems.append(SpanProblem(f"resourceSpans[{r}].scopeSpans[{s}]", "must be an object"))
+                continue
+            scope = ss.get("scope") or {}
+            for i, span in enumerate(ss.get("spans") or []):
+                path = f"resourceSpans[{r}].scopeSpans[{s}].spans[{i}]"
+                if not isinstance(span, dict):
+                    out.problems.append(SpanProblem(path, "must be an object"))
+                    continue
+                try:
+                    out.spans.append(_json_span(span, resource, scope if isinstance(scope, dict) else {}))
+                except _InvalidSpan as exc:
+                    where = _where(path, str(_get(span, "traceId", "trace_id") or "")[:40],
+                                   str(_get(span, "spanId", "span_id") or "")[:40])
+                    out.problems.append(SpanProblem(where, str(exc)))
+    return out

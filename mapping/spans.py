@@ -1,0 +1,125 @@
+"""The normalized span record every dialect reads: hex ids, ns times, decoded attributes and events.
+
+Attribute values are plain Python (str, bool, int, float, list, dict). Values that carry JSON as a
+string (messages, arguments, results) are parsed on first use by `json_attr`, which tolerates
+truncated or invalid JSON by returning the raw string.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+SPAN_KIND_NAMES = {0: "UNSPECIFIED", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}
+STATUS_ERROR = 2
+
+
+@dataclass(frozen=True)
+class SpanEvent:
+    name: str
+    time_ns: int
+    attributes: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class SpanLink:
+    trace_id: str
+    span_id: str
+    attributes: dict[str, Any]
+
+
+def parse_json_value(value: Any) -> Any:
+    """A JSON string as its value; anything else (or text that is not JSON) unchanged."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text[:1] in ("{", "[", '"') or text in ("true", "false", "null") or _looks_numeric(text):
+            try:
+                return json.loads(text)
+            except ValueError:
+                return value
+    return value
+
+
+def _looks_numeric(text: str) -> bool:
+    return bool(text) and (text[0].isdigit() or (text[0] == "-" and text[1:2].isdigit()))
+
+
+@dataclass
+class Span:
+    trace_id: str
+    span_id: str
+    parent_span_id: str | None
+    name: str
+    kind: int
+    start_ns: int
+    end_ns: int
+    status_code: int = 0
+    status_message: str = ""
+    attributes: dict[str, Any] = field(default_factory=dict)
+    events: list[SpanEvent] = field(default_factory=list)
+    links: list[SpanLink] = field(default_factory=list)
+    resource: dict[str, Any] = field(default_factory=dict)
+    scope_name: str = ""
+    scope_version: str = ""
+    _parsed: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.trace_id, self.span_id)
+
+    @property
+    def service_name(self) -> str | None:
+        value = self.resource.get("service.name")
+        return value if isinstance(value, str) else None
+
+    @property
+    def is_error(self) -> bool:
+        return self.status_code == STATUS_ERROR
+
+    def attr(self, key: str) -> Any:
+        return self.attributes.get(key)
+
+    def str_attr(self, key: str) -> str | None:
+        value = self.attributes.get(key)
+        if value is None or isinstance(value, dict | list):
+            return None
+        return value if isinstance(value, str) else str(value)
+
+    def json_attr(self, key: str) -> Any:
+        """The attribute with JSON strings parsed (once); None when absent."""
+        if key not in self._parsed:
+            self._parsed[key] = parse_json_value(self.attributes.get(key))
+        return self._parsed[key]
+
+    def prefixed(self, prefix: str) -> dict[str, Any]:
+        """Attributes under `prefix` with the prefix removed (for flattened, indexed keys)."""
+        return {k[len(prefix):]: v for k, v in self.attributes.items() if k.startswith(prefix)}
+
+    def to_record(self) -> dict[str, Any]:
+        """A JSON-ready dict of the span (for storage and fixtures)."""
+        return {
+            "trace_id": self.trace_id, "span_id": self.span_id, "parent_span_id": self.parent_span_id,
+            "name": self.name, "kind": self.kind, "start_ns": self.start_ns, "end_ns": self.end_ns,
+            "status_code": self.status_code, "status_message": self.status_message,
+            "attributes": self.attributes,
+            "events": [{"name": e.name, "time_ns": e.time_ns, "attributes": e.attributes} for e in self.events],
+            "links": [{"trace_id": lk.trace_id, "span_id": lk.span_id, "attributes": lk.attributes}
+                      for lk in self.links],
+            "resource": self.resource, "scope_name": self.scope_name, "scope_version": self.scope_version,
+        }
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Span:
+        return cls(
+            trace_id=record["trace_id"], span_id=record["span_id"], parent_span_id=record.get("parent_span_id"),
+            name=record.get("name", ""), kind=int(record.get("kind", 0)), start_ns=int(record.get("start_ns", 0)),
+            end_ns=int(record.get("end_ns", 0)), status_code=int(record.get("status_code", 0)),
+            status_message=record.get("status_message", ""), attributes=dict(record.get("attributes") or {}),
+            events=[SpanEvent(e["name"], int(e.get("time_ns", 0)), dict(e.get("attributes") or {}))
+                    for e in record.get("events") or []],
+            links=[SpanLink(lk["trace_id"], lk["span_id"], dict(lk.get("attributes") or {}))
+                   for lk in record.get("links") or []],
+            resource=dict(record.get("resource") or {}), scope_name=record.get("scope_name", ""),
+            scope_version=record.get("scope_version", ""),
+        )
