@@ -1,5 +1,5 @@
-"""The `tracejudge` command: `evaluate` scores test-case files, `set-eval-mode` edits the config file,
-`serve` runs the collector (not built yet)."""
+"""The `tracejudge` command: `evaluate` scores test-case files, `inspect` shows how trace files map to
+conversations, `set-eval-mode` edits the config file, `serve` runs the collector (not built yet)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from collector.config_file import ConfigFileError, set_value
+from collector.server_file import ServerFileError, read_server_file
+from mapping import Conversation, OTLPDecodeError, Span, build_conversations, decode_otlp
 from scoring import METRICS, BaseMetric, TracejudgeError, evaluate
 from scoring.errors import InvalidTestCaseError, JudgeConfigurationError
 from scoring.eval_mode import EvalMode, config_path
@@ -92,6 +94,78 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return EXIT_PASS if result.passed else EXIT_FAIL
 
 
+def read_trace_file(path: Path) -> list[Span]:
+    """Spans from an OTLP/JSON file (one request, or one request per line) or an OTLP protobuf file."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputFileError(f"cannot read {path}: {exc}") from exc
+    if path.suffix in (".pb", ".bin", ".protobuf"):
+        requests = [(raw, "application/x-protobuf")]
+    else:
+        text = raw.decode("utf-8", errors="replace")
+        try:
+            json.loads(text)
+            requests = [(raw, "application/json")]
+        except json.JSONDecodeError:
+            requests = [(line.encode(), "application/json") for line in text.splitlines() if line.strip()]
+    spans: list[Span] = []
+    for number, (payload, content_type) in enumerate(requests, start=1):
+        try:
+            decoded = decode_otlp(payload, content_type)
+        except OTLPDecodeError as exc:
+            where = f"{path}:{number}" if len(requests) > 1 else str(path)
+            raise InputFileError(f"{where}: {exc}") from exc
+        for problem in decoded.problems:
+            print(f"tracejudge inspect: skipped {problem}", file=sys.stderr)
+        spans.extend(decoded.spans)
+    return spans
+
+
+def _describe(conversation: Conversation) -> str:
+    c, tc = conversation, conversation.test_case
+    lines = [f"conversation {c.conversation_id} (from {c.key}; service {c.service_name or '-'}, "
+             f"agent {c.agent_name or '-'}, {len(c.trace_ids)} trace(s), {len(tc.turns)} turn(s))"]
+    for i, turn in enumerate(tc.turns):
+        lines.append(f"  [{i}] {turn.role}: {turn.content}")
+        for call in turn.mcp_tools_called or []:
+            result = call.result
+            text = " ".join(b.text or f"[{b.type}]" for b in result.content) if result else "(no result)"
+            flag = " ERROR" if result and result.is_error else ""
+            lines.append(f"      MCP tool {call.name} {json.dumps(call.args, ensure_ascii=False)} ->{flag} {text}")
+        for res in turn.mcp_resources_called or []:
+            lines.append(f"      MCP resource {res.uri}" + ("" if res.result else " (no result)"))
+        for prompt in turn.mcp_prompts_called or []:
+            lines.append(f"      MCP prompt {prompt.name} {json.dumps(prompt.args, ensure_ascii=False)}")
+        for tool in turn.tools_called or []:
+            lines.append(f"      function {tool.name} {json.dumps(tool.input_parameters, ensure_ascii=False)}")
+    for server in tc.mcp_servers or []:
+        names = ", ".join(t.name for t in server.available_tools) or "-"
+        lines.append(f"  server {server.server_name}: tools {names}; {len(server.available_resources)} resource(s), "
+                     f"{len(server.available_prompts)} prompt(s)")
+    return "\n".join(lines)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    try:
+        spans = read_trace_file(Path(args.file))
+        servers = read_server_file(Path(args.servers)) if args.servers else None
+    except (InputFileError, ServerFileError) as exc:
+        print(f"tracejudge inspect: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    conversations = build_conversations(spans, servers)
+    if args.format == "json":
+        print(json.dumps([{
+            "conversation_id": c.conversation_id, "key": c.key, "service_name": c.service_name,
+            "agent_name": c.agent_name, "trace_ids": list(c.trace_ids), "first_span_ns": c.first_span_ns,
+            "last_span_ns": c.last_span_ns, "content_hash": c.content_hash,
+            "test_case": c.test_case.model_dump(mode="json", exclude_none=True),
+        } for c in conversations], indent=2, ensure_ascii=False))
+    else:
+        print("\n\n".join(_describe(c) for c in conversations) or f"no conversation in {len(spans)} span(s)")
+    return EXIT_PASS
+
+
 def cmd_set_eval_mode(args: argparse.Namespace) -> int:
     path = config_path()
     try:
@@ -147,6 +221,18 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--concurrency", type=int, default=8, help="measures run at once (default 8)")
     ev.add_argument("--format", choices=["table", "json"], default="table", help="output format")
     ev.set_defaults(func=cmd_evaluate)
+
+    inspect = sub.add_parser(
+        "inspect",
+        help="print the conversations a trace file maps to",
+        description="Decode an OTLP trace file (OTLP/JSON: one ExportTraceServiceRequest or one per line; "
+        ".pb: protobuf) and print each conversation it maps to: turns, MCP calls with arguments and results, "
+        "and the MCP servers. Use it to check how your agent's traces are read.",
+    )
+    inspect.add_argument("file", metavar="FILE", help="OTLP/JSON (.json, .jsonl) or protobuf (.pb) trace file")
+    inspect.add_argument("--servers", metavar="FILE", help="MCP server inventory (JSON or TOML) to merge in")
+    inspect.add_argument("--format", choices=["text", "json"], default="text", help="output format")
+    inspect.set_defaults(func=cmd_inspect)
 
     mode = sub.add_parser(
         "set-eval-mode",

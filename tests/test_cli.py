@@ -129,3 +129,42 @@ def test_evaluate_in_system_one_mode_from_the_config_file(tmp_path, s1_server) -
     assert scores["mcp_use"] == pytest.approx((1.8 + 0.9 + 1.0) / 4) == scores["mcp_task_completion"]
     [request] = s1_server.calls()
     assert request.body["model"] == "jev-1.13.0" and len(request.questions) == 6
+
+
+def test_inspect_prints_the_conversations_a_trace_file_maps_to(tmp_path) -> None:
+    from tests.fixtures import semconv_scenarios
+
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(semconv_scenarios.otel_genai()))
+    proc = run(["inspect", str(path)])
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("conversation conv_42 (from gen_ai.conversation.id;")
+    assert "  [0] user: What's the weather in Paris?" in lines
+    assert '      MCP tool get-weather {"city": "Paris"} -> Rainy, 14°C' in lines
+    assert '      MCP tool book-umbrella {"qty": 1} -> ERROR No umbrellas left' in lines
+    proc = run(["inspect", str(path), "--format", "json"])
+    [conversation] = json.loads(proc.stdout)
+    assert conversation["conversation_id"] == "conv_42" and len(conversation["test_case"]["turns"]) == 4
+
+
+def test_inspect_merges_a_server_file_and_reports_bad_input(tmp_path) -> None:
+    from tests.fixtures import semconv_scenarios
+
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(json.dumps(semconv_scenarios.openllmetry()) + "\n")
+    servers = tmp_path / "servers.toml"
+    servers.write_text('[[servers]]\nserver_name = "weather"\n[[servers.available_tools]]\nname = "get-weather"\n'
+                       'description = "from the file"\n')
+    proc = run(["inspect", str(trace), "--servers", str(servers), "--format", "json"])
+    assert proc.returncode == 0, proc.stderr
+    names = {s["server_name"] for s in json.loads(proc.stdout)[0]["test_case"]["mcp_servers"]}
+    assert "weather" in names
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"resourceSpans": 7}')
+    proc = run(["inspect", str(bad)])
+    assert proc.returncode == 2 and "'resourceSpans' must be a list" in proc.stderr
+    bad_servers = tmp_path / "s.json"
+    bad_servers.write_text('{"servers": [{"transport": "carrier-pigeon"}]}')
+    proc = run(["inspect", str(trace), "--servers", str(bad_servers)])
+    assert proc.returncode == 2 and "server 0: server_name: Field required" in proc.stderr

@@ -57,10 +57,13 @@ class ADK(Dialect):
             return None
         failed, message = span_error(span)
         tool_type = span.str_attr("gen_ai.tool.type") or ""
+        result = span.json_attr("gcp.vertex.agent.tool_response")
+        if isinstance(result, dict) and set(result) == {"result"}:
+            result = result["result"]  # ADK wraps a non-dict result as {"result": value}
         return ToolExecution(
             name=span.str_attr("gen_ai.tool.name") or span.name.removeprefix("execute_tool").strip(),
             call_id=span.str_attr("gen_ai.tool.call.id"),
             arguments=span.json_attr("gcp.vertex.agent.tool_call_args"),
-            result=span.json_attr("gcp.vertex.agent.tool_response"),
+            result=result,
             error=failed, error_message=message, mcp="mcp" in tool_type.lower(),
         )

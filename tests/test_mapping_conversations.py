@@ -1,0 +1,282 @@
+"""build_conversations over each dialect and the edge cases: exact turns, calls and servers."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+
+from mapping import build_conversations, decode_otlp
+from mapping.spans import Span
+from scoring.test_case import ConversationalTestCase
+from tests.fixtures import semconv_scenarios as scenarios
+from tests.support.otlp_json import request, span, tid
+
+
+def spans_of(body: dict[str, Any]) -> list[Span]:
+    decoded = decode_otlp(json.dumps(body), "application/json")
+    assert decoded.problems == []
+    return decoded.spans
+
+
+def one(body: dict[str, Any], **kw: Any):
+    [conversation] = build_conversations(spans_of(body), **kw)
+    return conversation
+
+
+def shape(tc: ConversationalTestCase) -> list[dict[str, Any]]:
+    """Turns reduced to what a user checks: role, content, and each call's kind, target, args, result, error."""
+    out = []
+    for t in tc.turns:
+        row: dict[str, Any] = {"role": t.role, "content": t.content}
+        calls = []
+        for c in t.mcp_tools_called or []:
+            text = "\n".join(b.text or "" for b in c.result.content) if c.result else None
+            calls.append(("tool", c.name, c.args, text, c.result.is_error if c.result else None))
+        for r in t.mcp_resources_called or []:
+            calls.append(("resource", r.uri, None, r.result.contents[0].text if r.result else None, None))
+        for p in t.mcp_prompts_called or []:
+            calls.append(("prompt", p.name, p.args, None, None))
+        for f in t.tools_called or []:
+            calls.append(("function", f.name, f.input_parameters, f.output, None))
+        if calls:
+            row["calls"] = calls
+        out.append(row)
+    return out
+
+
+WEATHER = ("tool", "get-weather", {"city": "Paris"}, "Rainy, 14°C", False)
+UMBRELLA = ("tool", "book-umbrella", {"qty": 1}, "No umbrellas left", True)
+
+
+def test_otel_genai_and_mcp_semconv_two_traces_one_conversation() -> None:
+    c = one(scenarios.otel_genai())
+    assert (c.conversation_id, c.key, c.service_name, c.agent_name) == (
+        "conv_42", "gen_ai.conversation.id", "weather-agent", "weather-agent")
+    assert c.trace_ids == (tid(1), tid(2))
+    assert shape(c.test_case) == [
+        {"role": "user", "content": scenarios.USER_1},
+        {"role": "assistant", "content": scenarios.REPLY_1, "calls": [WEATHER]},
+        {"role": "user", "content": scenarios.USER_2},
+        {"role": "assistant", "content": scenarios.REPLY_2, "calls": [
+            UMBRELLA, ("resource", "file:///forecasts/paris.md", None, None, None),
+            ("prompt", "summarize-forecast", {"city": "Paris"}, None, None)]},
+    ]
+    [server] = c.test_case.mcp_servers
+    assert server.server_name == "weather-mcp"  # the server span's service, not the address the client dialled
+    tools = {t.name: t for t in server.available_tools}
+    assert tools["get-weather"].description == "Weather now"
+    assert tools["get-weather"].input_schema["properties"] == {"city": {"type": "string"}}
+
+
+def test_openinference_tool_spans_and_flattened_messages() -> None:
+    c = one(scenarios.openinference())
+    assert (c.conversation_id, c.key, c.agent_name) == ("conv_42", "session.id", "weather-agent")
+    assert shape(c.test_case) == [
+        {"role": "user", "content": scenarios.USER_1},
+        {"role": "assistant", "content": scenarios.REPLY_1, "calls": [WEATHER]},
+    ]
+    [server] = c.test_case.mcp_servers
+    assert server.server_name == "weather-mcp"
+    assert [t.name for t in server.available_tools] == ["book-umbrella", "get-weather"]
+
+
+def test_openllmetry_workflows_indexed_prompts_and_mcp_instrumentation() -> None:
+    c = one(scenarios.openllmetry())
+    assert (c.conversation_id, c.key) == ("conv_42", "traceloop.association.properties.session_id")
+    assert shape(c.test_case) == [
+        {"role": "user", "content": scenarios.USER_1},
+        {"role": "assistant", "content": scenarios.REPLY_1, "calls": [WEATHER]},  # client + server .tool merged
+        {"role": "user", "content": scenarios.USER_2},
+        {"role": "assistant", "content": scenarios.REPLY_2, "calls": [
+            UMBRELLA, ("resource", "file:///forecasts/paris.md", None, "Rain.", None),
+            ("prompt", "summarize-forecast", {"city": "Paris"}, None, None)]},
+    ]
+    [server] = c.test_case.mcp_servers
+    tools = {t.name: t for t in server.available_tools}
+    assert set(tools) == {"get-weather", "book-umbrella"}
+    assert tools["get-weather"].input_schema["required"] == ["city"]  # from llm.request.functions
+
+
+def test_pydantic_ai_history_from_new_message_index() -> None:
+    history = [
+        {"role": "user", "parts": [{"type": "text", "content": "first question"}]},
+        {"role": "assistant", "parts": [{"type": "text", "content": "first answer"}]},
+        {"role": "user", "parts": [{"type": "text", "content": "Weather in Paris?"}]},
+        {"role": "assistant", "parts": [{"type": "tool_call", "id": "c1", "name": "get_weather",
+                                         "arguments": {"city": "Paris"}}]},
+        {"role": "user", "parts": [{"type": "tool_call_response", "id": "c1", "name": "get_weather",
+                                    "result": "Rainy"}]},
+        {"role": "assistant", "parts": [{"type": "thinking", "content": "..."},
+                                        {"type": "text", "content": "It is rainy."}]},
+    ]
+    body = request(({"service.name": "pai"}, [
+        span(7, 1, "invoke_agent weather", start=0, end=50, attributes={
+            "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "weather", "gen_ai.conversation.id": "c-9",
+            "pydantic_ai.all_messages": history, "pydantic_ai.new_message_index": 2,
+            "final_result": "It is rainy."}),
+        span(7, 2, "execute_tool get_weather", 1, start=10, end=20, attributes={
+            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "get_weather", "gen_ai.tool.call.id": "c1",
+            "gen_ai.tool.call.arguments": {"city": "Paris"}, "gen_ai.tool.call.result": "Rainy"}),
+    ]))
+    c = one(body, servers=[{"server_name": "weather", "available_tools": [{"name": "get_weather"}]}])
+    assert shape(c.test_case) == [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "It is rainy.", "calls": [("tool", "get_weather", {"city": "Paris"},
+                                                                    "Rainy", False)]},
+    ]
+    assert c.test_case.mcp_servers[0].server_name == "weather"
+
+
+def test_plain_function_tools_go_to_tools_called() -> None:
+    body = request(({}, [
+        span(3, 1, "invoke_agent a", attributes={"gen_ai.operation.name": "invoke_agent",
+                                                 "gen_ai.input.messages": [{"role": "user",
+                                                                            "parts": [{"type": "text",
+                                                                                       "content": "add 2+2"}]}],
+                                                 "gen_ai.output.messages": [{"role": "assistant", "parts": [
+                                                     {"type": "text", "content": "4"}]}]}, end=10),
+        span(3, 2, "execute_tool add", 1, start=1, attributes={
+            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "add",
+            "gen_ai.tool.call.arguments": {"a": 2, "b": 2}, "gen_ai.tool.call.result": 4}),
+    ]))
+    c = one(body)
+    assert shape(c.test_case)[1]["calls"] == [("function", "add", {"a": 2, "b": 2}, 4, None)]
+    assert c.test_case.mcp_servers == []
+
+
+def test_adk_tool_attributes_and_gemini_contents() -> None:
+    body = request(({"service.name": "adk"}, [
+        span(4, 1, "invoke_agent helper", end=40, attributes={
+            "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "helper",
+            "gen_ai.conversation.id": "adk-session"}),
+        span(4, 2, "call_llm", 1, start=1, attributes={
+            "gen_ai.system": "gcp.vertex.agent",
+            "gcp.vertex.agent.llm_request": {"contents": [{"role": "user", "parts": [{"text": "Weather Rome?"}]}]},
+            "gcp.vertex.agent.llm_response": {"content": {"role": "model", "parts": [
+                {"function_call": {"id": "f1", "name": "get_weather", "args": {"city": "Rome"}}}]}}}),
+        span(4, 3, "execute_tool get_weather", 1, start=5, attributes={
+            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "get_weather", "gen_ai.tool.type": "McpTool",
+            "gen_ai.tool.call.id": "f1", "gcp.vertex.agent.tool_call_args": {"city": "Rome"},
+            "gcp.vertex.agent.tool_response": {"result": "Sunny"}}),
+        span(4, 4, "call_llm", 1, start=10, attributes={
+            "gcp.vertex.agent.llm_request": {"contents": [
+                {"role": "user", "parts": [{"text": "Weather Rome?"}]},
+                {"role": "user", "parts": [{"function_response": {"id": "f1", "name": "get_weather",
+                                                                  "response": {"result": "Sunny"}}}]}]},
+            "gcp.vertex.agent.llm_response": {"content": {"role": "model", "parts": [{"text": "Sunny in Rome."}]}}}),
+    ]))
+    c = one(body)
+    assert c.conversation_id == "adk-session"
+    rows = shape(c.test_case)
+    assert rows[0] == {"role": "user", "content": "Weather Rome?"}
+    assert rows[1]["content"] == "Sunny in Rome."
+    assert rows[1]["calls"][0][:3] == ("tool", "get_weather", {"city": "Rome"})
+
+
+def test_deprecated_per_message_events() -> None:
+    body = request(({}, [span(5, 1, "chat gpt-4", kind=3, attributes={"gen_ai.system": "openai"}, events=[
+        {"name": "gen_ai.system.message", "attributes": {"content": "be nice"}},
+        {"name": "gen_ai.user.message", "attributes": {"content": "hello there"}},
+        {"name": "gen_ai.choice", "attributes": {"index": 0, "finish_reason": "stop",
+                                                 "message": {"content": "hi!", "role": "assistant"}}},
+    ])]))
+    c = one(body)
+    assert c.key == "trace_id" and c.conversation_id == tid(5)
+    assert shape(c.test_case) == [{"role": "user", "content": "hello there"},
+                                  {"role": "assistant", "content": "hi!"}]
+
+
+def test_spans_out_of_order_split_across_exports_and_redelivered() -> None:
+    body = scenarios.otel_genai()
+    all_spans = spans_of(body)
+    expected = one(body)
+    shuffled = list(all_spans)
+    random.Random(7).shuffle(shuffled)
+    halves = [shuffled[: len(shuffled) // 2], shuffled[len(shuffled) // 2:]]
+    redelivered = halves[0] + halves[1] + halves[0]
+    [again] = build_conversations(redelivered)
+    assert again.test_case == expected.test_case
+    assert again.content_hash == expected.content_hash
+
+
+def test_content_hash_changes_when_a_late_span_adds_content() -> None:
+    body = scenarios.otel_genai()
+    spans = spans_of(body)
+    late = [s for s in spans if s.name == "execute_tool book-umbrella"]
+    early = [s for s in spans if s not in late]
+    [before] = build_conversations(early)
+    [after] = build_conversations(early + late)
+    assert before.content_hash != after.content_hash
+
+
+def test_ten_or_more_indexed_messages_sort_numerically() -> None:
+    attributes: dict[str, Any] = {"openinference.span.kind": "LLM"}
+    for i in range(12):
+        attributes[f"llm.input_messages.{i}.message.role"] = "user" if i % 2 == 0 else "assistant"
+        attributes[f"llm.input_messages.{i}.message.content"] = f"m{i}"
+    attributes["llm.output_messages.0.message.role"] = "assistant"
+    attributes["llm.output_messages.0.message.content"] = "final"
+    c = one(request(({}, [span(6, 1, "llm", attributes=attributes)])))
+    assert shape(c.test_case)[0] == {"role": "user", "content": "m10"}  # the last user message, not m8
+
+
+def test_truncated_json_unknown_roles_and_parts_and_a_call_without_result() -> None:
+    truncated = '{"city": "Par'
+    body = request(({}, [
+        span(8, 1, "invoke_agent x", end=30, attributes={"gen_ai.operation.name": "invoke_agent"}),
+        span(8, 2, "chat m", 1, start=1, attributes={
+            "gen_ai.operation.name": "chat",
+            "gen_ai.input.messages": [
+                {"role": "critic", "parts": [{"type": "text", "content": "odd role"}]},
+                {"role": "user", "parts": [{"type": "hologram", "payload": 1}, {"type": "text", "content": "go"}]}],
+            "gen_ai.output.messages": [{"role": "assistant", "parts": [
+                {"type": "tool_call", "id": "t1", "name": "search", "arguments": truncated}]}]}),
+        span(8, 3, "tools/call search", 1, kind=3, start=5, attributes={
+            "mcp.method.name": "tools/call", "gen_ai.tool.name": "search"}),
+    ]))
+    c = one(body)
+    rows = shape(c.test_case)
+    assert rows[0] == {"role": "user", "content": "go"}
+    assert rows[1]["calls"] == [("tool", "search", {}, None, None)]  # no result recorded, never invented
+    notes = c.test_case.turns[1].metadata["mapping_notes"]
+    assert "arguments of search are not a JSON object" in notes[0] and truncated in notes[0]
+
+
+def test_huge_attribute_values_survive() -> None:
+    big = "x" * 2_000_000
+    body = request(({}, [span(9, 1, "chat m", kind=3, attributes={
+        "gen_ai.operation.name": "chat",
+        "gen_ai.input.messages": [{"role": "user", "parts": [{"type": "text", "content": big}]}],
+        "gen_ai.output.messages": [{"role": "assistant", "parts": [{"type": "text", "content": "ok"}]}]})]))
+    c = one(body)
+    assert len(c.test_case.turns[0].content) == 2_000_000
+
+
+def test_conversations_without_content_are_left_out_and_results_validate() -> None:
+    only_housekeeping = request(({}, [span(10, 1, "initialize", kind=2, attributes={"mcp.method.name": "initialize"})]))
+    assert build_conversations(spans_of(only_housekeeping)) == []
+    for scenario in (scenarios.otel_genai, scenarios.openinference, scenarios.openllmetry):
+        for c in build_conversations(spans_of(scenario())):
+            assert ConversationalTestCase.model_validate(c.test_case.model_dump(mode="json")) == c.test_case
+
+
+@pytest.mark.parametrize("key", ["session.id", "traceloop.association.properties.session_id",
+                                 "gcp.vertex.agent.session_id", "langsmith.trace.session_id", "mcp.session.id"])
+def test_conversation_key_precedence(key: str) -> None:
+    user = [{"role": "user", "parts": [{"type": "text", "content": "q"}]}]
+    attrs = {"gen_ai.operation.name": "chat", "gen_ai.input.messages": user, key: "K"}
+    c = one(request(({}, [span(11, 1, "chat", attributes=attrs)])))
+    assert (c.key, c.conversation_id) == (key, "K")
+    both = {**attrs, "gen_ai.conversation.id": "G"}
+    c = one(request(({}, [span(12, 1, "chat", attributes=both)])))
+    assert (c.key, c.conversation_id) == ("gen_ai.conversation.id", "G")
+
+
+def test_resource_attributes_give_the_key_when_spans_do_not() -> None:
+    user = [{"role": "user", "parts": [{"type": "text", "content": "q"}]}]
+    c = one(request(({"session.id": "from-resource"}, [
+        span(13, 1, "chat", attributes={"gen_ai.operation.name": "chat", "gen_ai.input.messages": user})])))
+    assert (c.key, c.conversation_id) == ("session.id", "from-resource")
