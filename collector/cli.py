@@ -34,8 +34,11 @@ def read_test_cases(path: Path) -> list[ConversationalTestCase]:
         raise InputFileError(f"cannot read {path}: {exc}") from exc
     try:
         whole: Any = json.loads(text)
-    except json.JSONDecodeError:
+    except json.JSONDecodeError as exc:
         whole = None
+        first = next((line for line in text.splitlines() if line.strip()), "")
+        if text.lstrip()[:1] in ("{", "[") and not _is_json(first):  # one JSON document spread over lines
+            raise InputFileError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg})") from exc
     if isinstance(whole, dict | list):
         items = [(None, c) for c in (whole if isinstance(whole, list) else [whole])]
     else:
@@ -60,6 +63,14 @@ def read_test_cases(path: Path) -> list[ConversationalTestCase]:
     return cases
 
 
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
 def _build_metrics(args: argparse.Namespace) -> list[BaseMetric]:
     names = args.metric or list(METRICS)
     metrics: list[BaseMetric] = []
@@ -75,9 +86,23 @@ def _build_metrics(args: argparse.Namespace) -> list[BaseMetric]:
 def _threshold(value: str) -> float | None:
     if value.lower() == "none":
         return None
-    number = float(value)
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"threshold must be a number between 0 and 1, or 'none', not {value!r}") from None
     if not 0.0 <= number <= 1.0:
         raise argparse.ArgumentTypeError("threshold must be between 0 and 1, or 'none'")
+    return number
+
+
+def _positive(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, not {value!r}")
     return number
 
 
@@ -218,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--system-one-model", default=None, metavar="MODEL",
                     help="System One judge for hybrid/system_one: a TypeSafe model (default jev-latest; "
                     "TYPESAFE_API_KEY, TYPESAFE_BASE_URL) or logprob:MODEL for an OpenAI-compatible model's logprobs")
-    ev.add_argument("--concurrency", type=int, default=8, help="measures run at once (default 8)")
+    ev.add_argument("--concurrency", type=_positive, default=8, help="measures run at once (default 8)")
     ev.add_argument("--format", choices=["table", "json"], default="table", help="output format")
     ev.set_defaults(func=cmd_evaluate)
 

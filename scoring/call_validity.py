@@ -70,7 +70,7 @@ def _tool_error(result: CallToolResult | None) -> str | None:
         text = " ".join(b.text for b in result.content if b.text).strip()
         return "the call returned an error (isError)" + (f": {text[:200]}" if text else "")
     structured = result.structured_content
-    if isinstance(structured, dict) and isinstance(structured.get("error"), dict | str):
+    if isinstance(structured, dict) and isinstance(structured.get("error"), dict | str) and structured["error"]:
         return f"the call returned an error object: {json.dumps(structured['error'])[:200]}"
     return None
 

@@ -28,7 +28,13 @@ class JudgeConfigurationError(TracejudgeError):
 
 
 class JudgeError(TracejudgeError):
-    """A judge call failed; the metric records the message in `error`."""
+    """A judge call failed; the metric records the message in `error`.
+
+    `spent` is (model, input tokens, output tokens, cost) of answers received before the failure, so the
+    metric can still account for them.
+    """
+
+    spent: tuple[str, int, int, float | None] | None = None
 
 
 class JudgeUnavailableError(JudgeError):

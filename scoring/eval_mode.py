@@ -39,7 +39,10 @@ def _from_config_file() -> tuple[str, str] | None:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise EvalModeError(f"cannot read the eval mode from {path}: {exc}") from exc
-    value = data.get("scoring", {}).get("eval_mode")
+    section = data.get("scoring", {})
+    if not isinstance(section, dict):
+        raise EvalModeError(f"'scoring' in {path} must be a table ([scoring]), not a {type(section).__name__}")
+    value = section.get("eval_mode")
     if value is None:
         return None
     if not isinstance(value, str):

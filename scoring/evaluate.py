@@ -25,6 +25,8 @@ class MetricResult(BaseModel):
     reason: str | None
     evaluation_cost: float | None
     error: str | None
+    confidence: float | None = None
+    system_one_fallback_reason: str | None = None
     score_breakdown: dict[str, Any] | None = None
 
     @property
@@ -65,7 +67,9 @@ async def _run_one(metric: BaseMetric, case: ConversationalTestCase, gate: async
     return MetricResult(
         metric=metric.metric_id, name=metric.display_name, score=metric.score, success=metric.success,
         threshold=metric.threshold, reason=metric.reason, evaluation_cost=metric.evaluation_cost,
-        error=metric.error, score_breakdown=metric.score_breakdown,
+        error=metric.error, confidence=metric.confidence,
+        system_one_fallback_reason=getattr(metric, "system_one_fallback_reason", None),
+        score_breakdown=metric.score_breakdown,
     )
 
 
@@ -88,6 +92,8 @@ async def a_evaluate(
     """Every metric on every test case, at most `max_concurrency` measures at once."""
     if not metrics:
         raise ValueError("evaluate() needs at least one metric")
+    if max_concurrency < 1:
+        raise ValueError(f"max_concurrency must be at least 1, not {max_concurrency}")
     cases = [load_test_case(c) for c in test_cases]
     gate = asyncio.Semaphore(max_concurrency)
     async with AsyncExitStack() as stack:

@@ -9,13 +9,18 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from scoring.errors import ContextBudgetError, JudgeAuthenticationError, JudgeUnavailableError, NoTaskError
+from scoring.errors import (
+    ContextBudgetError,
+    JudgeAuthenticationError,
+    JudgeError,
+    JudgeUnavailableError,
+    NoTaskError,
+)
 from scoring.eval_mode import EvalMode, resolve_eval_mode
 from scoring.interactions import Task, conversation_data, render_tasks_text, split_tasks
 from scoring.judges.budget import DEFAULT_BUDGET, estimate_tokens
@@ -27,6 +32,7 @@ from scoring.judges.system_one import Decision
 from scoring.metric import BaseMetric, Scored, Usage
 from scoring.prompts import FINAL_REASON, REASON_OUTPUT, SCORE_OUTPUT, build_messages
 from scoring.system_one_mode import WeightedQuestion, deterministic_reason, equation, weighted_score
+from scoring.task_group import gather_all
 from scoring.test_case import ConversationalTestCase
 
 T = TypeVar("T")
@@ -105,7 +111,7 @@ class JudgedMetric(BaseMetric):
     async def _gather(self, calls: Sequence[Awaitable[T]]) -> list[T]:
         """Independent judge calls: concurrently in async mode (the judge caps them), else one by one."""
         if self.async_mode:
-            return list(await asyncio.gather(*calls))
+            return await gather_all(calls)
         return [await call for call in calls]
 
     # --- per-task decisions (llm and hybrid) ---------------------------------------------------------
@@ -161,7 +167,12 @@ class JudgedMetric(BaseMetric):
     async def _llm(self, usage: Usage, name: str, instructions: str, data: Any, output: type[Any]) -> Any:
         assert self.model is not None
         spec = REASON_OUTPUT if output is ReasonVerdict else SCORE_OUTPUT
-        judgement = await self.model.judge(build_messages(name, instructions, data, spec), output, spec)
+        try:
+            judgement = await self.model.judge(build_messages(name, instructions, data, spec), output, spec)
+        except JudgeError as exc:
+            if exc.spent is not None:  # tokens of answers that were not usable still cost money
+                usage.add(*exc.spent)
+            raise
         usage.add(judgement.model, judgement.input_tokens, judgement.output_tokens, judgement.cost)
         return judgement.value
 
@@ -178,6 +189,8 @@ class JudgedMetric(BaseMetric):
         by_task: dict[int, list[Ask]] = {}
         for ask in asks:
             by_task.setdefault(ask.task.index, []).append(ask)
+        if getattr(self.system_one, "one_call_per_question", False):
+            return list(by_task.values()), []  # the judge asks each question on its own: one task per state
         base = estimate_tokens(shared)
         groups: list[list[Ask]] = []
         oversized: list[Ask] = []

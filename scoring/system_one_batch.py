@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from scoring.errors import ContextBudgetError
 from scoring.eval_mode import EvalMode
 from scoring.judged_metric import JudgedMetric
+from scoring.judges.budget import DEFAULT_BUDGET
 from scoring.judges.questions import Question
 from scoring.metric import BaseMetric
 from scoring.test_case import ConversationalTestCase
@@ -43,11 +45,16 @@ async def decide_together(metrics: Sequence[BaseMetric], test_case: Conversation
         state = _merge([state for state, _ in requests])
         if state is None:
             continue
+        prefixes = [f"{i}.{m.metric_id}" for i, m in enumerate(group)]  # unique even for two metrics of one id
         questions: dict[str, Question] = {
-            f"{m.metric_id}.{key}": q for m, (_, qs) in zip(group, requests, strict=True) for key, q in qs.items()
+            f"{prefix}.{key}": q for prefix, (_, qs) in zip(prefixes, requests, strict=True) for key, q in qs.items()
         }
         judge = group[0].system_one
         assert judge is not None
+        try:
+            getattr(judge, "budget", DEFAULT_BUDGET).plan(state, questions)
+        except ContextBudgetError:
+            continue  # together too large: each metric asks alone and may fit
         try:
             async with judge.session():
                 decision = await judge.decide(state, questions)
@@ -55,5 +62,5 @@ async def decide_together(metrics: Sequence[BaseMetric], test_case: Conversation
             for metric in group:
                 metric.use_decision(exc)
             continue
-        for metric in group:
-            metric.use_decision(decision.share(metric.metric_id, len(questions)))
+        for metric, prefix in zip(group, prefixes, strict=True):
+            metric.use_decision(decision.share(prefix, len(questions)))

@@ -65,6 +65,7 @@ class _CaseModel(_Model):
         alias_generator=AliasGenerator(validation_alias=to_camel),
         validate_by_name=True,
         validate_by_alias=True,
+        loc_by_alias=False,  # errors name the snake_case field, whichever spelling came in
         extra="forbid",
     )
 
@@ -101,6 +102,13 @@ class CallToolResult(_ProtocolModel):
     content: list[ContentBlock] = Field(default_factory=list)
     structured_content: Any = None
     is_error: bool = False
+
+    @field_validator("content", "is_error", mode="before")
+    @classmethod
+    def _null_is_default(cls, value: Any, info: Any) -> Any:
+        if value is None:
+            return [] if info.field_name == "content" else False
+        return value
 
 
 class ResourceContents(_ProtocolModel):
@@ -167,6 +175,11 @@ class MCPServer(_CaseModel):
 class MCPToolCall(_CaseModel):
     name: str
     args: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("args", mode="before")
+    @classmethod
+    def _null_args(cls, value: Any) -> Any:
+        return {} if value is None else value
     result: CallToolResult | None = None
 
 
@@ -178,6 +191,11 @@ class MCPResourceCall(_CaseModel):
 class MCPPromptCall(_CaseModel):
     name: str
     args: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("args", mode="before")
+    @classmethod
+    def _null_args(cls, value: Any) -> Any:
+        return {} if value is None else value
     result: GetPromptResult | None = None
 
 
@@ -203,6 +221,11 @@ class Turn(_CaseModel):
     mcp_resources_called: list[MCPResourceCall] | None = None
     mcp_prompts_called: list[MCPPromptCall] | None = None
     metadata: dict[str, Any] | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _null_content(cls, value: Any) -> Any:
+        return "" if value is None else value  # assistant messages that only call tools carry null content
 
     @property
     def has_mcp_calls(self) -> bool:

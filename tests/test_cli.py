@@ -168,3 +168,22 @@ def test_inspect_merges_a_server_file_and_reports_bad_input(tmp_path) -> None:
     bad_servers.write_text('{"servers": [{"transport": "carrier-pigeon"}]}')
     proc = run(["inspect", str(trace), "--servers", str(bad_servers)])
     assert proc.returncode == 2 and "server 0: server_name: Field required" in proc.stderr
+
+
+def test_a_pretty_printed_json_file_error_points_at_its_line(tmp_path) -> None:
+    path = tmp_path / "cases.json"
+    path.write_text('{\n  "turns": [\n    {"role": "user", "content": "a"},\n    oops\n  ]\n}\n')
+    proc = run(["evaluate", str(path), "--metric", "mcp_call_validity"])
+    assert proc.returncode == 2 and "cases.json:4:" in proc.stderr
+
+
+def test_bad_numbers_and_config_sections_are_clear_errors(tmp_path) -> None:
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps(two_turn_case()))
+    proc = run(["evaluate", str(path), "--threshold", "abc"])
+    assert proc.returncode == 2 and "threshold must be a number" in proc.stderr
+    proc = run(["evaluate", str(path), "--concurrency", "0"])
+    assert proc.returncode == 2 and "at least 1" in proc.stderr
+    (tmp_path / "tracejudge.toml").write_text('scoring = "x"\n')
+    proc = run(["evaluate", str(path), "--metric", "mcp_use"], {"OPENAI_API_KEY": "k"}, cwd=tmp_path)
+    assert proc.returncode == 2 and "must be a table" in proc.stderr

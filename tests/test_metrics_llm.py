@@ -29,7 +29,7 @@ FLIGHTS = "Find flights from SFO to JFK on 2026-12-24."
 WEATHER = "What's the weather in New York?"
 THANKS = "Thanks!\nThat's all."
 
-PRIMITIVE = {FLIGHTS: 0.5, WEATHER: 1.0, THANKS: 1.0}
+PRIMITIVE = {FLIGHTS: 0.5, WEATHER: 0.9, THANKS: 1.0}
 ARGUMENT = {FLIGHTS: 1.0, WEATHER: 0.5}
 COMPLETION = {FLIGHTS: 0.9, WEATHER: 0.3, THANKS: 1.0, "Book the first one.": 0.77}
 
@@ -57,7 +57,9 @@ def test_mcp_use_is_the_mean_of_per_task_alignment(server, judge) -> None:
     rows = metric.score_breakdown["tasks"]
     assert [r["alignment_score"] for r in rows] == [0.5, 0.5, 1.0]
     assert [r["argument_score"] for r in rows] == [1.0, 0.5, 1.0]
-    assert metric.score_breakdown["min_of_means"] == pytest.approx(min(2.5 / 3, 2.5 / 3))
+    assert metric.score_breakdown["mean_primitive_score"] == pytest.approx(2.4 / 3)
+    assert metric.score_breakdown["mean_argument_score"] == pytest.approx(2.5 / 3)
+    assert metric.score_breakdown["min_of_means"] == pytest.approx(2.4 / 3)  # DeepEval's reading differs
     assert metric.success is True
     # tasks + tasks with MCP calls + one final reason
     assert len(server.calls("mcp_primitive_selection")) == 3
@@ -191,6 +193,7 @@ def test_malformed_answer_is_retried_then_parsed(server, judge) -> None:
     ('{"reason": "stringly", "score": "0.7"}', "valid number"),
     ('{"score": 0.5}', "reason"),
     ('[0.5]', "not an object"),
+    ('{"reason": "a", "score": 0.2, "score": 0.9}', "repeats the key"),
 ])
 def test_invalid_answers_become_the_metric_error_never_a_clamped_score(server, judge, answer, expected) -> None:
     server.script = lambda r: completion(answer)
@@ -367,3 +370,52 @@ def test_a_request_the_judge_rejects_is_reported_with_the_server_message(server,
         metric.measure(two_turn_case())
     assert [r.structured for r in server.calls()] == [True, False]
     assert judge.structured_output is True  # a failed fallback proves nothing about schema support
+
+
+def test_tokens_of_invalid_answers_are_costed_even_when_the_metric_fails(server, judge) -> None:
+    server.script = lambda r: completion("no json here")
+    metric = MCPTaskCompletionMetric(model=judge)
+    with pytest.raises(JudgeOutputError):
+        metric.measure(two_turn_case())
+    answers = judge.output_retries + 1
+    assert metric.usage.input_tokens == 100 * answers
+    assert metric.evaluation_cost == pytest.approx(answers * (100 * 0.15e-6 + 20 * 0.60e-6))
+
+
+def test_first_failure_cancels_the_other_judge_calls(server, judge) -> None:
+    def fail_fast(request: Request) -> Reply:
+        if request.data["task"] == FLIGHTS:
+            return error(400, "bad request")
+        threading.Event().wait(0.5)
+        return scripted(request)
+
+    server.script = fail_fast
+    metric = MCPTaskCompletionMetric(model=judge)
+    with pytest.raises(JudgeRequestError):
+        metric.measure(three_task_case())
+    cost_at_failure = metric.usage.cost
+    threading.Event().wait(0.8)
+    assert metric.usage.cost == cost_at_failure  # nothing kept spending after the metric failed
+
+
+def test_the_concurrency_cap_holds_across_threads_and_event_loops(server) -> None:
+    state, server.script = _in_flight_tracker()
+    capped = LLMJudge("gpt-4o-mini", max_concurrency=2)
+    threads = [threading.Thread(target=MultiTurnMCPUseMetric(model=capped).measure, args=(three_task_case(),))
+               for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert state["max"] == 2 and len(server.calls()) == 24
+
+
+def test_null_content_args_and_is_error_from_traces_are_accepted() -> None:
+    from scoring.test_case import load_test_case
+
+    case = load_test_case({"turns": [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": None, "mcp_tools_called": [
+            {"name": "t", "args": None, "result": {"content": None, "isError": None}}]}]})
+    call = case.turns[1].mcp_tools_called[0]
+    assert case.turns[1].content == "" and call.args == {} and call.result.is_error is False

@@ -99,7 +99,7 @@ def test_evaluate_sends_one_request_for_both_metrics_and_splits_the_cost(s1_serv
     result = evaluate([two_turn_case()], metrics, file=io.StringIO())
     [request] = s1_server.calls()
     assert sorted(request.questions) == sorted(
-        f"{m}.q_{i}" for m in ("mcp_use", "mcp_task_completion") for i in range(3))
+        f"{m}.q_{i}" for m in ("0.mcp_use", "1.mcp_task_completion") for i in range(3))
     assert judge_server.calls() == []
     use, done = result.test_results[0].metrics
     assert use.score == pytest.approx(GIVEN_SCORE) and done.score == pytest.approx(GIVEN_SCORE)
@@ -154,13 +154,13 @@ def test_hybrid_task_completion_levels(s1_server, s1, judge_server, judge) -> No
     assert judge_server.calls() == []
 
 
-@pytest.mark.parametrize("failure", ["connection refused", "503", "timeout"])
+@pytest.mark.parametrize("failure", ["connection refused", "503", "520", "timeout"])
 def test_hybrid_falls_back_to_the_llm_when_system_one_fails(s1_server, judge_server, judge, sleeps, failure) -> None:
     judge_server.script = scripted
     if failure == "connection refused":
         s1 = TypeSafeJudge(base_url="http://127.0.0.1:9", retry_policy=RetryPolicy(max_retries=1, sleep=sleeps))
-    elif failure == "503":
-        s1_server.script = lambda r: error(503, "overloaded")
+    elif failure in ("503", "520"):
+        s1_server.script = lambda r: error(int(failure), "overloaded")
         s1 = TypeSafeJudge(retry_policy=RetryPolicy(max_retries=1, sleep=sleeps))
     else:
         def slow(request: Request) -> Reply:
@@ -294,3 +294,51 @@ def test_logprob_judge_without_logprobs_fails_clearly(judge_server) -> None:
     metric = MultiTurnMCPUseMetric(eval_mode="system_one", system_one_model=LogprobJudge("llama-local"))
     with pytest.raises(JudgeOutputError, match="returned no logprobs"):
         metric.measure(two_turn_case())
+
+
+def test_joint_request_over_budget_lets_each_metric_ask_alone(s1_server, s1) -> None:
+    s1_server.script = answer_all(GIVEN)
+    case = two_turn_case()
+    case["mcp_servers"][0]["available_tools"].append(
+        {"name": "huge", "description": "d" * 100_000, "inputSchema": {"type": "object"}})
+    metrics = [MultiTurnMCPUseMetric(eval_mode="system_one", system_one_model=s1),
+               MCPTaskCompletionMetric(eval_mode="system_one", system_one_model=s1)]
+    use, done = evaluate([case], metrics, file=io.StringIO()).test_results[0].metrics
+    assert use.error.startswith("ContextBudgetError")  # the inventory makes MCP use too large on its own
+    assert done.score == pytest.approx(GIVEN_SCORE) and done.error is None
+    [request] = s1_server.calls()
+    assert "mcp_servers" not in request.state
+
+
+def test_two_metrics_of_one_kind_share_a_request_without_double_charging(s1_server, s1) -> None:
+    s1_server.script = answer_all(GIVEN)
+    metrics = [MultiTurnMCPUseMetric(eval_mode="system_one", system_one_model=s1),
+               MultiTurnMCPUseMetric(eval_mode="system_one", system_one_model=s1, strict_mode=True)]
+    lenient, strict = evaluate([two_turn_case()], metrics, file=io.StringIO()).test_results[0].metrics
+    [request] = s1_server.calls()
+    assert len(request.questions) == 6
+    assert lenient.score == pytest.approx(GIVEN_SCORE) and strict.score == 0.0
+    assert lenient.evaluation_cost + strict.evaluation_cost == pytest.approx(1000 * 0.042e-6)
+
+
+def test_questions_over_the_request_budget_are_split_across_requests(s1_server) -> None:
+    s1_server.script = answer_all(GIVEN)
+    s1 = TypeSafeJudge(budget=Budget(state_and_question=2_000, request=700))
+    metric = MultiTurnMCPUseMetric(eval_mode="system_one", system_one_model=s1)
+    assert metric.measure(two_turn_case()) == pytest.approx(GIVEN_SCORE)
+    requests = s1_server.calls()
+    assert len(requests) > 1 and sorted(k for r in requests for k in r.questions) == ["q_0", "q_1", "q_2"]
+    assert metric.score_breakdown["system_one_requests"] == len(requests)
+    assert metric.evaluation_cost == pytest.approx(len(requests) * 1000 * 0.042e-6)
+
+
+def test_a_response_without_usage_has_unknown_cost(s1_server, s1) -> None:
+    def no_usage(request: Request) -> Reply:
+        reply = answer_all(GIVEN)(request)
+        del reply.body["usage"]
+        return reply
+
+    s1_server.script = no_usage
+    metric = MultiTurnMCPUseMetric(eval_mode="system_one", system_one_model=s1)
+    metric.measure(two_turn_case())
+    assert metric.evaluation_cost is None

@@ -24,7 +24,7 @@ from scoring.errors import (
 )
 from scoring.judges.loop_pool import LoopPool
 from scoring.judges.pricing import TokenPrice, known_price
-from scoring.judges.retry import RETRYABLE_STATUS, Retry, RetryPolicy, call_with_retries, parse_retry_after
+from scoring.judges.retry import Retry, RetryPolicy, call_with_retries, parse_retry_after, retryable_status
 from scoring.judges.structured_output import parse_output
 from scoring.prompts import OutputSpec
 
@@ -114,12 +114,18 @@ class LLMJudge:
         Raises JudgeAuthenticationError (401/403), JudgeRequestError (other 4xx) or JudgeUnavailableError.
         """
         async with self._pool.slot() as client:
-            return await call_with_retries(
-                self.retry,
-                lambda: client.chat.completions.create(model=self.model, **request),
-                self._classify,
-                self._unavailable,
-            )
+            try:
+                return await call_with_retries(
+                    self.retry,
+                    lambda: client.chat.completions.create(model=self.model, **request),
+                    self._classify,
+                    self._unavailable,
+                )
+            except (ValueError, TypeError, AttributeError) as exc:  # a 200 whose body is not a completion
+                raise JudgeOutputError(
+                    f"the LLM judge at {self._where()} answered with a malformed response: {type(exc).__name__}: "
+                    f"{str(exc)[:200]}"
+                ) from exc
 
     def _classify(self, exc: Exception) -> Retry | None:
         if isinstance(exc, openai.APIStatusError):
@@ -129,7 +135,7 @@ class LLMJudge:
                     f"the LLM judge at {self._where()} refused the credentials (HTTP {status}): "
                     f"{_server_message(exc)}; check OPENAI_API_KEY or the judge's api_key"
                 ) from exc
-            if status in RETRYABLE_STATUS:
+            if retryable_status(status):
                 return Retry(f"HTTP {status}: {_server_message(exc)}", parse_retry_after(exc.response.headers))
             raise JudgeRequestError(
                 f"the LLM judge at {self._where()} rejected the request (HTTP {status}): {_server_message(exc)}",
@@ -142,6 +148,7 @@ class LLMJudge:
     async def judge(self, messages: list[dict[str, str]], output: type[T], spec: OutputSpec) -> Judgement[T]:
         """Ask until a valid answer arrives; invalid answers are retried a few times, then JudgeOutputError."""
         input_tokens = output_tokens = attempts = invalid = 0
+        usage_known = True
         structured = self.structured_output
         while True:
             attempts += 1
@@ -154,19 +161,23 @@ class LLMJudge:
                 raise
             if structured != self.structured_output:
                 self.structured_output = False  # this server answers without a JSON schema format
-            usage = completion.usage
-            if usage is not None:
+            usage = getattr(completion, "usage", None)
+            if usage is not None and usage.prompt_tokens is not None:
                 input_tokens += usage.prompt_tokens or 0
                 output_tokens += usage.completion_tokens or 0
+            else:
+                usage_known = False  # the server did not say what it cost: cost unknown, not free
+            cost = self.price.cost(input_tokens, output_tokens) if self.price and usage_known else None
+            model = getattr(completion, "model", None) or self.model
             try:
                 value = parse_output(_content(completion), output)
             except JudgeOutputError as exc:
                 invalid += 1
                 if invalid > self.output_retries:
-                    raise JudgeOutputError(f"{exc} (after {invalid} answers from {self.model})") from exc
+                    error = JudgeOutputError(f"{exc} (after {invalid} answers from {self.model})")
+                    error.spent = (model, input_tokens, output_tokens, cost)
+                    raise error from exc
                 continue
-            cost = self.price.cost(input_tokens, output_tokens) if self.price else None
-            model = completion.model or self.model
             return Judgement(value, model, input_tokens, output_tokens, cost, attempts)
 
     def _request(self, messages: list[dict[str, str]], spec: OutputSpec, structured: bool) -> dict[str, Any]:
@@ -191,9 +202,12 @@ class LLMJudge:
 
 
 def _content(completion: Any) -> str | None:
-    if not completion.choices:
+    choices = getattr(completion, "choices", None)
+    if not choices:
         return None
-    message = completion.choices[0].message
+    message = getattr(choices[0], "message", None)
+    if message is None:
+        return None
     if getattr(message, "refusal", None):
         raise JudgeOutputError(f"the judge refused to answer: {message.refusal}")
     return message.content

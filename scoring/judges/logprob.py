@@ -8,7 +8,6 @@ result is renormalised. The answers are not calibrated and say so.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import string
 from collections.abc import Mapping
@@ -21,6 +20,7 @@ from scoring.judges.llm import LLMJudge
 from scoring.judges.questions import Answer, Question, answer_from_probabilities
 from scoring.judges.system_one import Decision
 from scoring.prompts import DATA_CLOSE, DATA_OPEN, GUARD, encode_data
+from scoring.task_group import gather_all
 
 MISSING_FLOOR = math.exp(-5)
 
@@ -42,6 +42,7 @@ class LogprobJudge:
     """A System One judge built on an LLM judge's endpoint; `model` is a model name or an LLMJudge."""
 
     calibrated = False
+    one_call_per_question = True  # hybrid packing gives each question only its own task's state
 
     def __init__(self, model: str | LLMJudge, *, base_url: str | None = None, api_key: str | None = None,
                  top_logprobs: int = 20, budget: Budget = DEFAULT_BUDGET) -> None:
@@ -64,7 +65,7 @@ class LogprobJudge:
     async def decide(self, state: Any, questions: Mapping[str, Question]) -> Decision:
         self.budget.plan(state, questions)
         async with self.session():
-            results = await asyncio.gather(*(self._ask(key, state, q) for key, q in questions.items()))
+            results = await gather_all([self._ask(key, state, q) for key, q in questions.items()])
         costs = [r.cost for r in results]
         return Decision(
             answers={key: r.answer for key, r in zip(questions, results, strict=True)},
@@ -94,9 +95,9 @@ class LogprobJudge:
         letter_p = _letter_probabilities(completion, letters, key, self.llm)
         answer = answer_from_probabilities(
             question, {label: letter_p[letter] for letter, (label, _) in zip(letters, options, strict=True)})
-        usage = completion.usage
+        usage = getattr(completion, "usage", None)
         in_t, out_t = (usage.prompt_tokens or 0, usage.completion_tokens or 0) if usage else (0, 0)
-        cost = self.llm.price.cost(in_t, out_t) if self.llm.price else None
+        cost = self.llm.price.cost(in_t, out_t) if self.llm.price and usage else None
         return _Asked(answer, in_t, out_t, cost, completion.model or self.llm.model)
 
 
@@ -120,10 +121,15 @@ def _letter_probabilities(completion: Any, letters: str, key: str, llm: LLMJudge
     mass = dict.fromkeys(letters, 0.0)
     returned = []
     for entry in top:
-        p = math.exp(entry.logprob)
+        logprob, token = getattr(entry, "logprob", None), getattr(entry, "token", None)
+        if not isinstance(logprob, int | float) or not isinstance(token, str) or not math.isfinite(logprob):
+            continue
+        p = math.exp(logprob)
         returned.append(p)
-        text = entry.token.strip()
+        text = token.strip()
         if text in mass:
             mass[text] += p
+    if not returned:
+        raise JudgeOutputError(f"the model {llm.model!r} returned no usable logprobs for {key!r}")
     floor = min(returned) * MISSING_FLOOR
     return {letter: p if p > 0 else floor for letter, p in mass.items()}

@@ -14,7 +14,10 @@ from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import TypeVar
 
-RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+
+def retryable_status(status: int) -> bool:
+    """Timeouts, conflicts, rate limits and every 5xx (529 Overloaded and proxies' 52x included)."""
+    return status in (408, 409, 429) or 500 <= status <= 599
 
 
 def parse_retry_after(headers: Mapping[str, str] | None, now: float | None = None) -> float | None:

@@ -44,7 +44,7 @@ def parse_output(text: str | None, model: type[T]) -> T:
     if fenced:
         body = fenced.group("body").strip()
     try:
-        value = json.loads(body)
+        value = json.loads(body, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as exc:
         raise JudgeOutputError(f"the judge's answer is not one JSON object ({exc.msg} at char {exc.pos}): "
                                f"{_excerpt(text)}") from exc
@@ -56,6 +56,14 @@ def parse_output(text: str | None, model: type[T]) -> T:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'answer'}: {e['msg']}" for e in exc.errors())
         raise JudgeOutputError(f"the judge's answer does not match the schema ({problems}): "
                                f"{_excerpt(text)}") from exc
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    keys = [k for k, _ in pairs]
+    duplicates = sorted({k for k in keys if keys.count(k) > 1})
+    if duplicates:
+        raise JudgeOutputError(f"the judge's answer repeats the key(s) {', '.join(duplicates)}")
+    return dict(pairs)
 
 
 def _excerpt(text: str, limit: int = 200) -> str:

@@ -7,7 +7,7 @@ with backoff honouring `retry-after-ms` / `retry-after`; 401/403 are permanent; 
 
 from __future__ import annotations
 
-import asyncio
+import math
 import os
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
@@ -26,8 +26,9 @@ from scoring.errors import (
 from scoring.judges.budget import DEFAULT_BUDGET, Budget
 from scoring.judges.loop_pool import LoopPool
 from scoring.judges.questions import Question, parse_wire_answer
-from scoring.judges.retry import RETRYABLE_STATUS, Retry, RetryPolicy, call_with_retries, parse_retry_after
+from scoring.judges.retry import Retry, RetryPolicy, call_with_retries, parse_retry_after, retryable_status
 from scoring.judges.system_one import Decision
+from scoring.task_group import gather_all
 
 DEFAULT_BASE_URL = "https://api.typesafe.ai"
 DEFAULT_MODEL = "jev-latest"
@@ -60,6 +61,23 @@ def _detail(response: httpx.Response) -> tuple[str, str | None]:
     if isinstance(detail, dict):
         return str(detail.get("message") or detail.get("msg") or detail), error_type
     return str(detail), error_type
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def json_safe(value: Any) -> Any:
+    """The value as strict JSON data: non-finite floats become null, other objects their str()."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if value is None or isinstance(value, str | int | bool):
+        return value
+    return str(value)
 
 
 class TypeSafeJudge:
@@ -116,16 +134,18 @@ class TypeSafeJudge:
     async def decide(self, state: Any, questions: Mapping[str, Question]) -> Decision:
         """All answers, in as few requests as the context budget allows (normally one)."""
         plan = self.budget.plan(state, questions)
+        state = json_safe(state)
         async with self.session():
-            parts = await asyncio.gather(*(self._request(state, {k: questions[k] for k in keys}) for keys in plan))
+            parts = await gather_all([self._request(state, {k: questions[k] for k in keys}) for keys in plan])
         answers = {k: a for part in parts for k, a in part.answers.items()}
         input_tokens = sum(p.input_tokens for p in parts)
+        known = all(p.cost is not None for p in parts)  # a response without usage: cost unknown, not free
         return Decision(
             answers=answers,
             model=parts[0].model,
             input_tokens=input_tokens,
             output_tokens=sum(p.output_tokens for p in parts),
-            cost=input_tokens * self.input_price_per_token,
+            cost=input_tokens * self.input_price_per_token if known else None,
             requests=len(parts),
         )
 
@@ -147,10 +167,12 @@ class TypeSafeJudge:
         if missing:
             raise JudgeOutputError(f"System One gave no answer for {', '.join(missing)}")
         answers = {k: parse_wire_answer(k, q, raw_answers[k]) for k, q in questions.items()}
-        usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
+        usage = payload.get("usage")
+        input_tokens = _count(usage.get("input_tokens")) if isinstance(usage, dict) else None
+        output_tokens = _count(usage.get("output_tokens")) if isinstance(usage, dict) else None
         model = payload.get("model") if isinstance(payload.get("model"), str) else self.model
-        return Decision(answers, model, int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0),
-                        None, 1)
+        return Decision(answers, model, input_tokens or 0, output_tokens or 0,
+                        None if input_tokens is None else 0.0, 1)
 
     async def _post(self, client: httpx.AsyncClient, body: dict[str, Any]) -> httpx.Response:
         response = await client.post("/v1/systemone", json=body)
@@ -171,10 +193,13 @@ class TypeSafeJudge:
             if error_type == "max_tokens_exceeded":
                 raise ContextBudgetError(f"System One says the request is over its context ({message}); "
                                          "score this conversation with eval_mode='llm'")
-            if status in RETRYABLE_STATUS:
+            if retryable_status(status):
                 return Retry(f"HTTP {status}: {message}", parse_retry_after(response.headers))
             raise JudgeRequestError(f"System One at {self.base_url} rejected the request (HTTP {status}): {message}",
                                     status=status)
+        if isinstance(exc, httpx.UnsupportedProtocol | httpx.InvalidURL):
+            raise JudgeConfigurationError(f"the System One base URL {self.base_url!r} is not usable ({exc}); "
+                                          "give a full URL such as http://127.0.0.1:8080")
         if isinstance(exc, httpx.TransportError):
             return Retry(f"{type(exc).__name__}: {exc}")
         return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 FLIGHTS_SERVER: dict[str, Any] = {
@@ -69,7 +70,7 @@ def two_turn_case() -> dict[str, Any]:
             {"role": "assistant", "content": "UA 100 at 08:00 or DL 200 at 11:30.",
              "mcpToolsCalled": [search_call()]},
         ],
-        "mcp_servers": [FLIGHTS_SERVER, WEATHER_SERVER],
+        "mcp_servers": copy.deepcopy([FLIGHTS_SERVER, WEATHER_SERVER]),  # tests may edit their copy
     }
 
 
@@ -89,5 +90,5 @@ def three_task_case() -> dict[str, Any]:
             {"role": "user", "content": "That's all."},
             {"role": "assistant", "content": "You're welcome."},
         ],
-        "mcp_servers": [FLIGHTS_SERVER, WEATHER_SERVER],
+        "mcp_servers": copy.deepcopy([FLIGHTS_SERVER, WEATHER_SERVER]),
     }
