@@ -180,7 +180,8 @@ class _Trace:
             name = tool.name if tool is not None else (op.target if op is not None else None) or "unknown"
             owner = next((by_span[a.span.span_id] for a in self.ancestors(f) if a.span.span_id in by_span), None)
             request_key = (op.method, op.request_id) if op is not None and op.request_id else None
-            same = owner if owner is not None and owner.kind == kind and owner.name == name else None
+            named = tool is not None or (op is not None and op.target is not None)
+            same = owner if owner is not None and owner.kind == kind and (owner.name == name or not named) else None
             same = same or (by_request.get(request_key) if request_key else None)
             view = tool or op
             assert view is not None

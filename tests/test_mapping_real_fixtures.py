@@ -1,0 +1,42 @@
+"""Traces produced by real instrumentation libraries (tests/fixtures/real, with their generators) map to the
+conversations their scenarios actually had."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mapping import build_conversations, decode_otlp
+
+REAL = Path(__file__).parent / "fixtures" / "real"
+FIXTURES = sorted(p for p in REAL.glob("*.otlp.json") if p.with_name(p.name.replace(".otlp.", ".expected.")).exists())
+
+
+def _expected(path: Path) -> dict:
+    return json.loads(path.with_name(path.name.replace(".otlp.", ".expected.")).read_text())
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=[p.name for p in FIXTURES])
+def test_real_trace_maps_to_the_scenario(path: Path) -> None:
+    decoded = decode_otlp(path.read_bytes(), "application/json")
+    assert decoded.problems == []
+    expected = _expected(path)
+    conversations = [c for c in build_conversations(decoded.spans) if len(c.test_case.turns) > 0]
+    if expected.get("conversation_id"):
+        conversations = [c for c in conversations if c.conversation_id == expected["conversation_id"]]
+    [conversation] = conversations
+    turns = conversation.test_case.turns
+    assert [(t.role, t.content) for t in turns] == [(t["role"], t["content"]) for t in expected["turns"]]
+    for turn, want in zip(turns, expected["turns"], strict=True):
+        got_tools = [(c.name, c.args, "\n".join(b.text or "" for b in c.result.content) if c.result else None,
+                      c.result.is_error if c.result else None) for c in turn.mcp_tools_called or []]
+        want_tools = [(c["name"], c["args"], c.get("result_text"), c.get("is_error"))
+                      for c in want.get("mcp_tools_called", [])]
+        assert got_tools == want_tools
+        assert [r.uri for r in turn.mcp_resources_called or []] == [r["uri"] for r in want.get("mcp_resources_called", [])]
+        # prompts/get arguments are not recorded by these instrumentations, so only the prompt is compared
+        assert [p.name for p in turn.mcp_prompts_called or []] == [p["name"] for p in want.get("mcp_prompts_called", [])]
+    available = {t.name for s in conversation.test_case.mcp_servers or [] for t in s.available_tools}
+    assert set(expected.get("mcp_tools_available", [])) <= available
