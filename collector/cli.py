@@ -1,9 +1,10 @@
-"""The `tracejudge` command: `evaluate` scores test-case files, `inspect` shows how trace files map to
-conversations, `set-eval-mode` edits the config file, `serve` runs the collector (not built yet)."""
+"""The `tracejudge` command: `serve` runs the collector, `evaluate` scores test-case files, `inspect` shows
+how trace files map to conversations, `set-eval-mode` edits the config file."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
@@ -11,8 +12,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from collector.config import ConfigError, load_settings, settings_help
 from collector.config_file import ConfigFileError, set_value
+from collector.log import Logger
+from collector.server import serve
 from collector.server_file import ServerFileError, read_server_file
+from collector.span_store import StoreOpenError
 from mapping import Conversation, OTLPDecodeError, Span, build_conversations, decode_otlp
 from scoring import METRICS, BaseMetric, TracejudgeError, evaluate
 from scoring.errors import InvalidTestCaseError, JudgeConfigurationError
@@ -206,12 +211,23 @@ def cmd_set_eval_mode(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    print(
-        "tracejudge serve: the OTLP collector is not built yet in this version (see the ingest issue). "
-        "Score test-case files with 'tracejudge evaluate FILE' meanwhile.",
-        file=sys.stderr,
-    )
-    return EXIT_FAIL
+    flags = {"host": args.host, "grpc_port": args.grpc_port, "http_port": args.http_port,
+             "admin_port": args.admin_port, "db": args.db, "level": args.log_level}
+    try:
+        settings = load_settings(Path(args.config) if args.config else None, flags)
+    except ConfigError as exc:
+        print(f"tracejudge serve: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    logger = Logger(settings.log.level)
+    try:
+        asyncio.run(serve(settings, logger))
+    except StoreOpenError as exc:
+        logger.error("cannot start", reason=str(exc))
+        return EXIT_FAIL
+    except OSError as exc:
+        logger.error("cannot start", reason=f"{exc}; is another process listening on that port?")
+        return EXIT_FAIL
+    return EXIT_PASS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -221,7 +237,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = sub.add_parser("serve", help="run the OTLP collector (not built yet)")
+    serve = sub.add_parser(
+        "serve",
+        help="run the OTLP collector",
+        description="Receive OTLP traces over gRPC and HTTP and store every span in DuckDB. Settings come from "
+        "embedded defaults, then tracejudge.toml (or --config / TRACEJUDGE_CONFIG), then environment "
+        "variables, then these flags; the settings, their defaults, variables and flags:",
+        epilog=settings_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument("--config", metavar="FILE", help="config file (default: TRACEJUDGE_CONFIG or ./tracejudge.toml)")
+    serve.add_argument("--host", help="bind address (default 127.0.0.1; 0.0.0.0 for every interface)")
+    serve.add_argument("--grpc-port", type=int, help="OTLP/gRPC port (default 4317; 0 picks a free one)")
+    serve.add_argument("--http-port", type=int, help="OTLP/HTTP port (default 4318)")
+    serve.add_argument("--admin-port", type=int, help="admin port: /healthz /readyz /metrics (default 4319)")
+    serve.add_argument("--db", help="DuckDB file (default ./tracejudge.duckdb, or TRACEJUDGE_DB)")
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="log level (default info)")
     serve.set_defaults(func=cmd_serve)
 
     ev = sub.add_parser(

@@ -30,3 +30,16 @@ def trace_conversation_key(spans: Sequence[Span]) -> tuple[str, str]:
             if isinstance(value, str) and value:
                 return key, value
     return TRACE_KEY, ordered[0].trace_id
+
+
+def span_conversation_key(span: Span) -> tuple[str, str] | None:
+    """(key name, value) from the span's own attributes, then its resource; None when neither has one."""
+    for key in KEY_PRECEDENCE:
+        value = span.str_attr(key)
+        if value:
+            return key, value
+    for key in KEY_PRECEDENCE:
+        value = span.resource.get(key)
+        if isinstance(value, str) and value:
+            return key, value
+    return None

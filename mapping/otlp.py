@@ -15,6 +15,9 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
 from mapping.spans import Span, SpanEvent, SpanLink
 
@@ -132,12 +135,29 @@ def _pb_attrs(items: Any) -> dict[str, Any]:
     return {kv.key: _pb_any(kv.value) for kv in items}
 
 
+def _pb_span_record(span: Any, resource: dict[str, Any], scope: Any) -> Span:
+    return Span(
+        trace_id=_id_from_bytes(span.trace_id, 16, "trace_id"),  # type: ignore[arg-type]
+        span_id=_id_from_bytes(span.span_id, 8, "span_id"),  # type: ignore[arg-type]
+        parent_span_id=_id_from_bytes(span.parent_span_id, 8, "parent_span_id", required=False),
+        name=span.name, kind=span.kind,
+        start_ns=span.start_time_unix_nano, end_ns=span.end_time_unix_nano,
+        status_code=span.status.code, status_message=span.status.message,
+        attributes=_pb_attrs(span.attributes),
+        events=[SpanEvent(e.name, e.time_unix_nano, _pb_attrs(e.attributes)) for e in span.events],
+        links=[SpanLink(lk.trace_id.hex(), lk.span_id.hex(), _pb_attrs(lk.attributes)) for lk in span.links],
+        resource=resource, scope_name=scope.name, scope_version=scope.version,
+    )
+
+
 def _decode_protobuf(payload: bytes) -> DecodedRequest:
     request = ExportTraceServiceRequest()
     try:
         request.ParseFromString(payload)
     except (DecodeError, ValueError, RuntimeError) as exc:
-        raise OTLPDecodeError(f"the body is not a valid OTLP protobuf ExportTraceServiceRequest: {exc}") from exc
+        # One bad span (e.g. invalid UTF-8 in a string) fails the whole parse; split the request at the wire
+        # level and parse each span on its own, so only the bad ones are rejected.
+        return _decode_protobuf_span_by_span(payload, exc)
     out = DecodedRequest()
     for r, rs in enumerate(request.resource_spans):
         try:
@@ -147,21 +167,93 @@ def _decode_protobuf(payload: bytes) -> DecodedRequest:
             continue
         for s, ss in enumerate(rs.scope_spans):
             for i, span in enumerate(ss.spans):
-                where = f"resource_spans[{r}].scope_spans[{s}].spans[{i}]"
                 try:
-                    out.spans.append(Span(
-                        trace_id=_id_from_bytes(span.trace_id, 16, "trace_id"),  # type: ignore[arg-type]
-                        span_id=_id_from_bytes(span.span_id, 8, "span_id"),  # type: ignore[arg-type]
-                        parent_span_id=_id_from_bytes(span.parent_span_id, 8, "parent_span_id", required=False),
-                        name=span.name, kind=span.kind,
-                        start_ns=span.start_time_unix_nano, end_ns=span.end_time_unix_nano,
-                        status_code=span.status.code, status_message=span.status.message,
-                        attributes=_pb_attrs(span.attributes),
-                        events=[SpanEvent(e.name, e.time_unix_nano, _pb_attrs(e.attributes)) for e in span.events],
-                        links=[SpanLink(lk.trace_id.hex(), lk.span_id.hex(), _pb_attrs(lk.attributes))
-                               for lk in span.links],
-                        resource=resource, scope_name=ss.scope.name, scope_version=ss.scope.version,
-                    ))
+                    out.spans.append(_pb_span_record(span, resource, ss.scope))
+                except _InvalidSpan as exc:
+                    where = _where(f"resource_spans[{r}].scope_spans[{s}].spans[{i}]", span.trace_id.hex(),
+                                   span.span_id.hex())
+                    out.problems.append(SpanProblem(where, str(exc)))
+    return out
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(buf) or shift > 63:
+            raise ValueError("truncated varint")
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+
+
+def _length_delimited(buf: bytes) -> list[tuple[int, bytes]]:
+    """(field number, bytes) of every length-delimited field of one message; other fields skipped."""
+    out, pos = [], 0
+    while pos < len(buf):
+        key, pos = _varint(buf, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            _, pos = _varint(buf, pos)
+        elif wire == 1:
+            pos += 8
+        elif wire == 5:
+            pos += 4
+        elif wire == 2:
+            size, pos = _varint(buf, pos)
+            if pos + size > len(buf):
+                raise ValueError("a length-delimited field runs past the end")
+            out.append((number, buf[pos:pos + size]))
+            pos += size
+        else:
+            raise ValueError(f"unsupported wire type {wire}")
+    if pos != len(buf):
+        raise ValueError("trailing bytes")
+    return out
+
+
+def _decode_protobuf_span_by_span(payload: bytes, original: Exception) -> DecodedRequest:
+    try:
+        groups = [v for n, v in _length_delimited(payload) if n == 1]
+    except ValueError:
+        raise OTLPDecodeError(f"the body is not a valid OTLP protobuf ExportTraceServiceRequest: {original}") from None
+    out = DecodedRequest()
+    for r, group in enumerate(groups):
+        try:
+            fields = _length_delimited(group)
+            resource_pb = Resource()
+            for number, value in fields:
+                if number == 1:
+                    resource_pb.ParseFromString(value)
+            resource = _pb_attrs(resource_pb.attributes)
+        except (DecodeError, ValueError, _InvalidSpan) as exc:
+            out.problems.append(SpanProblem(f"resource_spans[{r}]", f"the resource is not valid ({exc}); "
+                                            "its spans were rejected"))
+            continue
+        for s, scope_bytes in enumerate(v for n, v in fields if n == 2):
+            scope = InstrumentationScope()
+            try:
+                scope_fields = _length_delimited(scope_bytes)
+                for number, value in scope_fields:
+                    if number == 1:
+                        scope.ParseFromString(value)
+            except (DecodeError, ValueError) as exc:
+                out.problems.append(SpanProblem(f"resource_spans[{r}].scope_spans[{s}]",
+                                                f"the scope is not valid ({exc}); its spans were rejected"))
+                continue
+            for i, span_bytes in enumerate(v for n, v in scope_fields if n == 2):
+                where = f"resource_spans[{r}].scope_spans[{s}].spans[{i}]"
+                span = PbSpan()
+                try:
+                    span.ParseFromString(span_bytes)
+                except (DecodeError, ValueError, RuntimeError) as exc:
+                    out.problems.append(SpanProblem(where, f"not a valid Span message (e.g. invalid UTF-8 in a "
+                                                           f"string field): {exc}"))
+                    continue
+                try:
+                    out.spans.append(_pb_span_record(span, resource, scope))
                 except _InvalidSpan as exc:
                     out.problems.append(SpanProblem(_where(where, span.trace_id.hex(), span.span_id.hex()), str(exc)))
     return out

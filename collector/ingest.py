@@ -1,0 +1,84 @@
+"""What both receivers do with an export request, whatever the protocol: authenticate, decode, store, answer.
+
+The outcome is protocol-neutral; `otlp_grpc` and `otlp_http` turn it into status codes. Invalid spans are
+counted and named in a partial success while the good spans of the same request are stored; a request
+that cannot be decoded is rejected whole; backpressure and store failures are retryable.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+from enum import Enum
+
+from collector.metrics import CollectorMetrics
+from collector.span_store import Backpressure, SpanStore, StoreError
+from mapping.otlp import OTLPDecodeError, UnsupportedContentTypeError, decode_otlp
+
+MAX_PROBLEMS_NAMED = 5
+MAX_MESSAGE_CHARS = 2000
+
+
+class Answer(Enum):
+    OK = "ok"
+    UNAUTHENTICATED = "unauthenticated"
+    INVALID = "invalid"
+    UNSUPPORTED_TYPE = "unsupported_type"
+    UNAVAILABLE = "unavailable"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    answer: Answer
+    accepted: int = 0
+    rejected: int = 0
+    message: str = ""
+    retry_after_s: int | None = None
+
+
+class Ingest:
+    def __init__(self, store: SpanStore, metrics: CollectorMetrics, token: str | None) -> None:
+        self.store = store
+        self.metrics = metrics
+        self._token = f"Bearer {token}".encode() if token else None
+
+    def authorized(self, authorization: str | None) -> bool:
+        """Constant-time check of the `authorization` header or metadata; always true without a token."""
+        if self._token is None:
+            return True
+        return hmac.compare_digest((authorization or "").encode(), self._token)
+
+    async def export(self, payload: bytes, content_type: str, authorization: str | None, protocol: str) -> Outcome:
+        outcome = await self._export(payload, content_type, authorization)
+        self.metrics.requests.labels(protocol, outcome.answer.value).inc()
+        return outcome
+
+    async def _export(self, payload: bytes, content_type: str, authorization: str | None) -> Outcome:
+        if not self.authorized(authorization):
+            return Outcome(Answer.UNAUTHENTICATED, message="missing or wrong bearer token")
+        try:
+            decoded = decode_otlp(payload, content_type)
+        except UnsupportedContentTypeError as exc:
+            return Outcome(Answer.UNSUPPORTED_TYPE, message=str(exc))
+        except OTLPDecodeError as exc:
+            return Outcome(Answer.INVALID, message=str(exc))
+        received = len(decoded.spans) + len(decoded.problems)
+        self.metrics.spans_received.inc(received)
+        try:
+            accepted = await self.store.write(decoded.spans)
+        except Backpressure as exc:
+            self.metrics.spans_rejected.labels("backpressure").inc(received)
+            return Outcome(Answer.UNAVAILABLE, message=str(exc), retry_after_s=exc.retry_after_s)
+        except StoreError as exc:
+            self.metrics.spans_rejected.labels("store_error").inc(received)
+            return Outcome(Answer.UNAVAILABLE, message=str(exc), retry_after_s=self.store.retry_after_s)
+        self.metrics.spans_accepted.inc(accepted)
+        if not decoded.problems:
+            return Outcome(Answer.OK, accepted=accepted)
+        self.metrics.spans_rejected.labels("invalid_span").inc(len(decoded.problems))
+        named = "; ".join(str(p) for p in decoded.problems[:MAX_PROBLEMS_NAMED])
+        more = len(decoded.problems) - MAX_PROBLEMS_NAMED
+        message = f"{len(decoded.problems)} invalid span(s) rejected: {named}" + (f"; and {more} more" if more > 0
+                                                                                  else "")
+        return Outcome(Answer.OK, accepted=accepted, rejected=len(decoded.problems),
+                       message=message[:MAX_MESSAGE_CHARS])

@@ -1,0 +1,84 @@
+"""OTLP/gRPC receiver: `opentelemetry.proto.collector.trace.v1.TraceService/Export` on grpc.aio.
+
+The request arrives as raw bytes (no generated deserializer) so a malformed message gets a precise
+INVALID_ARGUMENT instead of a generic error. Backpressure answers UNAVAILABLE with a google.rpc.RetryInfo,
+which the OTLP exporters honour. gzip is accepted; the size cap is the server's receive limit.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+from google.protobuf.duration_pb2 import Duration
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTracePartialSuccess,
+    ExportTraceServiceResponse,
+)
+
+from collector.config import ServerSettings
+from collector.ingest import Answer, Ingest
+
+SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+
+
+def _status_details(code: int, message: str, retry_after_s: int | None) -> tuple[tuple[str, bytes], ...]:
+    status = status_pb2.Status(code=code, message=message)
+    if retry_after_s is not None:
+        status.details.add().Pack(error_details_pb2.RetryInfo(retry_delay=Duration(seconds=retry_after_s)))
+    return (("grpc-status-details-bin", status.SerializeToString()),)
+
+
+class GrpcReceiver:
+    def __init__(self, settings: ServerSettings, ingest: Ingest) -> None:
+        self.settings = settings
+        self.ingest = ingest
+        self.port: int | None = None
+        options = [("grpc.max_receive_message_length", settings.max_message_bytes),
+                   ("grpc.max_send_message_length", 4 * 1024 * 1024)]
+        self._server = grpc.aio.server(options=options)
+        handler = grpc.method_handlers_generic_handler(SERVICE, {
+            "Export": grpc.unary_unary_rpc_method_handler(
+                self._export, request_deserializer=None,
+                response_serializer=ExportTraceServiceResponse.SerializeToString),
+        })
+        self._server.add_generic_rpc_handlers((handler,))
+
+    async def start(self) -> int:
+        s = self.settings
+        address = f"{s.host}:{s.grpc_port}"
+        if s.tls_cert and s.tls_key:
+            credentials = grpc.ssl_server_credentials(
+                [(Path(s.tls_key).read_bytes(), Path(s.tls_cert).read_bytes())],
+                root_certificates=Path(s.tls_client_ca).read_bytes() if s.tls_client_ca else None,
+                require_client_auth=s.tls_client_ca is not None,
+            )
+            self.port = self._server.add_secure_port(address, credentials)
+        else:
+            self.port = self._server.add_insecure_port(address)
+        if not self.port:
+            raise OSError(f"cannot listen for OTLP/gRPC on {address}")
+        await self._server.start()
+        return self.port
+
+    async def stop(self, grace_s: float) -> None:
+        """Refuse new RPCs and let in-flight exports finish (they complete their commit) within grace_s."""
+        await self._server.stop(grace_s)
+
+    async def _export(self, request: bytes, context: grpc.aio.ServicerContext) -> ExportTraceServiceResponse:
+        metadata = dict(context.invocation_metadata() or ())
+        outcome = await self.ingest.export(request, "application/x-protobuf", metadata.get("authorization"), "grpc")
+        if outcome.answer is Answer.OK:
+            if outcome.rejected:
+                return ExportTraceServiceResponse(partial_success=ExportTracePartialSuccess(
+                    rejected_spans=outcome.rejected, error_message=outcome.message))
+            return ExportTraceServiceResponse()
+        if outcome.answer is Answer.UNAUTHENTICATED:
+            code, grpc_code, retry = code_pb2.UNAUTHENTICATED, grpc.StatusCode.UNAUTHENTICATED, None
+        elif outcome.answer is Answer.UNAVAILABLE:
+            code, grpc_code, retry = code_pb2.UNAVAILABLE, grpc.StatusCode.UNAVAILABLE, outcome.retry_after_s
+        else:
+            code, grpc_code, retry = code_pb2.INVALID_ARGUMENT, grpc.StatusCode.INVALID_ARGUMENT, None
+        await context.abort(grpc_code, outcome.message, _status_details(code, outcome.message, retry))
+        raise AssertionError("unreachable: abort raises")

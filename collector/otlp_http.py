@@ -1,0 +1,146 @@
+"""OTLP/HTTP receiver: `POST /v1/traces` with protobuf or JSON bodies, gzip or deflate encoded.
+
+Answers follow the OTLP/HTTP spec: 200 with an ExportTraceServiceResponse (partial success included) in
+the request's content type; 400 with a google.rpc.Status for an undecodable body; 401 without the right
+bearer token; 413 over the size limit (measured after decompression); 415 for another content type;
+503 with Retry-After under backpressure or while the store cannot write.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import zlib
+from pathlib import Path
+
+from aiohttp import web
+from google.rpc import code_pb2, status_pb2
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTracePartialSuccess,
+    ExportTraceServiceResponse,
+)
+
+from collector.config import ServerSettings
+from collector.ingest import Answer, Ingest, Outcome
+
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+
+
+class TooLarge(Exception):
+    pass
+
+
+def decompress(body: bytes, encoding: str, limit: int) -> bytes:
+    """The body without its Content-Encoding, refusing to grow past `limit` bytes (zip bombs included)."""
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        if len(body) > limit:
+            raise TooLarge
+        return body
+    wbits = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}.get(encoding)
+    if wbits is None:
+        raise ValueError(f"unsupported Content-Encoding {encoding!r}: send gzip, deflate or none")
+    inflater = zlib.decompressobj(wbits)
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise ValueError(f"the body is not valid {encoding}: {exc}") from exc
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise TooLarge
+    return out
+
+
+def _media(content_type: str) -> str:
+    return content_type.split(";", 1)[0].strip().lower()
+
+
+class HttpReceiver:
+    def __init__(self, settings: ServerSettings, ingest: Ingest) -> None:
+        self.settings = settings
+        self.ingest = ingest
+        self.port: int | None = None
+        # the raw (still compressed) body may be at most the limit too; decompression is bounded separately
+        self.app = web.Application(client_max_size=settings.max_message_bytes)
+        self.app.router.add_post("/v1/traces", self._traces)
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> int:
+        self._runner = web.AppRunner(self.app, auto_decompress=False, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.settings.host, self.settings.http_port, ssl_context=self._tls(),
+                           shutdown_timeout=self.settings.shutdown_grace_s)
+        await site.start()
+        self.port = int(self._runner.addresses[-1][1])
+        return self.port
+
+    async def stop(self) -> None:
+        """Stop accepting and wait for in-flight requests (their spans are committed before they answer)."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def _tls(self) -> ssl.SSLContext | None:
+        s = self.settings
+        if not (s.tls_cert and s.tls_key):
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(Path(s.tls_cert), Path(s.tls_key))
+        if s.tls_client_ca:
+            context.load_verify_locations(Path(s.tls_client_ca))
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+    async def _traces(self, request: web.Request) -> web.Response:
+        media = _media(request.headers.get("Content-Type", ""))
+        reply_type = media if media in (PROTOBUF, JSON) else JSON
+        if media not in (PROTOBUF, JSON, "application/protobuf"):
+            self.ingest.metrics.requests.labels("http", "unsupported_type").inc()
+            return self._status(415, code_pb2.INVALID_ARGUMENT,
+                                f"unsupported Content-Type {media or '(none)'!r}: send {PROTOBUF} or {JSON}", JSON)
+        if not self.ingest.authorized(request.headers.get("Authorization")):
+            self.ingest.metrics.requests.labels("http", "unauthenticated").inc()
+            return self._status(401, code_pb2.UNAUTHENTICATED, "missing or wrong bearer token", reply_type,
+                                {"WWW-Authenticate": "Bearer"})
+        try:
+            raw = await request.read()
+            body = decompress(raw, request.headers.get("Content-Encoding", ""), self.settings.max_message_bytes)
+        except (TooLarge, web.HTTPRequestEntityTooLarge):
+            self.ingest.metrics.requests.labels("http", "too_large").inc()
+            return self._status(413, code_pb2.RESOURCE_EXHAUSTED,
+                                f"the request is over the {self.settings.max_message_bytes} byte limit "
+                                "(after decompression); send smaller batches", reply_type)
+        except ValueError as exc:
+            self.ingest.metrics.requests.labels("http", "invalid").inc()
+            return self._status(400, code_pb2.INVALID_ARGUMENT, str(exc), reply_type)
+        outcome = await self.ingest.export(body, media, request.headers.get("Authorization"), "http")
+        return self._answer(outcome, reply_type)
+
+    def _answer(self, outcome: Outcome, reply_type: str) -> web.Response:
+        if outcome.answer is Answer.OK:
+            response = ExportTraceServiceResponse()
+            if outcome.rejected:
+                response.partial_success.CopyFrom(ExportTracePartialSuccess(rejected_spans=outcome.rejected,
+                                                                            error_message=outcome.message))
+            if reply_type == PROTOBUF:
+                return web.Response(status=200, body=response.SerializeToString(), content_type=PROTOBUF)
+            body: dict = {}
+            if outcome.rejected:
+                body["partialSuccess"] = {"rejectedSpans": str(outcome.rejected), "errorMessage": outcome.message}
+            return web.Response(status=200, text=json.dumps(body), content_type=JSON)
+        if outcome.answer is Answer.UNAVAILABLE:
+            return self._status(503, code_pb2.UNAVAILABLE, outcome.message, reply_type,
+                                {"Retry-After": str(outcome.retry_after_s or 1)})
+        if outcome.answer is Answer.UNAUTHENTICATED:
+            return self._status(401, code_pb2.UNAUTHENTICATED, outcome.message, reply_type)
+        if outcome.answer is Answer.UNSUPPORTED_TYPE:
+            return self._status(415, code_pb2.INVALID_ARGUMENT, outcome.message, JSON)
+        return self._status(400, code_pb2.INVALID_ARGUMENT, outcome.message, reply_type)
+
+    @staticmethod
+    def _status(http: int, code: int, message: str, reply_type: str,
+                headers: dict[str, str] | None = None) -> web.Response:
+        if reply_type == PROTOBUF:
+            body = status_pb2.Status(code=code, message=message).SerializeToString()
+            return web.Response(status=http, body=body, content_type=PROTOBUF, headers=headers)
+        return web.Response(status=http, text=json.dumps({"code": code, "message": message}), content_type=JSON,
+                            headers=headers)

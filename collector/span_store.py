@@ -1,0 +1,309 @@
+"""The durable span store: one DuckDB file, one writer thread, group commit, Arrow appends.
+
+Receivers hand decoded spans to `write()` and await it; the writer takes everything queued (up to
+`max_batch_spans`), appends it as one Arrow table in one transaction, and only then resolves every
+waiting request. So an export is acknowledged only once its spans are committed, many requests share
+one commit, and redelivered spans (same trace_id, span_id) are ignored by the primary key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from mapping.conversation_key import span_conversation_key
+from mapping.spans import Span
+from scoring.errors import TracejudgeError
+
+SCHEMA_VERSION = 1
+MIGRATIONS: dict[int, str] = {
+    1: """
+    CREATE TABLE IF NOT EXISTS spans (
+        trace_id VARCHAR NOT NULL,
+        span_id VARCHAR NOT NULL,
+        parent_span_id VARCHAR,
+        name VARCHAR,
+        kind TINYINT,
+        start_ns BIGINT,
+        end_ns BIGINT,
+        status_code TINYINT,
+        status_message VARCHAR,
+        service_name VARCHAR,
+        scope_name VARCHAR,
+        scope_version VARCHAR,
+        attributes JSON,
+        resource_attributes JSON,
+        events JSON,
+        links JSON,
+        conversation_key VARCHAR,
+        conversation_key_source VARCHAR,
+        received_at TIMESTAMPTZ NOT NULL,
+        PRIMARY KEY (trace_id, span_id)
+    );
+    """,
+}
+
+_SCHEMA = pa.schema([
+    ("trace_id", pa.string()), ("span_id", pa.string()), ("parent_span_id", pa.string()), ("name", pa.string()),
+    ("kind", pa.int8()), ("start_ns", pa.int64()), ("end_ns", pa.int64()), ("status_code", pa.int8()),
+    ("status_message", pa.string()), ("service_name", pa.string()), ("scope_name", pa.string()),
+    ("scope_version", pa.string()), ("attributes", pa.string()), ("resource_attributes", pa.string()),
+    ("events", pa.string()), ("links", pa.string()), ("conversation_key", pa.string()),
+    ("conversation_key_source", pa.string()), ("received_at", pa.timestamp("us", tz="UTC")),
+])
+MAX_INT64 = 2**63 - 1
+
+
+class StoreError(TracejudgeError):
+    """The store cannot open or write; exporters get a retryable answer and nothing acknowledged is lost."""
+
+
+class StoreOpenError(StoreError):
+    pass
+
+
+class Backpressure(StoreError):
+    """Too many spans wait for a commit: the exporter should retry after `retry_after_s`."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def to_json(value: Any) -> str:
+    """Strict JSON (NaN and Infinity as strings; lone surrogates escaped) so DuckDB's JSON type accepts it."""
+    try:
+        return json.dumps(value, allow_nan=False, separators=(",", ":"), default=str)
+    except ValueError:
+        return json.dumps(_finite(value), allow_nan=False, separators=(",", ":"), default=str)
+
+
+def _text(value: str) -> str:
+    if value.isascii():
+        return value
+    try:
+        value.encode("utf-8")
+        return value
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "replace").decode("utf-8")
+
+
+def _clamp(ns: int) -> int:
+    return min(max(ns, 0), MAX_INT64)
+
+
+def spans_to_arrow(spans: list[Span], received_at: datetime) -> pa.Table:
+    """Columns of the spans table; one row per (trace_id, span_id), the last delivery winning in a batch."""
+    unique = {s.key: s for s in spans}
+    columns: dict[str, list[Any]] = {name: [] for name in _SCHEMA.names}
+    for s in unique.values():
+        key = span_conversation_key(s)
+        columns["trace_id"].append(s.trace_id)
+        columns["span_id"].append(s.span_id)
+        columns["parent_span_id"].append(s.parent_span_id)
+        columns["name"].append(_text(s.name))
+        columns["kind"].append(s.kind if -128 <= s.kind <= 127 else 0)
+        columns["start_ns"].append(_clamp(s.start_ns))
+        columns["end_ns"].append(_clamp(s.end_ns))
+        columns["status_code"].append(s.status_code if -128 <= s.status_code <= 127 else 0)
+        columns["status_message"].append(_text(s.status_message))
+        columns["service_name"].append(_text(s.service_name) if s.service_name else None)
+        columns["scope_name"].append(_text(s.scope_name))
+        columns["scope_version"].append(_text(s.scope_version))
+        columns["attributes"].append(to_json(s.attributes))
+        columns["resource_attributes"].append(to_json(s.resource))
+        columns["events"].append(to_json([{"name": e.name, "time_ns": e.time_ns, "attributes": e.attributes}
+                                          for e in s.events]))
+        columns["links"].append(to_json([{"trace_id": lk.trace_id, "span_id": lk.span_id,
+                                          "attributes": lk.attributes} for lk in s.links]))
+        columns["conversation_key"].append(_text(key[1]) if key else None)
+        columns["conversation_key_source"].append(key[0] if key else None)
+        columns["received_at"].append(received_at)
+    return pa.table(columns, schema=_SCHEMA)
+
+
+@dataclass
+class _Pending:
+    spans: list[Span]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[int]
+
+
+@dataclass
+class StoreStats:
+    commits: int = 0
+    spans_committed: int = 0
+    last_commit_s: float = 0.0
+    last_error: str | None = None
+
+
+class SpanStore:
+    def __init__(self, path: Path, *, max_batch_spans: int = 50_000, max_queue_spans: int = 500_000,
+                 retry_after_s: int = 1, on_commit: Callable[[float, int], None] | None = None) -> None:
+        self.path = path
+        self.on_commit = on_commit
+        self.max_batch_spans = max_batch_spans
+        self.max_queue_spans = max_queue_spans
+        self.retry_after_s = retry_after_s
+        self.stats = StoreStats()
+        self._queue: queue.Queue[_Pending | None] = queue.Queue()
+        self._queued_spans = 0
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._con: duckdb.DuckDBPyConnection | None = None
+        self.healthy = False
+
+    @property
+    def queued_spans(self) -> int:
+        return self._queued_spans
+
+    @property
+    def saturated(self) -> bool:
+        return self._queued_spans >= self.max_queue_spans
+
+    def open(self) -> None:
+        """Open (or create and migrate) the file and start the writer; StoreOpenError says why not."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._con = duckdb.connect(str(self.path))
+        except (duckdb.Error, OSError) as exc:
+            raise StoreOpenError(f"cannot open the database file {self.path}: {exc}") from exc
+        migrate(self._con)
+        self.healthy = True
+        self._thread = threading.Thread(target=self._run, name="tracejudge-span-writer", daemon=True)
+        self._thread.start()
+
+    async def write(self, spans: list[Span]) -> int:
+        """Return once the spans are committed (the number given); Backpressure or StoreError otherwise."""
+        if not spans:
+            return 0
+        with self._lock:
+            if self._queued_spans + len(spans) > self.max_queue_spans and self._queued_spans > 0:
+                raise Backpressure(f"{self._queued_spans} spans are waiting for the database; retry shortly",
+                                   self.retry_after_s)
+            self._queued_spans += len(spans)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[int] = loop.create_future()
+        self._queue.put(_Pending(spans, loop, future))
+        return await future
+
+    def close(self) -> None:
+        """Commit everything queued, then stop the writer and close the file."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+        if self._con is not None:
+            self._con.close()
+            self._con = None
+
+    def size_bytes(self) -> int:
+        total = 0
+        for suffix in ("", ".wal"):
+            path = Path(str(self.path) + suffix)
+            if path.exists():
+                total += path.stat().st_size
+        return total
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            first = self._queue.get()
+            if first is None:
+                break
+            batch, count = [first], len(first.spans)
+            while count < self.max_batch_spans:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    stopping = True
+                    break
+                batch.append(item)
+                count += len(item.spans)
+            self._commit(batch, count)
+
+    def _commit(self, batch: list[_Pending], count: int) -> None:
+        assert self._con is not None
+        started = time.perf_counter()
+        error: BaseException | None = None
+        try:
+            table = spans_to_arrow([s for p in batch for s in p.spans], datetime.now(UTC))
+            self._con.execute("BEGIN TRANSACTION")
+            self._con.register("incoming_spans", table)
+            try:
+                self._con.execute("INSERT OR IGNORE INTO spans SELECT * FROM incoming_spans")
+            finally:
+                self._con.unregister("incoming_spans")
+            self._con.execute("COMMIT")
+        except Exception as exc:
+            error = exc
+            with contextlib.suppress(duckdb.Error):
+                self._con.execute("ROLLBACK")
+        elapsed = time.perf_counter() - started
+        with self._lock:
+            self._queued_spans -= count
+        if error is None:
+            self.healthy = True
+            self.stats.commits += 1
+            self.stats.spans_committed += count
+            self.stats.last_commit_s = elapsed
+            if self.on_commit is not None:
+                self.on_commit(elapsed, count)
+        else:
+            self.healthy = False
+            self.stats.last_error = f"{type(error).__name__}: {error}"
+        for pending in batch:
+            outcome: Any = (StoreError(f"the span store could not commit ({self.stats.last_error}); "
+                                       "the export was not acknowledged and can be retried")
+                            if error is not None else len(pending.spans))
+            if not pending.loop.is_closed():
+                # the receiver's loop may close while we commit; then nothing is waiting any more
+                with contextlib.suppress(RuntimeError):
+                    pending.loop.call_soon_threadsafe(_resolve, pending.future, outcome)
+
+
+def _resolve(future: asyncio.Future[int], outcome: Any) -> None:
+    if future.done():
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
+
+
+def migrate(con: duckdb.DuckDBPyConnection) -> int:
+    """Bring the schema to SCHEMA_VERSION; returns the version found before."""
+    con.execute("CREATE TABLE IF NOT EXISTS tracejudge_schema (version INTEGER NOT NULL, applied_at TIMESTAMPTZ)")
+    row = con.execute("SELECT max(version) FROM tracejudge_schema").fetchone()
+    found = (row[0] if row else None) or 0
+    for version in range(found + 1, SCHEMA_VERSION + 1):
+        con.execute("BEGIN TRANSACTION")
+        con.execute(MIGRATIONS[version])
+        con.execute("INSERT INTO tracejudge_schema VALUES (?, now())", [version])
+        con.execute("COMMIT")
+    return found
