@@ -56,10 +56,10 @@ class Collector:
 
 async def serve(settings: Settings, logger: Logger) -> None:
     collector = Collector(settings, logger)
-    await collector.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT):  # before start: a signal right after "listening" must drain
         loop.add_signal_handler(sig, stop.set)
+    await collector.start()
     await stop.wait()
     await collector.stop()

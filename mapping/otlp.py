@@ -91,9 +91,11 @@ def _id_from_text(text: Any, size: int, what: str, required: bool = True) -> str
         raise _InvalidSpan(f"{what} must be a hex string, got {type(text).__name__}")
     if len(text) == size * 2:
         try:
-            return _id_from_bytes(bytes.fromhex(text), size, what, required)
+            raw_hex = bytes.fromhex(text)
         except ValueError:
-            pass
+            raw_hex = None
+        if raw_hex is not None:
+            return _id_from_bytes(raw_hex, size, what, required)
     try:  # protobuf's canonical JSON mapping sends bytes as base64; accept it too
         raw = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):

@@ -80,9 +80,12 @@ def test_missing_judge_settings_and_missing_file_exit_two(tmp_path) -> None:
     assert proc.returncode == 2 and "threshold must be between 0 and 1" in proc.stderr
 
 
-def test_serve_says_plainly_that_it_is_not_built_yet() -> None:
-    proc = run(["serve"])
-    assert proc.returncode == 1 and "not built yet" in proc.stderr
+def test_serve_help_documents_every_setting() -> None:
+    proc = run(["serve", "--help"])
+    assert proc.returncode == 0
+    for setting in ("grpc_port = 4317", "http_port = 4318", "admin_port = 4319", "ingest_token", "tls_client_ca",
+                    "max_message_bytes", "db = tracejudge.duckdb", "TRACEJUDGE_INGEST_TOKEN", "--grpc-port"):
+        assert setting in proc.stdout
 
 
 def test_set_eval_mode_writes_the_config_file_and_keeps_the_rest(tmp_path) -> None:

@@ -1,0 +1,267 @@
+"""The collector as production agents see it: the real OTel SDK exporters against `tracejudge serve` on loopback."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+import time
+from pathlib import Path
+
+import duckdb
+import grpc
+import httpx
+import pytest
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
+from opentelemetry.exporter.otlp.proto.http import Compression
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span as PbSpan
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from tests.support.collector_process import CollectorProcess
+from tests.support.otlp_json import request, span
+
+EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+
+
+def agent_spans(n_turns: int = 2, conversation: str = "conv-1") -> list[ReadableSpan]:
+    """Spans an instrumented agent makes: an invoke_agent root with a chat and an MCP tool call per turn."""
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "weather-agent"}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("test-agent")
+    for turn in range(n_turns):
+        with tracer.start_as_current_span("invoke_agent weather", attributes={
+                "gen_ai.operation.name": "invoke_agent", "gen_ai.conversation.id": conversation}):
+            with tracer.start_as_current_span("chat gpt-4.1", attributes={
+                    "gen_ai.operation.name": "chat",
+                    "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [
+                        {"type": "text", "content": f"question {turn} °C ✓"}]}])}):
+                pass
+            with tracer.start_as_current_span("execute_tool get-weather", attributes={
+                    "gen_ai.operation.name": "execute_tool", "mcp.method.name": "tools/call",
+                    "gen_ai.tool.name": "get-weather", "gen_ai.tool.call.arguments": '{"city": "Paris"}'}):
+                pass
+    provider.shutdown()
+    return list(memory.get_finished_spans())
+
+
+def stored(db: Path) -> list[tuple]:
+    with duckdb.connect(str(db), read_only=True) as con:
+        return con.execute("SELECT trace_id, span_id, name, kind, service_name, conversation_key, "
+                           "conversation_key_source, attributes->>'gen_ai.tool.name' FROM spans "
+                           "ORDER BY start_ns").fetchall()
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "spans.duckdb"
+
+
+def test_grpc_and_http_exporters_store_every_span(db: Path) -> None:
+    spans = agent_spans()
+    with CollectorProcess(db) as collector:
+        grpc_exporter = GrpcSpanExporter(endpoint=collector.grpc_endpoint, insecure=True)
+        assert grpc_exporter.export(spans[:3]) is SpanExportResult.SUCCESS
+        http_exporter = HttpSpanExporter(endpoint=collector.http_url, compression=Compression.Gzip)
+        assert http_exporter.export(spans[3:]) is SpanExportResult.SUCCESS
+        assert collector.metric("tracejudge_spans_accepted_total") == len(spans)
+        assert collector.stop() == 0
+    rows = stored(db)
+    assert len(rows) == len(spans)
+    assert {r[1] for r in rows} == {format(s.context.span_id, "016x") for s in spans}
+    tool = next(r for r in rows if r[2] == "execute_tool get-weather")
+    root = next(r for r in rows if r[2] == "invoke_agent weather")
+    assert tool[3:] == (1, "weather-agent", None, None, "get-weather")  # the key is on the root span only
+    assert root[5:7] == ("conv-1", "gen_ai.conversation.id")
+
+
+def test_redelivered_spans_are_stored_once(db: Path) -> None:
+    spans = agent_spans(1)
+    with CollectorProcess(db) as collector:
+        exporter = GrpcSpanExporter(endpoint=collector.grpc_endpoint, insecure=True)
+        for _ in range(3):
+            assert exporter.export(spans) is SpanExportResult.SUCCESS
+        http = HttpSpanExporter(endpoint=collector.http_url)
+        assert http.export(spans) is SpanExportResult.SUCCESS
+        collector.stop()
+    assert len(stored(db)) == len(spans)
+
+
+def test_ingest_token_is_required_when_configured(db: Path) -> None:
+    spans = agent_spans(1)
+    with CollectorProcess(db, env={"TRACEJUDGE_INGEST_TOKEN": "s3cret-token"}) as collector:
+        assert GrpcSpanExporter(endpoint=collector.grpc_endpoint, insecure=True,
+                                timeout=5).export(spans) is SpanExportResult.FAILURE
+        assert HttpSpanExporter(endpoint=collector.http_url, timeout=5).export(spans) is SpanExportResult.FAILURE
+        wrong = httpx.post(collector.http_url, content=b"{}", headers={"Content-Type": "application/json",
+                                                                       "Authorization": "Bearer nope"})
+        assert wrong.status_code == 401 and wrong.json()["code"] == 16
+        good = {"authorization": "Bearer s3cret-token"}
+        assert GrpcSpanExporter(endpoint=collector.grpc_endpoint, insecure=True,
+                                headers=good).export(spans) is SpanExportResult.SUCCESS
+        assert HttpSpanExporter(endpoint=collector.http_url, headers=good).export(spans) is SpanExportResult.SUCCESS
+        collector.stop()
+        logs = "".join(collector.log_lines)
+        assert "s3cret-token" not in logs
+    assert len(stored(db)) == len(spans)
+
+
+def _mixed_json_request() -> dict:
+    good = span(1, 1, "good span", attributes={"gen_ai.operation.name": "chat"})
+    bad_id = dict(span(1, 2, "bad id"), spanId="abc")
+    zero_trace = dict(span(1, 3, "zero trace"), traceId="0" * 32)
+    return request(({"service.name": "svc"}, [good, bad_id, zero_trace]))
+
+
+def test_http_partial_success_keeps_the_good_spans(db: Path) -> None:
+    with CollectorProcess(db) as collector:
+        reply = httpx.post(collector.http_url, json=_mixed_json_request())
+        assert reply.status_code == 200
+        partial = reply.json()["partialSuccess"]
+        assert partial["rejectedSpans"] == "2"
+        assert "spans[1]" in partial["errorMessage"] and "span_id" in partial["errorMessage"]
+        assert "trace_id is all zeros" in partial["errorMessage"]
+        collector.stop()
+    assert [r[2] for r in stored(db)] == ["good span"]
+
+
+def test_grpc_partial_success_for_invalid_utf8_and_bad_ids(db: Path) -> None:
+    spans = [PbSpan(trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name="good"),
+             PbSpan(trace_id=b"\x01" * 16, span_id=b"\x03" * 8, name="BADUTF"),
+             PbSpan(trace_id=b"\x01" * 15, span_id=b"\x04" * 8, name="short trace id")]
+    raw = ExportTraceServiceRequest(resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=spans)])])
+    payload = raw.SerializeToString().replace(b"BADUTF", b"\xff\xfe\xfd\xfc\xfb\xfa")
+    with CollectorProcess(db) as collector, grpc.insecure_channel(collector.grpc_endpoint) as channel:
+        export = channel.unary_unary(EXPORT, request_serializer=None,
+                                     response_deserializer=ExportTraceServiceResponse.FromString)
+        response = export(payload, timeout=10)
+        assert response.partial_success.rejected_spans == 2
+        assert "invalid UTF-8" in response.partial_success.error_message
+        assert "trace_id must be 16 bytes" in response.partial_success.error_message
+        with pytest.raises(grpc.RpcError) as info:
+            export(b"\x0a\x05garbage-not-protobuf", timeout=10)
+        assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "not a valid OTLP protobuf" in info.value.details()
+        collector.stop()
+    assert [r[2] for r in stored(db)] == ["good"]
+
+
+def test_http_status_codes_for_bad_requests(db: Path, tmp_path: Path) -> None:
+    config = tmp_path / "tracejudge.toml"
+    config.write_text("[server]\nmax_message_bytes = 4096\n")
+    with CollectorProcess(db, config=config) as collector:
+        url = collector.http_url
+        big = json.dumps(request(({}, [span(1, i, "x" * 100) for i in range(1, 60)]))).encode()
+        assert httpx.post(url, content=big, headers={"Content-Type": "application/json"}).status_code == 413
+        bomb = gzip.compress(b'{"resourceSpans": [' + b" " * 1_000_000 + b"]}")
+        reply = httpx.post(url, content=bomb, headers={"Content-Type": "application/json",
+                                                        "Content-Encoding": "gzip"})
+        assert reply.status_code == 413 and "after decompression" in reply.json()["message"]
+        reply = httpx.post(url, content=b"<xml/>", headers={"Content-Type": "application/xml"})
+        assert reply.status_code == 415
+        reply = httpx.post(url, content=b"\x0a\xff", headers={"Content-Type": "application/x-protobuf"})
+        assert reply.status_code == 400 and reply.headers["content-type"] == "application/x-protobuf"
+        reply = httpx.post(url, content=b"not gzip", headers={"Content-Type": "application/json",
+                                                               "Content-Encoding": "gzip"})
+        assert reply.status_code == 400 and "not valid gzip" in reply.json()["message"]
+        small = gzip.compress(json.dumps(request(({}, [span(1, 1, "fits")]))).encode())
+        reply = httpx.post(url, content=small, headers={"Content-Type": "application/json",
+                                                         "Content-Encoding": "gzip"})
+        assert reply.status_code == 200 and reply.json() == {}
+        with grpc.insecure_channel(collector.grpc_endpoint) as channel:
+            export = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
+            with pytest.raises(grpc.RpcError) as info:
+                export(b"\x00" * 10_000, timeout=10)
+            assert info.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        collector.stop()
+    assert [r[2] for r in stored(db)] == ["fits"]
+
+
+def test_backpressure_answers_retryable_and_the_exporter_retry_succeeds(db: Path, tmp_path: Path) -> None:
+    config = tmp_path / "tracejudge.toml"
+    config.write_text("[store]\nmax_queue_spans = 60000\nmax_batch_spans = 100000\n")
+    flood = request(({}, [span(9, i, "flood", attributes={"k": "v" * 200}) for i in range(1, 60_001)]))
+    small = agent_spans(1)
+    with CollectorProcess(db, config=config) as collector:
+        flooding = threading.Thread(target=httpx.post, args=(collector.http_url,),
+                                    kwargs={"json": flood, "timeout": 120})
+        flooding.start()
+        deadline = time.monotonic() + 60
+        while collector.metric("tracejudge_queue_spans") == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        reply = httpx.post(collector.http_url, json=request(({}, [span(8, 1, "late")])))
+        assert reply.status_code == 503 and reply.headers["Retry-After"] == "1"
+        exporter = GrpcSpanExporter(endpoint=collector.grpc_endpoint, insecure=True, timeout=60)
+        assert exporter.export(small) is SpanExportResult.SUCCESS  # retried until the flood was committed
+        flooding.join()
+        assert collector.metric('tracejudge_spans_rejected_total{reason="backpressure"}') >= 1
+        collector.stop()
+    names = [r[2] for r in stored(db)]
+    assert names.count("flood") == 60_000 and len(names) == 60_000 + len(small)
+
+
+def test_acknowledged_spans_survive_kill_9(db: Path) -> None:
+    batches = [agent_spans(3, conversation=f"c{i}") for i in range(5)]
+    with CollectorProcess(db) as collector:
+        exporter = GrpcSpanExporter(endpoint=collector.grpc_endpoint, insecure=True)
+        for spans in batches:
+            assert exporter.export(spans) is SpanExportResult.SUCCESS
+        collector.kill()
+    with CollectorProcess(db) as collector:  # opens cleanly after the crash, recovering from the WAL
+        assert collector.stop() == 0
+    assert len(stored(db)) == sum(len(b) for b in batches)
+
+
+def test_sigterm_drains_in_flight_exports(db: Path) -> None:
+    spans = agent_spans(40)
+    with CollectorProcess(db) as collector:
+        exporter = HttpSpanExporter(endpoint=collector.http_url)
+        result: list[SpanExportResult] = []
+        sender = threading.Thread(target=lambda: result.append(exporter.export(spans)))
+        sender.start()
+        sender.join()
+        assert collector.stop() == 0
+        assert '"event": "stopped"' in "".join(collector.log_lines)
+    assert result == [SpanExportResult.SUCCESS] and len(stored(db)) == len(spans)
+
+
+def test_admin_health_readiness_and_metrics(db: Path) -> None:
+    with CollectorProcess(db) as collector:
+        assert httpx.get(f"{collector.admin_url}/healthz").text == "ok\n"
+        ready = httpx.get(f"{collector.admin_url}/readyz")
+        assert ready.status_code == 200 and ready.json()["ready"] is True
+        GrpcSpanExporter(endpoint=collector.grpc_endpoint, insecure=True).export(agent_spans(1))
+        text = httpx.get(f"{collector.admin_url}/metrics").text
+        assert 'tracejudge_export_requests_total{protocol="grpc",status="ok"} 1.0' in text
+        assert "tracejudge_commit_seconds_bucket" in text and "tracejudge_store_bytes" in text
+        collector.stop()
+
+
+def test_a_database_locked_by_another_process_fails_at_start_naming_it(db: Path) -> None:
+    with CollectorProcess(db) as first:
+        second = CollectorProcess(db)
+        with pytest.raises(RuntimeError) as info:
+            second.start()
+        text = str(info.value)
+        assert str(db) in text and "lock" in text.lower()
+        first.stop()
+
+
+def test_invalid_settings_fail_at_start_with_their_name(db: Path, tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text("[server]\nmax_message_bytes = \"big\"\n")
+    with pytest.raises(RuntimeError) as info:
+        CollectorProcess(db, config=config).start()
+    assert "[server] max_message_bytes = 'big'" in str(info.value) and "bad.toml" in str(info.value)
+    config.write_text("[server]\ngrcp_port = 1\n")
+    with pytest.raises(RuntimeError) as info:
+        CollectorProcess(db, config=config).start()
+    assert "unknown setting [server] grcp_port" in str(info.value)
