@@ -12,9 +12,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from collector.config import ConfigError, load_settings, settings_help
 from collector.config_file import ConfigFileError, set_value
 from collector.log import Logger
+from collector.replay import ReplayError, replay
 from collector.server import serve
 from collector.server_file import ServerFileError, read_server_file
 from collector.span_store import StoreOpenError
@@ -196,6 +199,24 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return EXIT_PASS
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    endpoint = args.endpoint or ("http://127.0.0.1:4318/v1/traces" if args.protocol == "http" else "127.0.0.1:4317")
+    token = args.token or os.environ.get("TRACEJUDGE_INGEST_TOKEN")
+    try:
+        report = replay([Path(f) for f in args.files], args.protocol, endpoint, token)
+    except ReplayError as exc:
+        print(f"tracejudge replay: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (httpx.HTTPError, OSError) as exc:
+        print(f"tracejudge replay: cannot reach {endpoint}: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    for line in report.messages + report.failures:
+        print(line, file=sys.stderr)
+    print(f"sent {report.requests} request(s) to {endpoint}: {len(report.failures)} failed, "
+          f"{report.rejected_spans} span(s) rejected")
+    return EXIT_PASS if not report.failures and not report.rejected_spans else EXIT_FAIL
+
+
 def cmd_set_eval_mode(args: argparse.Namespace) -> int:
     path = config_path()
     try:
@@ -289,6 +310,18 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--servers", metavar="FILE", help="MCP server inventory (JSON or TOML) to merge in")
     inspect.add_argument("--format", choices=["text", "json"], default="text", help="output format")
     inspect.set_defaults(func=cmd_inspect)
+
+    rp = sub.add_parser(
+        "replay",
+        help="send saved trace files to a running collector",
+        description="Send OTLP trace files (OTLP/JSON, JSON Lines of requests, or .pb protobuf) to a collector "
+        "over OTLP/HTTP (default) or OTLP/gRPC. Exit status 0 when every span was accepted.",
+    )
+    rp.add_argument("files", nargs="+", metavar="FILE")
+    rp.add_argument("--protocol", choices=["http", "grpc"], default="http")
+    rp.add_argument("--endpoint", help="default http://127.0.0.1:4318/v1/traces (http) or 127.0.0.1:4317 (grpc)")
+    rp.add_argument("--token", help="bearer token (default TRACEJUDGE_INGEST_TOKEN)")
+    rp.set_defaults(func=cmd_replay)
 
     mode = sub.add_parser(
         "set-eval-mode",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -19,12 +21,14 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span as PbSpan
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans
+from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from mapping import decode_otlp
 from tests.support.collector_process import CollectorProcess
 from tests.support.otlp_json import request, span
 
@@ -265,3 +269,26 @@ def test_invalid_settings_fail_at_start_with_their_name(db: Path, tmp_path: Path
     with pytest.raises(RuntimeError) as info:
         CollectorProcess(db, config=config).start()
     assert "unknown setting [server] grcp_port" in str(info.value)
+
+
+def test_replay_sends_saved_traces_over_http_and_grpc(db: Path, tmp_path: Path) -> None:
+    from tests.fixtures import semconv_scenarios
+
+    trace = tmp_path / "saved.jsonl"
+    trace.write_text(json.dumps(semconv_scenarios.otel_genai()) + "\n" + json.dumps(_mixed_json_request()) + "\n")
+    clean = tmp_path / "clean.json"
+    clean_body = request(({"service.name": "replayed"}, [span(77, 1, "replayed root"), span(77, 2, "child", 1)]))
+    clean.write_text(json.dumps(clean_body))
+    with CollectorProcess(db) as collector:
+        cli = [sys.executable, "-m", "collector.cli", "replay"]
+        proc = subprocess.run([*cli, str(trace), "--endpoint", collector.http_url], capture_output=True, text=True)
+        assert proc.returncode == 1 and "sent 2 request(s)" in proc.stdout and "2 span(s) rejected" in proc.stdout
+        proc = subprocess.run([*cli, str(clean), "--protocol", "grpc", "--endpoint", collector.grpc_endpoint],
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        collector.stop()
+    bodies = (semconv_scenarios.otel_genai(), _mixed_json_request(), clean_body)
+    expected = {s.key for body in bodies for s in decode_otlp(json.dumps(body), "application/json").spans}
+    rows = stored(db)
+    assert {(r[0], r[1]) for r in rows} == expected
+    assert [r[4] for r in rows if r[2] == "replayed root"] == ["replayed"]  # resource kept through gRPC

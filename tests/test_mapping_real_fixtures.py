@@ -35,8 +35,12 @@ def test_real_trace_maps_to_the_scenario(path: Path) -> None:
         want_tools = [(c["name"], c["args"], c.get("result_text"), c.get("is_error"))
                       for c in want.get("mcp_tools_called", [])]
         assert got_tools == want_tools
-        assert [r.uri for r in turn.mcp_resources_called or []] == [r["uri"] for r in want.get("mcp_resources_called", [])]
+        want_resources = [r["uri"] for r in want.get("mcp_resources_called", [])]
+        want_resources = [r["uri"] for r in want.get("mcp_resources_called", [])]
+        assert [r.uri for r in turn.mcp_resources_called or []] == want_resources
         # prompts/get arguments are not recorded by these instrumentations, so only the prompt is compared
-        assert [p.name for p in turn.mcp_prompts_called or []] == [p["name"] for p in want.get("mcp_prompts_called", [])]
+        want_prompts = [p["name"] for p in want.get("mcp_prompts_called", [])]
+        want_prompts = [p["name"] for p in want.get("mcp_prompts_called", [])]
+        assert [p.name for p in turn.mcp_prompts_called or []] == want_prompts
     available = {t.name for s in conversation.test_case.mcp_servers or [] for t in s.available_tools}
     assert set(expected.get("mcp_tools_available", [])) <= available
