@@ -148,18 +148,19 @@ class _Trace:
             new = run.history[run.new_from or 0:]
             draft.user_text = "\n".join(m.text for m in new if m.is_user_text) or None
             draft.reply = final_assistant_text(new) or run.output_text
-            message_sources = [new]
+            message_sources = [(new, True)]
         else:
             first_input = llms[0].input if llms else []
             draft.user_text = last_user_text(first_input) or run.input_text
             draft.reply = (final_assistant_text(llms[-1].output) if llms else None) or run.output_text
-            message_sources = [m for llm in llms for m in (llm.output, llm.input)]
+            # inputs repeat the whole history: they may pair results with this run's calls, never add calls
+            message_sources = [pair for llm in llms for pair in ((llm.output, True), (llm.input, False))]
         if draft.agent_name is None:
             names = ((f.run.agent_name if f.run else None) or f.span.str_attr("gen_ai.agent.name") for f in members)
             draft.agent_name = next((n for n in names if n), None)
         self._collect_calls(draft, members)
-        for messages in message_sources:
-            _pair_parts(draft.calls, messages, root.span.start_ns)
+        for messages, may_add in message_sources:
+            _pair_parts(draft.calls, messages, root.span.start_ns, may_add)
         for f in members:
             draft.definitions += f.definitions
             if f.op is not None and f.op.method.endswith("/list"):
@@ -206,8 +207,9 @@ class _Trace:
 _OP_KINDS = {"tools/call": "tool", "resources/read": "resource", "prompts/get": "prompt"}
 
 
-def _pair_parts(calls: list[_Call], messages: list[Message], start_ns: int) -> None:
-    """Tool-call and tool-result parts of messages, paired by call id with the calls already known."""
+def _pair_parts(calls: list[_Call], messages: list[Message], start_ns: int, may_add: bool) -> None:
+    """Tool-call and tool-result parts of messages, paired by call id with the calls already known; a call
+    only parts describe is added when `may_add` (the messages are this run's own, not replayed history)."""
     by_id = {c.call_id: c for c in calls if c.call_id}
     for message in messages:
         for part in message.tool_calls:
@@ -217,6 +219,8 @@ def _pair_parts(calls: list[_Call], messages: list[Message], start_ns: int) -> N
                 if call is not None:
                     call.call_id = part.id
             if call is None:
+                if not may_add:
+                    continue
                 call = _Call("tool", part.name or "unknown", start_ns, part.id)
                 calls.append(call)
             if part.id:

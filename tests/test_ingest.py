@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import ssl
 import subprocess
 import sys
 import threading
@@ -292,3 +293,37 @@ def test_replay_sends_saved_traces_over_http_and_grpc(db: Path, tmp_path: Path) 
     rows = stored(db)
     assert {(r[0], r[1]) for r in rows} == expected
     assert [r[4] for r in rows if r[2] == "replayed root"] == ["replayed"]  # resource kept through gRPC
+
+
+def test_tls_and_mutual_tls_on_both_receivers(db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.support.certificates import make_certificates
+
+    for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):  # requests lets these override the exporter's CA file
+        monkeypatch.delenv(name, raising=False)
+    certs = make_certificates(tmp_path / "certs")
+    config = tmp_path / "tls.toml"
+    config.write_text(f'[server]\ntls_cert = "{certs.server_cert}"\ntls_key = "{certs.server_key}"\n'
+                      f'tls_client_ca = "{certs.ca}"\n')
+    spans = agent_spans(1)
+    with CollectorProcess(db, config=config) as collector:
+        assert collector.http_url.startswith("https://")
+        body = json.dumps(request(({}, [span(5, 1, "over tls")])))
+        anonymous = ssl.create_default_context(cafile=certs.ca)
+        with pytest.raises(httpx.HTTPError):  # no client certificate: the handshake is refused
+            httpx.post(collector.http_url, content=body, verify=anonymous,
+                       headers={"Content-Type": "application/json"})
+        identified = ssl.create_default_context(cafile=certs.ca)
+        identified.load_cert_chain(certs.client_cert, certs.client_key)
+        reply = httpx.post(collector.http_url, content=body, headers={"Content-Type": "application/json"},
+                           verify=identified)
+        assert reply.status_code == 200
+        exporter = HttpSpanExporter(endpoint=collector.http_url, certificate_file=str(certs.ca),
+                                    client_certificate_file=str(certs.client_cert),
+                                    client_key_file=str(certs.client_key))
+        assert exporter.export(spans) is SpanExportResult.SUCCESS
+        credentials = grpc.ssl_channel_credentials(certs.ca.read_bytes(), certs.client_key.read_bytes(),
+                                                   certs.client_cert.read_bytes())
+        grpc_exporter = GrpcSpanExporter(endpoint=collector.grpc_endpoint, credentials=credentials)
+        assert grpc_exporter.export(agent_spans(1, conversation="tls-grpc")) is SpanExportResult.SUCCESS
+        collector.stop()
+    assert len(stored(db)) == 1 + 2 * len(spans)

@@ -14,6 +14,11 @@ REAL = Path(__file__).parent / "fixtures" / "real"
 FIXTURES = sorted(p for p in REAL.glob("*.otlp.json") if p.with_name(p.name.replace(".otlp.", ".expected.")).exists())
 
 
+# What an instrumentation does not record cannot be rebuilt (tests/fixtures/real/README.md lists the gaps):
+# OpenInference's MCP instrumentation only propagates context, and the MCP SDK's spans carry no resource URI.
+URI_NOT_RECORDED = {"openinference.otlp.json"}
+
+
 def _expected(path: Path) -> dict:
     return json.loads(path.with_name(path.name.replace(".otlp.", ".expected.")).read_text())
 
@@ -36,7 +41,11 @@ def test_real_trace_maps_to_the_scenario(path: Path) -> None:
                       for c in want.get("mcp_tools_called", [])]
         assert got_tools == want_tools
         want_resources = [r["uri"] for r in want.get("mcp_resources_called", [])]
+        if path.name in URI_NOT_RECORDED:
+            want_resources = ["unknown"] * len(want_resources)  # the read is seen, its URI is not
         want_resources = [r["uri"] for r in want.get("mcp_resources_called", [])]
+        if path.name in URI_NOT_RECORDED:
+            want_resources = ["unknown"] * len(want_resources)  # the read is seen, its URI is not
         assert [r.uri for r in turn.mcp_resources_called or []] == want_resources
         # prompts/get arguments are not recorded by these instrumentations, so only the prompt is compared
         want_prompts = [p["name"] for p in want.get("mcp_prompts_called", [])]
