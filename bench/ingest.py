@@ -1,0 +1,162 @@
+"""Ingest benchmark: pre-built OTLP requests of realistic GenAI/MCP spans against `tracejudge serve`.
+
+Every export is acknowledged only after its spans are committed, so acknowledged spans/s is durable spans/s.
+Prints throughput at full speed over gRPC and HTTP, latency percentiles at half that rate, and the server's
+peak RSS. Run: `python bench/ingest.py [--requests 200] [--spans 512] [--in-flight 8]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import httpx
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.support.collector_process import CollectorProcess  # noqa: E402
+
+EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+
+
+def _kv(key: str, value: str | int) -> KeyValue:
+    any_value = AnyValue(int_value=value) if isinstance(value, int) else AnyValue(string_value=value)
+    return KeyValue(key=key, value=any_value)
+
+
+def build_requests(count: int, spans_per_request: int, offset: int = 0) -> list[bytes]:
+    """Requests of agent-shaped spans (chat, execute_tool with MCP attributes), about 650 bytes each."""
+    out = []
+    for r in range(count):
+        spans = []
+        for i in range(spans_per_request):
+            n = (offset + r) * spans_per_request + i + 1
+            trace = (n // 8 + 1).to_bytes(16, "big")
+            tool = i % 2 == 0
+            attributes = [
+                _kv("gen_ai.operation.name", "execute_tool" if tool else "chat"),
+                _kv("gen_ai.conversation.id", f"conv-{n // 64:08d}"),
+                _kv("gen_ai.agent.name", "weather-agent"),
+            ]
+            if tool:
+                attributes += [_kv("mcp.method.name", "tools/call"), _kv("gen_ai.tool.name", "get-weather"),
+                               _kv("gen_ai.tool.call.id", f"call_{n:012d}"), _kv("jsonrpc.request.id", str(n)),
+                               _kv("gen_ai.tool.call.arguments", '{"city": "Paris", "units": "metric"}'),
+                               _kv("gen_ai.tool.call.result",
+                                   '{"content":[{"type":"text","text":"Rainy, 14C, wind 12 km/h SW"}],'
+                                   '"isError":false}')]
+            else:
+                attributes += [_kv("gen_ai.request.model", "gpt-4.1"), _kv("gen_ai.usage.input_tokens", 412),
+                               _kv("gen_ai.usage.output_tokens", 38),
+                               _kv("gen_ai.input.messages", '[{"role":"user","parts":[{"type":"text","content":'
+                                   '"What is the weather in Paris today, and should I take an umbrella?"}]}]')]
+            spans.append(Span(trace_id=trace, span_id=n.to_bytes(8, "big"), parent_span_id=(n + 7).to_bytes(8, "big"),
+                              name="execute_tool get-weather" if tool else "chat gpt-4.1", kind=1 if tool else 3,
+                              start_time_unix_nano=1_767_225_600_000_000_000 + n * 1000,
+                              end_time_unix_nano=1_767_225_600_000_000_000 + n * 1000 + 500, attributes=attributes))
+        resource = ResourceSpans(scope_spans=[ScopeSpans(spans=spans)])
+        resource.resource.attributes.append(_kv("service.name", "weather-agent"))
+        out.append(ExportTraceServiceRequest(resource_spans=[resource]).SerializeToString())
+    return out
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def run(send, requests: list[bytes], in_flight: int, rate_spans_s: float | None, spans_per_request: int):
+    """Send every request with `in_flight` concurrent senders (optionally paced); (wall s, latencies s)."""
+    latencies: list[float] = []
+    lock = threading.Lock()
+    start = time.perf_counter()
+
+    def one(index: int) -> None:
+        if rate_spans_s:
+            due = start + index * spans_per_request / rate_spans_s
+            delay = due - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+        began = time.perf_counter()
+        send(requests[index])
+        with lock:
+            latencies.append(time.perf_counter() - began)
+
+    with ThreadPoolExecutor(in_flight) as pool:
+        list(pool.map(one, range(len(requests))))
+    return time.perf_counter() - start, latencies
+
+
+def percentile(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100)[int(q) - 1] if len(values) >= 2 else values[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--spans", type=int, default=512, help="spans per request")
+    parser.add_argument("--in-flight", type=int, default=8)
+    args = parser.parse_args()
+    sizes = build_requests(1, args.spans)
+    print(f"request: {args.spans} spans, {len(sizes[0])} bytes ({len(sizes[0]) / args.spans:.0f} B/span)")
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        collector = CollectorProcess(Path(tmp) / "bench.duckdb").start()
+        try:
+            channel = grpc.insecure_channel(collector.grpc_endpoint,
+                                            options=[("grpc.max_send_message_length", 64 * 1024 * 1024)])
+            grpc_export = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
+            http = httpx.Client(timeout=60)
+
+            def send_grpc(body: bytes) -> None:
+                grpc_export(body, timeout=60)
+
+            def send_http(body: bytes) -> None:
+                reply = http.post(collector.http_url, content=body,
+                                  headers={"Content-Type": "application/x-protobuf"})
+                reply.raise_for_status()
+
+            offset = 0
+            for name, send in (("grpc", send_grpc), ("http", send_http)):
+                batch = build_requests(args.requests, args.spans, offset)
+                offset += args.requests
+                wall, lat = run(send, batch, args.in_flight, None, args.spans)
+                full = args.requests * args.spans / wall
+                half_batch = build_requests(args.requests // 2, args.spans, offset)
+                offset += args.requests // 2
+                _, half_lat = run(send, half_batch, args.in_flight, full / 2, args.spans)
+                results[name] = {"durable_spans_per_s": round(full), "p50_ms_full": round(percentile(lat, 50) * 1000, 1),
+                                 "p99_ms_full": round(percentile(lat, 99) * 1000, 1),
+                                 "p50_ms_half_load": round(percentile(half_lat, 50) * 1000, 1),
+                                 "p99_ms_half_load": round(percentile(half_lat, 99) * 1000, 1)}
+                print(f"{name}: {full:,.0f} durable spans/s at full speed ({args.in_flight} in flight); "
+                      f"p50 {results[name]['p50_ms_full']} ms, p99 {results[name]['p99_ms_full']} ms; at half load "
+                      f"p50 {results[name]['p50_ms_half_load']} ms, p99 {results[name]['p99_ms_half_load']} ms")
+            rss = peak_rss_mb(collector.proc.pid)  # type: ignore[union-attr]
+            print(f"server peak RSS: {rss:.0f} MB; spans stored: {collector.metric('tracejudge_spans_accepted_total'):,.0f}")
+            print(f"target: >= 50,000 durable spans/s over gRPC ({results['grpc']['durable_spans_per_s'] / 50_000:.2f}x), "
+                  f"p99 < 250 ms at half load, RSS < 500 MB")
+            results["peak_rss_mb"] = round(rss)
+            http.close()
+            channel.close()
+        finally:
+            collector.stop()
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
