@@ -37,6 +37,8 @@ class ServerSettings(_Section):
     tls_key: Path | None = Field(None, description="PEM private key of tls_cert")
     tls_client_ca: Path | None = Field(None, description="PEM CA bundle: require client certificates (mTLS)")
     shutdown_grace_s: float = Field(10.0, gt=0, description="how long SIGTERM waits for in-flight exports")
+    decode_workers: int = Field(-1, ge=-1, le=64, description="processes decoding requests (-1: one per core, "
+                                "0: in the receiver process)")
 
     @field_validator("tls_cert", "tls_key", "tls_client_ca")
     @classmethod

@@ -11,9 +11,10 @@ import hmac
 from dataclasses import dataclass
 from enum import Enum
 
+from collector.decode_pool import DecodePool
 from collector.metrics import CollectorMetrics
 from collector.span_store import Backpressure, SpanStore, StoreError
-from mapping.otlp import OTLPDecodeError, UnsupportedContentTypeError, decode_otlp
+from mapping.otlp import OTLPDecodeError, UnsupportedContentTypeError
 
 MAX_PROBLEMS_NAMED = 5
 MAX_MESSAGE_CHARS = 2000
@@ -37,8 +38,9 @@ class Outcome:
 
 
 class Ingest:
-    def __init__(self, store: SpanStore, metrics: CollectorMetrics, token: str | None) -> None:
+    def __init__(self, store: SpanStore, metrics: CollectorMetrics, token: str | None, decoder: DecodePool) -> None:
         self.store = store
+        self.decoder = decoder
         self.metrics = metrics
         self._token = f"Bearer {token}".encode() if token else None
 
@@ -57,15 +59,15 @@ class Ingest:
         if not self.authorized(authorization):
             return Outcome(Answer.UNAUTHENTICATED, message="missing or wrong bearer token")
         try:
-            decoded = decode_otlp(payload, content_type)
+            decoded = await self.decoder.decode(payload, content_type)
         except UnsupportedContentTypeError as exc:
             return Outcome(Answer.UNSUPPORTED_TYPE, message=str(exc))
         except OTLPDecodeError as exc:
             return Outcome(Answer.INVALID, message=str(exc))
-        received = len(decoded.spans) + len(decoded.problems)
+        received = decoded.spans + len(decoded.problems)
         self.metrics.spans_received.inc(received)
         try:
-            accepted = await self.store.write(decoded.spans)
+            accepted = await self.store.write(decoded.table)
         except Backpressure as exc:
             self.metrics.spans_rejected.labels("backpressure").inc(received)
             return Outcome(Answer.UNAVAILABLE, message=str(exc), retry_after_s=exc.retry_after_s)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import signal
 
 from collector.admin import AdminServer
 from collector.config import Settings
+from collector.decode_pool import DecodePool
 from collector.ingest import Ingest
 from collector.log import Logger
 from collector.metrics import CollectorMetrics
@@ -30,13 +32,16 @@ class Collector:
         self.store = SpanStore(st.db, max_batch_spans=st.max_batch_spans, max_queue_spans=st.max_queue_spans,
                                retry_after_s=st.retry_after_s, on_commit=self.metrics.on_commit)
         self.metrics.watch(lambda: self.store.queued_spans, self.store.size_bytes)
-        ingest = Ingest(self.store, self.metrics, settings.server.ingest_token)
+        workers = settings.server.decode_workers
+        self.decoder = DecodePool((os.cpu_count() or 1) if workers < 0 else workers)
+        ingest = Ingest(self.store, self.metrics, settings.server.ingest_token, self.decoder)
         self.grpc = GrpcReceiver(settings.server, ingest)
         self.http = HttpReceiver(settings.server, ingest)
         self.admin = AdminServer(settings.server.host, settings.server.admin_port, self.store, self.metrics)
 
     async def start(self) -> None:
         await asyncio.to_thread(self.store.open)
+        await asyncio.to_thread(self.decoder.start)  # before gRPC starts its threads
         s = self.settings.server
         grpc_port = await self.grpc.start()
         http_port = await self.http.start()
@@ -51,6 +56,7 @@ class Collector:
         self.log.info("stopping", grace_s=grace)
         await asyncio.gather(self.grpc.stop(grace), self.http.stop())
         await asyncio.to_thread(self.store.close)
+        await asyncio.to_thread(self.decoder.stop)
         await self.admin.stop()
         self.log.info("stopped", spans_committed=self.store.stats.spans_committed)
 

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -162,7 +162,7 @@ def spans_to_arrow(spans: list[Span], received_at: datetime) -> pa.Table:
 
 @dataclass
 class _Pending:
-    spans: list[Span]
+    table: pa.Table
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[int]
 
@@ -211,18 +211,19 @@ class SpanStore:
         self._thread = threading.Thread(target=self._run, name="tracejudge-span-writer", daemon=True)
         self._thread.start()
 
-    async def write(self, spans: list[Span]) -> int:
-        """Return once the spans are committed (the number given); Backpressure or StoreError otherwise."""
-        if not spans:
+    async def write(self, table: pa.Table) -> int:
+        """Return once the rows (from `spans_to_arrow`) are committed; Backpressure or StoreError otherwise."""
+        rows = table.num_rows
+        if not rows:
             return 0
         with self._lock:
-            if self._queued_spans + len(spans) > self.max_queue_spans and self._queued_spans > 0:
+            if self._queued_spans + rows > self.max_queue_spans and self._queued_spans > 0:
                 raise Backpressure(f"{self._queued_spans} spans are waiting for the database; retry shortly",
                                    self.retry_after_s)
-            self._queued_spans += len(spans)
+            self._queued_spans += rows
         loop = asyncio.get_running_loop()
         future: asyncio.Future[int] = loop.create_future()
-        self._queue.put(_Pending(spans, loop, future))
+        self._queue.put(_Pending(table, loop, future))
         return await future
 
     def close(self) -> None:
@@ -249,7 +250,7 @@ class SpanStore:
             first = self._queue.get()
             if first is None:
                 break
-            batch, count = [first], len(first.spans)
+            batch, count = [first], first.table.num_rows
             while count < self.max_batch_spans:
                 try:
                     item = self._queue.get_nowait()
@@ -259,7 +260,7 @@ class SpanStore:
                     stopping = True
                     break
                 batch.append(item)
-                count += len(item.spans)
+                count += item.table.num_rows
             self._commit(batch, count)
 
     def _commit(self, batch: list[_Pending], count: int) -> None:
@@ -267,7 +268,7 @@ class SpanStore:
         started = time.perf_counter()
         error: BaseException | None = None
         try:
-            table = spans_to_arrow([s for p in batch for s in p.spans], datetime.now(UTC))
+            table = pa.concat_tables([p.table for p in batch]) if len(batch) > 1 else batch[0].table
             self._con.execute("BEGIN TRANSACTION")
             self._con.register("incoming_spans", table)
             try:
@@ -295,7 +296,7 @@ class SpanStore:
         for pending in batch:
             outcome: Any = (StoreError(f"the span store could not commit ({self.stats.last_error}); "
                                        "the export was not acknowledged and can be retried")
-                            if error is not None else len(pending.spans))
+                            if error is not None else pending.table.num_rows)
             if not pending.loop.is_closed():
                 # the receiver's loop may close while we commit; then nothing is waiting any more
                 with contextlib.suppress(RuntimeError):
