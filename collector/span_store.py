@@ -207,6 +207,9 @@ class SpanStore:
         except (duckdb.Error, OSError) as exc:
             raise StoreOpenError(f"cannot open the database file {self.path}: {exc}") from exc
         migrate(self._con)
+        # Fewer, larger checkpoints: each one stalls the writer, and at ingest rates the 16 MB default WAL
+        # fills several times a second.
+        self._con.execute("SET checkpoint_threshold = '256MB'")
         self.healthy = True
         self._thread = threading.Thread(target=self._run, name="tracejudge-span-writer", daemon=True)
         self._thread.start()
