@@ -1,25 +1,36 @@
-"""Admin HTTP API on port 4319: liveness, readiness and Prometheus metrics."""
+"""Admin HTTP API on port 4319: liveness, readiness, Prometheus metrics and read-only SQL (`/api/query`)."""
 
 from __future__ import annotations
 
+import asyncio
+import hmac
 import json
 
+import duckdb
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from collector.metrics import CollectorMetrics
+from collector.query import DEFAULT_LIMIT, QueryFailed, QueryRefused, run_read_query
 from collector.span_store import SpanStore
+from scoring.stage import ScoringStage
+
+JOB_STATES = ("pending", "running", "done", "failed", "budget", "waiting_for_judge")
 
 
 class AdminServer:
-    def __init__(self, host: str, port: int, store: SpanStore, metrics: CollectorMetrics) -> None:
+    def __init__(self, host: str, port: int, store: SpanStore, metrics: CollectorMetrics,
+                 query_token: str | None) -> None:
         self.host, self.requested_port = host, port
         self.store, self.metrics = store, metrics
+        self.stage: ScoringStage | None = None
+        self._query_token = f"Bearer {query_token}".encode() if query_token else None
         self.port: int | None = None
         self.app = web.Application()
         self.app.router.add_get("/healthz", self._healthz)
         self.app.router.add_get("/readyz", self._readyz)
         self.app.router.add_get("/metrics", self._metrics)
+        self.app.router.add_post("/api/query", self._query)
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> int:
@@ -46,5 +57,40 @@ class AdminServer:
         return web.Response(status=503 if problems else 200, text=json.dumps(body), content_type="application/json")
 
     async def _metrics(self, _: web.Request) -> web.Response:
+        if self.stage is not None:
+            rows = await asyncio.to_thread(lambda: self._cursor().execute(
+                "SELECT status, count(*) FROM eval_jobs GROUP BY status").fetchall())
+            for status in JOB_STATES:
+                self.metrics.jobs.labels(status).set(dict(rows).get(status, 0))
+            [(spent,)] = await asyncio.to_thread(lambda: self._cursor().execute(
+                "SELECT coalesce(sum(evaluation_cost), 0) FROM scores WHERE scored_at >= "
+                "CAST(timezone('UTC', now()) AS DATE)").fetchall())
+            self.metrics.cost_today.set(spent)
         return web.Response(body=generate_latest(self.metrics.registry),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    def _cursor(self) -> duckdb.DuckDBPyConnection:
+        return self.store.cursor()
+
+    async def _query(self, request: web.Request) -> web.Response:
+        supplied = (request.headers.get("Authorization") or "").encode()
+        if self._query_token is not None and not hmac.compare_digest(supplied, self._query_token):
+            return _error(401, "missing or wrong bearer token (TRACEJUDGE_QUERY_TOKEN)")
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, 'send JSON: {"sql": "SELECT ...", "limit": 1000}')
+        sql, limit = (body.get("sql"), body.get("limit", DEFAULT_LIMIT)) if isinstance(body, dict) else (None, None)
+        if not isinstance(sql, str) or not isinstance(limit, int) or not 1 <= limit <= DEFAULT_LIMIT:
+            return _error(400, f'send {{"sql": "SELECT ...", "limit": 1..{DEFAULT_LIMIT}}}')
+        try:
+            result = await asyncio.to_thread(run_read_query, self._cursor(), sql, limit)
+        except QueryRefused as exc:
+            return _error(403, str(exc))
+        except QueryFailed as exc:
+            return _error(400, str(exc))
+        return web.Response(text=json.dumps(result.to_json(), default=str), content_type="application/json")
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.Response(status=status, text=json.dumps({"error": message}), content_type="application/json")

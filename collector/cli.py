@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import csv
 import json
 import os
 import sys
@@ -12,19 +13,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import httpx
 
 from collector.config import ConfigError, load_settings, settings_help
 from collector.config_file import ConfigFileError, set_value
 from collector.log import Logger
+from collector.query import QueryFailed, QueryRefused, QueryResult, run_read_query
 from collector.replay import ReplayError, replay
-from collector.server import serve
+from collector.server import serve, stage_config
 from collector.server_file import ServerFileError, read_server_file
-from collector.span_store import StoreOpenError
+from collector.span_store import SpanStore, StoreOpenError, lock_down
 from mapping import Conversation, OTLPDecodeError, Span, build_conversations, decode_otlp
 from scoring import METRICS, BaseMetric, TracejudgeError, evaluate
 from scoring.errors import InvalidTestCaseError, JudgeConfigurationError
 from scoring.eval_mode import EvalMode, config_path
+from scoring.stage import ScoringStage
 from scoring.test_case import ConversationalTestCase, load_test_case
 
 EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
@@ -217,6 +221,92 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return EXIT_PASS if not report.failures and not report.rejected_spans else EXIT_FAIL
 
 
+def _print_result(result: QueryResult, fmt: str) -> None:
+    if fmt == "json":
+        print(json.dumps(result.to_json(), indent=2, default=str, ensure_ascii=False))
+        return
+    rows = [[_cell(v) for v in row] for row in result.to_json()["rows"]]
+    if fmt == "csv":
+        writer = csv.writer(sys.stdout)
+        writer.writerow(result.columns)
+        writer.writerows(rows)
+        return
+    widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(result.columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(result.columns, widths, strict=True)).rstrip())
+    for row in rows:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+    print(f"({len(rows)} row{'s' if len(rows) != 1 else ''}{', truncated' if result.truncated else ''})")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    text = " ".join(text.split())  # one line per row, whatever the cell holds
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    token = os.environ.get("TRACEJUDGE_QUERY_TOKEN")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        reply = httpx.post(f"{args.url.rstrip('/')}/api/query", json={"sql": args.sql, "limit": args.limit},
+                           headers=headers, timeout=args.timeout + 5)
+    except httpx.HTTPError:
+        reply = None  # no collector there: read the file directly
+    if reply is not None:
+        if reply.status_code != 200:
+            print(f"tracejudge query: {reply.json().get('error', reply.text)}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        body = reply.json()
+        _print_result(QueryResult(body["columns"], body["rows"], body["truncated"]), args.format)
+        return EXIT_PASS
+    db = Path(args.db or os.environ.get("TRACEJUDGE_DB") or "tracejudge.duckdb")
+    if not db.exists():
+        print(f"tracejudge query: no collector answers at {args.url} and there is no database file {db}",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        with duckdb.connect(str(db), read_only=True) as con:
+            lock_down(con)
+            result = run_read_query(con, args.sql, args.limit, args.timeout)
+    except (QueryRefused, QueryFailed) as exc:
+        print(f"tracejudge query: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except duckdb.Error as exc:
+        print(f"tracejudge query: cannot open {db} ({exc}); if a collector holds it, pass its admin --url",
+              file=sys.stderr)
+        return EXIT_FAIL
+    _print_result(result, args.format)
+    return EXIT_PASS
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    try:
+        settings = load_settings(Path(args.config) if args.config else None, {"db": args.db})
+    except ConfigError as exc:
+        print(f"tracejudge score: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    logger = Logger(settings.log.level)
+    store = SpanStore(settings.store.db)
+    try:
+        store.open()
+    except StoreOpenError as exc:
+        print(f"tracejudge score: {exc}; stop the collector first (it holds the file)", file=sys.stderr)
+        return EXIT_FAIL
+    try:
+        stage = ScoringStage(store.cursor(), stage_config(settings), logger.log)
+        stage.recover()
+        done = asyncio.run(stage.score_pending())
+        [(failed,)] = store.cursor().execute("SELECT count(*) FROM eval_jobs WHERE status = 'failed'").fetchall()
+        [(waiting,)] = store.cursor().execute(
+            "SELECT count(*) FROM eval_jobs WHERE status IN ('waiting_for_judge', 'budget')").fetchall()
+    finally:
+        store.close()
+    print(f"scored {done} job(s); {failed} failed, {waiting} still waiting")
+    return EXIT_PASS if not failed and not waiting else EXIT_FAIL
+
+
 def cmd_set_eval_mode(args: argparse.Namespace) -> int:
     path = config_path()
     try:
@@ -322,6 +412,33 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--endpoint", help="default http://127.0.0.1:4318/v1/traces (http) or 127.0.0.1:4317 (grpc)")
     rp.add_argument("--token", help="bearer token (default TRACEJUDGE_INGEST_TOKEN)")
     rp.set_defaults(func=cmd_replay)
+
+    query = sub.add_parser(
+        "query",
+        help="run read-only SQL over spans, conversations and scores",
+        description="Run one read-only SELECT. With a collector running the query goes to its admin API "
+        "(POST /api/query, bearer TRACEJUDGE_QUERY_TOKEN when set); otherwise the database file is opened "
+        "read-only. Tables: spans, conversations, eval_jobs, scores; views latest_scores, daily_scores.",
+    )
+    query.add_argument("sql", metavar="SQL")
+    query.add_argument("--url", default="http://127.0.0.1:4319", help="admin API of a running collector")
+    query.add_argument("--db", help="database file when no collector runs (default TRACEJUDGE_DB or "
+                       "./tracejudge.duckdb)")
+    query.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    query.add_argument("--limit", type=_positive, default=1000, help="most rows returned (default 1000)")
+    query.add_argument("--timeout", type=float, default=30.0, help="seconds before the query is stopped")
+    query.set_defaults(func=cmd_query)
+
+    score = sub.add_parser(
+        "score",
+        help="score waiting and failed jobs now (collector stopped)",
+        description="Score jobs that wait for a judge, for the budget, or failed, with the current settings "
+        "(judge keys, [scoring] config). Run it while the collector is stopped: it opens the database file.",
+    )
+    score.add_argument("--pending", action="store_true", required=True, help="score every waiting/failed job")
+    score.add_argument("--db", help="database file (default from config, TRACEJUDGE_DB, ./tracejudge.duckdb)")
+    score.add_argument("--config", metavar="FILE")
+    score.set_defaults(func=cmd_score)
 
     mode = sub.add_parser(
         "set-eval-mode",

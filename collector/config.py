@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from scoring import METRICS
 from scoring.errors import TracejudgeError
 
 MiB = 1024 * 1024
@@ -33,6 +34,7 @@ class ServerSettings(_Section):
     admin_port: int = Field(4319, ge=0, le=65535, description="admin HTTP port: /healthz /readyz /metrics")
     max_message_bytes: int = Field(64 * MiB, ge=1024, description="largest request accepted, after decompression")
     ingest_token: str | None = Field(None, description="bearer token OTLP exporters must send (none: no auth)")
+    query_token: str | None = Field(None, description="bearer token for the admin /api/query (none: no auth)")
     tls_cert: Path | None = Field(None, description="PEM certificate for both receivers (TLS on when set)")
     tls_key: Path | None = Field(None, description="PEM private key of tls_cert")
     tls_client_ca: Path | None = Field(None, description="PEM CA bundle: require client certificates (mTLS)")
@@ -55,6 +57,47 @@ class StoreSettings(_Section):
     retry_after_s: int = Field(1, ge=1, description="Retry-After given to exporters under backpressure")
 
 
+class ConversationSettings(_Section):
+    quiet_period_s: float = Field(120.0, gt=0, description="a conversation is complete after this long with no new "
+                                  "span (or at once on tracejudge.conversation.end = true)")
+    poll_s: float = Field(1.0, gt=0, description="how often completed conversations are looked for")
+
+
+class SamplingSettings(_Section):
+    rate: float = Field(1.0, ge=0, le=1, description="share of conversations the judged metrics score "
+                        "(decided by a hash of the conversation id)")
+    metric_rates: dict[str, float] = Field(default_factory=dict, description="per-metric rates, e.g. "
+                                           "{mcp_use = 0.1}; mcp_call_validity defaults to 1.0")
+    include_services: list[str] = Field(default_factory=list, description="only these service names (empty: all)")
+    exclude_services: list[str] = Field(default_factory=list, description="never these service names")
+    include_agents: list[str] = Field(default_factory=list, description="only these agent names (empty: all)")
+    exclude_agents: list[str] = Field(default_factory=list, description="never these agent names")
+
+
+class ScoringSettings(_Section):
+    metrics: list[str] = Field(["mcp_use", "mcp_task_completion", "mcp_call_validity"],
+                               description="metrics run on completed conversations")
+    eval_mode: Literal["llm", "hybrid", "system_one"] | None = Field(None, description="eval mode of the judged "
+                                                                     "metrics (default TRACEJUDGE_EVAL_MODE, else llm)")
+    model: str | None = Field(None, description="LLM judge model (default gpt-5.4; OPENAI_API_KEY/OPENAI_BASE_URL)")
+    system_one_model: str | None = Field(None, description="System One model (default jev-latest; TYPESAFE_*)")
+    threshold: float | None = Field(0.5, ge=0, le=1, description="pass mark of every metric")
+    strict_mode: bool = Field(False, description="scores are 1 or 0")
+    concurrency: int = Field(4, ge=1, le=256, description="conversations scored at once")
+    daily_budget_usd: float | None = Field(None, ge=0, description="judge spend per UTC day; then jobs wait")
+    max_attempts: int = Field(5, ge=1, description="tries per job before it is failed")
+    lease_s: float = Field(300.0, gt=0, description="a leased job not finished by then is retried")
+    retry_backoff_s: float = Field(30.0, gt=0, description="wait before retry n is backoff * 2**(n-1)")
+
+    @field_validator("metrics")
+    @classmethod
+    def _known_metrics(cls, metrics: list[str]) -> list[str]:
+        unknown = sorted(set(metrics) - set(METRICS))
+        if unknown:
+            raise ValueError(f"unknown metric(s) {', '.join(unknown)}; known: {', '.join(METRICS)}")
+        return metrics
+
+
 class LogSettings(_Section):
     level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
 
@@ -62,6 +105,9 @@ class LogSettings(_Section):
 class Settings(_Section):
     server: ServerSettings = Field(default_factory=ServerSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
+    conversations: ConversationSettings = Field(default_factory=ConversationSettings)
+    sampling: SamplingSettings = Field(default_factory=SamplingSettings)
+    scoring: ScoringSettings = Field(default_factory=ScoringSettings)
     log: LogSettings = Field(default_factory=LogSettings)
 
     def model_post_init(self, _: Any) -> None:
@@ -78,6 +124,7 @@ ENV_AND_FLAGS: tuple[tuple[str, str, str | None, str | None], ...] = (
     ("server", "http_port", "TRACEJUDGE_HTTP_PORT", "--http-port"),
     ("server", "admin_port", "TRACEJUDGE_ADMIN_PORT", "--admin-port"),
     ("server", "ingest_token", "TRACEJUDGE_INGEST_TOKEN", None),
+    ("server", "query_token", "TRACEJUDGE_QUERY_TOKEN", None),
     ("store", "db", "TRACEJUDGE_DB", "--db"),
     ("log", "level", "TRACEJUDGE_LOG_LEVEL", "--log-level"),
 )
@@ -97,8 +144,6 @@ def load_settings(config_file: Path | None = None, flags: dict[str, Any] | None 
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"cannot read the config file {path}: {exc}") from exc
         for section, values in loaded.items():
-            if section == "scoring":
-                continue  # read by the scoring library
             if not isinstance(values, dict):
                 raise ConfigError(f"{section} in {path} must be a table ([{section}])")
             data[section] = dict(values)
@@ -126,12 +171,14 @@ def settings_help() -> str:
     """Every setting with its default, environment variable and flag, for `serve --help`."""
     env_flags = {(s, k): (e, f) for s, k, e, f in ENV_AND_FLAGS}
     lines = []
-    for section, model in (("server", ServerSettings), ("store", StoreSettings), ("log", LogSettings)):
+    for section, model in (("server", ServerSettings), ("store", StoreSettings),
+                           ("conversations", ConversationSettings), ("sampling", SamplingSettings),
+                           ("scoring", ScoringSettings), ("log", LogSettings)):
         lines.append(f"[{section}]")
         for key, field in model.model_fields.items():
             env, flag = env_flags.get((section, key), (None, None))
             extra = ", ".join(x for x in (env, flag) if x)
-            default = field.default
+            default = field.default if field.default_factory is None else field.default_factory()
             shown = "(none)" if default is None else str(default)
             lines.append(f"  {key} = {shown}  {field.description}" + (f"  [{extra}]" if extra else ""))
     return "\n".join(lines)

@@ -14,6 +14,7 @@ import signal
 
 from collector.admin import AdminServer
 from collector.config import Settings
+from collector.conversation_assembler import ConversationAssembler
 from collector.decode_pool import DecodePool
 from collector.ingest import Ingest
 from collector.log import Logger
@@ -21,6 +22,15 @@ from collector.metrics import CollectorMetrics
 from collector.otlp_grpc import GrpcReceiver
 from collector.otlp_http import HttpReceiver
 from collector.span_store import SpanStore
+from scoring.stage import ScoringStage, StageConfig
+
+
+def stage_config(settings: Settings) -> StageConfig:
+    sc = settings.scoring
+    return StageConfig(metrics=tuple(sc.metrics), eval_mode=sc.eval_mode, model=sc.model,
+                       system_one_model=sc.system_one_model, threshold=sc.threshold, strict_mode=sc.strict_mode,
+                       concurrency=sc.concurrency, daily_budget_usd=sc.daily_budget_usd,
+                       max_attempts=sc.max_attempts, lease_s=sc.lease_s, retry_backoff_s=sc.retry_backoff_s)
 
 
 class Collector:
@@ -37,24 +47,46 @@ class Collector:
         ingest = Ingest(self.store, self.metrics, settings.server.ingest_token, self.decoder)
         self.grpc = GrpcReceiver(settings.server, ingest)
         self.http = HttpReceiver(settings.server, ingest)
-        self.admin = AdminServer(settings.server.host, settings.server.admin_port, self.store, self.metrics)
+        self.admin = AdminServer(settings.server.host, settings.server.admin_port, self.store, self.metrics,
+                                 settings.server.query_token)
+        self.stage: ScoringStage | None = None
+        self.assembler: ConversationAssembler | None = None
+        self._stop_pipeline = asyncio.Event()
+        self._pipeline: list[asyncio.Task[None]] = []
+
+    def _log(self, level: str, event: str, **fields: object) -> None:
+        self.log.log(level, event, **fields)
 
     async def start(self) -> None:
         await asyncio.to_thread(self.store.open)
+        self.stage = ScoringStage(self.store.cursor(), stage_config(self.settings), self._log)
+        self.assembler = ConversationAssembler(self.store.cursor(), self.settings, self.log,
+                                               self.stage.initial_status, self.stage.configs)
+        self.store.listeners.append(self.assembler.observe)
+        await asyncio.to_thread(self.assembler.recover)
+        await asyncio.to_thread(self.stage.recover)
+        self.admin.stage = self.stage
         await asyncio.to_thread(self.decoder.start)  # before gRPC starts its threads
-        s = self.settings.server
+        s, sc = self.settings.server, self.settings.scoring
         grpc_port = await self.grpc.start()
         http_port = await self.http.start()
         admin_port = await self.admin.start()
         scheme = "https" if s.tls_cert else "http"
         self.log.info("listening", otlp_grpc=f"{s.host}:{grpc_port}", otlp_http=f"{scheme}://{s.host}:{http_port}/v1/traces",
                       admin=f"http://{s.host}:{admin_port}", db=str(self.settings.store.db.resolve()),
-                      tls=bool(s.tls_cert), auth=s.ingest_token is not None)
+                      tls=bool(s.tls_cert), auth=s.ingest_token is not None, metrics=list(sc.metrics),
+                      waiting_for_judge=self.stage.unavailable)
+        self._pipeline = [asyncio.create_task(self.assembler.run(self._stop_pipeline)),
+                          asyncio.create_task(self.stage.run(self._stop_pipeline))]
 
     async def stop(self) -> None:
         grace = self.settings.server.shutdown_grace_s
         self.log.info("stopping", grace_s=grace)
         await asyncio.gather(self.grpc.stop(grace), self.http.stop())
+        self._stop_pipeline.set()
+        _, late = await asyncio.wait(self._pipeline, timeout=grace) if self._pipeline else (set(), set())
+        for task in late:  # jobs still running stay leased and are picked up again at the next start
+            task.cancel()
         await asyncio.to_thread(self.store.close)
         await asyncio.to_thread(self.decoder.stop)
         await self.admin.stop()

@@ -24,37 +24,10 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from collector.schema import migrate
 from mapping.conversation_key import resource_conversation_key, span_own_conversation_key
 from mapping.spans import Span
 from scoring.errors import TracejudgeError
-
-SCHEMA_VERSION = 1
-MIGRATIONS: dict[int, str] = {
-    1: """
-    CREATE TABLE IF NOT EXISTS spans (
-        trace_id VARCHAR NOT NULL,
-        span_id VARCHAR NOT NULL,
-        parent_span_id VARCHAR,
-        name VARCHAR,
-        kind TINYINT,
-        start_ns BIGINT,
-        end_ns BIGINT,
-        status_code TINYINT,
-        status_message VARCHAR,
-        service_name VARCHAR,
-        scope_name VARCHAR,
-        scope_version VARCHAR,
-        attributes JSON,
-        resource_attributes JSON,
-        events JSON,
-        links JSON,
-        conversation_key VARCHAR,
-        conversation_key_source VARCHAR,
-        received_at TIMESTAMPTZ NOT NULL,
-        PRIMARY KEY (trace_id, span_id)
-    );
-    """,
-}
 
 _SCHEMA = pa.schema([
     ("trace_id", pa.string()), ("span_id", pa.string()), ("parent_span_id", pa.string()), ("name", pa.string()),
@@ -180,6 +153,7 @@ class SpanStore:
                  retry_after_s: int = 1, on_commit: Callable[[float, int], None] | None = None) -> None:
         self.path = path
         self.on_commit = on_commit
+        self.listeners: list[Callable[[pa.Table], None]] = []  # told of every committed table (writer thread)
         self.max_batch_spans = max_batch_spans
         self.max_queue_spans = max_queue_spans
         self.retry_after_s = retry_after_s
@@ -210,6 +184,7 @@ class SpanStore:
         # Fewer, larger checkpoints: each one stalls the writer, and at ingest rates the 16 MB default WAL
         # fills several times a second.
         self._con.execute("SET checkpoint_threshold = '256MB'")
+        lock_down(self._con)
         self.healthy = True
         self._thread = threading.Thread(target=self._run, name="tracejudge-span-writer", daemon=True)
         self._thread.start()
@@ -228,6 +203,11 @@ class SpanStore:
         future: asyncio.Future[int] = loop.create_future()
         self._queue.put(_Pending(table, loop, future))
         return await future
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A connection of this database for another thread (the pipeline, the admin API)."""
+        assert self._con is not None, "open() the store first"
+        return self._con.cursor()
 
     def close(self) -> None:
         """Commit everything queued, then stop the writer and close the file."""
@@ -293,6 +273,9 @@ class SpanStore:
             self.stats.last_commit_s = elapsed
             if self.on_commit is not None:
                 self.on_commit(elapsed, count)
+            for listener in self.listeners:
+                with contextlib.suppress(Exception):  # a listener must never fail a commit already made
+                    listener(table)
         else:
             self.healthy = False
             self.stats.last_error = f"{type(error).__name__}: {error}"
@@ -306,6 +289,12 @@ class SpanStore:
                     pending.loop.call_soon_threadsafe(_resolve, pending.future, outcome)
 
 
+def lock_down(con: duckdb.DuckDBPyConnection) -> None:
+    """No file access from SQL (read_csv('/etc/...') in a query) and no settings changes afterwards."""
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+
+
 def _resolve(future: asyncio.Future[int], outcome: Any) -> None:
     if future.done():
         return
@@ -313,16 +302,3 @@ def _resolve(future: asyncio.Future[int], outcome: Any) -> None:
         future.set_exception(outcome)
     else:
         future.set_result(outcome)
-
-
-def migrate(con: duckdb.DuckDBPyConnection) -> int:
-    """Bring the schema to SCHEMA_VERSION; returns the version found before."""
-    con.execute("CREATE TABLE IF NOT EXISTS tracejudge_schema (version INTEGER NOT NULL, applied_at TIMESTAMPTZ)")
-    row = con.execute("SELECT max(version) FROM tracejudge_schema").fetchone()
-    found = (row[0] if row else None) or 0
-    for version in range(found + 1, SCHEMA_VERSION + 1):
-        con.execute("BEGIN TRANSACTION")
-        con.execute(MIGRATIONS[version])
-        con.execute("INSERT INTO tracejudge_schema VALUES (?, now())", [version])
-        con.execute("COMMIT")
-    return found

@@ -1,0 +1,163 @@
+"""Rebuild conversations from stored spans once they are complete, and plan their scoring jobs.
+
+The span writer tells the assembler which traces each commit touched. A conversation is complete when
+none of its traces has had a new span for `quiet_period_s`, or at once when a span carries
+`tracejudge.conversation.end = true`. Its spans are then read back, mapped with
+`mapping.build_conversations`, and written as a new version of the conversation when the content hash
+changed (late spans re-score; old versions and their scores stay), together with one job per sampled metric.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from collector.config import Settings
+from collector.log import Logger
+from collector.sampling import decide
+from mapping import Conversation, Span, build_conversations
+from mapping.conversation_key import KEY_PRECEDENCE
+
+END_MARKER = '"tracejudge.conversation.end":true'
+_RANK = "CASE conversation_key_source " + " ".join(
+    f"WHEN '{key}' THEN {i}" for i, key in enumerate(KEY_PRECEDENCE)) + " END"
+
+
+def _calls(conversation: Conversation) -> int:
+    return sum(len(t.mcp_tools_called or []) + len(t.mcp_resources_called or []) + len(t.mcp_prompts_called or [])
+               for t in conversation.test_case.turns)
+
+
+class ConversationAssembler:
+    def __init__(self, con: duckdb.DuckDBPyConnection, settings: Settings, logger: Logger,
+                 job_status: Callable[[str], str], metric_configs: dict[str, str]) -> None:
+        self.con = con
+        self.settings = settings
+        self.log = logger
+        self.job_status = job_status  # metric -> the status a new job starts in
+        self.metric_configs = metric_configs  # metric -> config hash (part of the job and score key)
+        self._seen: dict[str, float] = {}  # trace_id -> monotonic time of its last span
+        self._ended: set[str] = set()
+        self._lock = threading.Lock()
+        self.assembled = 0
+
+    def observe(self, table: pa.Table) -> None:
+        """Called by the span writer after each commit (its thread)."""
+        now = time.monotonic()
+        traces = pc.unique(table.column("trace_id")).to_pylist()
+        ended = table.filter(pc.match_substring(table.column("attributes"), END_MARKER)).column("trace_id")
+        with self._lock:
+            for trace in traces:
+                self._seen[trace] = now
+            self._ended.update(ended.to_pylist())
+
+    def recover(self) -> None:
+        """After a restart: traces received after the last assembly wait for a quiet period again."""
+        rows = self.con.execute(
+            "SELECT DISTINCT trace_id FROM spans WHERE received_at > "
+            "(SELECT coalesce(max(assembled_at), TIMESTAMPTZ '1970-01-01') FROM conversations)").fetchall()
+        now = time.monotonic()
+        with self._lock:
+            for (trace,) in rows:
+                self._seen.setdefault(trace, now)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await asyncio.to_thread(self.assemble_due)
+            except Exception as exc:  # a bad conversation must not stop the loop; it is logged and retried
+                self.log.error("assembly failed", reason=f"{type(exc).__name__}: {exc}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.conversations.poll_s)
+
+    def assemble_due(self, force: bool = False) -> int:
+        with self._lock:
+            seen, ended = dict(self._seen), set(self._ended)
+        if not seen:
+            return 0
+        keys = dict(self.con.execute(
+            f"SELECT trace_id, arg_min(conversation_key, {_RANK}) FROM spans WHERE trace_id IN "
+            "(SELECT unnest(?)) AND conversation_key IS NOT NULL GROUP BY trace_id", [list(seen)]).fetchall())
+        groups: dict[str, list[str]] = {}
+        for trace in seen:
+            groups.setdefault(keys.get(trace) or trace, []).append(trace)
+        quiet = self.settings.conversations.quiet_period_s
+        now = time.monotonic()
+        done = 0
+        for conversation_id, traces in groups.items():
+            if not force and not (set(traces) & ended) and now - max(seen[t] for t in traces) < quiet:
+                continue
+            self._assemble(conversation_id, traces, keyed=conversation_id in keys.values())
+            with self._lock:
+                for trace in traces:
+                    if self._seen.get(trace) == seen[trace]:  # no newer span arrived meanwhile
+                        del self._seen[trace]
+                        self._ended.discard(trace)
+            done += 1
+        return done
+
+    def _assemble(self, conversation_id: str, traces: list[str], keyed: bool) -> None:
+        if keyed:
+            traces = sorted(set(traces) | {t for (t,) in self.con.execute(
+                "SELECT DISTINCT trace_id FROM spans WHERE conversation_key = ?", [conversation_id]).fetchall()})
+        rows = self.con.execute(
+            "SELECT trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, status_code, status_message, "
+            "scope_name, scope_version, attributes, resource_attributes, events, links FROM spans "
+            "WHERE trace_id IN (SELECT unnest(?))", [traces]).fetchall()
+        spans = [Span.from_record({
+            "trace_id": r[0], "span_id": r[1], "parent_span_id": r[2], "name": r[3], "kind": r[4],
+            "start_ns": r[5], "end_ns": r[6], "status_code": r[7], "status_message": r[8], "scope_name": r[9],
+            "scope_version": r[10], "attributes": json.loads(r[11]), "resource": json.loads(r[12]),
+            "events": json.loads(r[13]), "links": json.loads(r[14]),
+        }) for r in rows]
+        for conversation in build_conversations(spans):
+            self.write_version(conversation)
+
+    def write_version(self, conversation: Conversation) -> int | None:
+        """A new version when the content changed (with its jobs); None when this content is already stored."""
+        cid = conversation.conversation_id
+        latest = self.con.execute("SELECT version, content_hash FROM conversations WHERE conversation_id = ? "
+                                  "ORDER BY version DESC LIMIT 1", [cid]).fetchone()
+        if latest is not None and latest[1] == conversation.content_hash:
+            return None
+        version = (latest[0] if latest else 0) + 1
+        metrics = self.settings.scoring.metrics
+        value, sampled = decide(self.settings.sampling, metrics, cid, conversation.service_name,
+                                conversation.agent_name)
+        now = datetime.now(UTC)
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            self.con.execute(
+                "INSERT INTO conversations VALUES (?, ?, ?, 'complete', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [cid, version, conversation.content_hash, conversation.key, conversation.service_name,
+                 conversation.agent_name, len(conversation.test_case.turns), _calls(conversation),
+                 list(conversation.trace_ids), conversation.first_span_ns, conversation.last_span_ns,
+                 conversation.test_case.model_dump_json(exclude_none=True), value, json.dumps(sampled), now])
+            for metric, chosen in sampled.items():
+                if chosen:
+                    self.con.execute(
+                        "INSERT INTO eval_jobs (conversation_id, conversation_version, metric, metric_config, "
+                        "status, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        [cid, version, metric, self.metric_configs[metric], self.job_status(metric), now, now])
+            self.con.execute("COMMIT")
+        except Exception:
+            self.con.execute("ROLLBACK")
+            raise
+        self.assembled += 1
+        self.log.info("conversation complete", conversation_id=cid, version=version,
+                      turns=len(conversation.test_case.turns), sampled=[m for m, s in sampled.items() if s])
+        return version
+
+    def pending_traces(self) -> int:
+        with self._lock:
+            return len(self._seen)
+

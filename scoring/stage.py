@@ -1,0 +1,236 @@
+"""The asynchronous scoring stage: lease durable jobs from `eval_jobs`, run the metric, write the score.
+
+A job is leased (`running` until `lease_until`), measured, and its score written together with the job's
+completion in one transaction, so a score row exists exactly once per (conversation, version, metric,
+metric config). A crashed worker's lease expires and the job runs again; a failing job is retried with
+exponential backoff and after `max_attempts` is `failed` with its error. Judge metrics that cannot get a
+judge wait as `waiting_for_judge`; over the daily budget they wait as `budget` until the next UTC day.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import duckdb
+
+from scoring.call_validity import MCPCallValidityMetric
+from scoring.errors import EvalModeError, InvalidTestCaseError, JudgeConfigurationError, NoTaskError
+from scoring.judged_metric import JudgedMetric
+from scoring.mcp_use import MultiTurnMCPUseMetric
+from scoring.metric import BaseMetric
+from scoring.task_completion import MCPTaskCompletionMetric
+from scoring.test_case import load_test_case
+
+JUDGED = {"mcp_use": MultiTurnMCPUseMetric, "mcp_task_completion": MCPTaskCompletionMetric}
+Log = Callable[..., None]
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    metrics: tuple[str, ...] = ("mcp_use", "mcp_task_completion", "mcp_call_validity")
+    eval_mode: str | None = None
+    model: str | None = None
+    system_one_model: str | None = None
+    threshold: float | None = 0.5
+    strict_mode: bool = False
+    concurrency: int = 4
+    daily_budget_usd: float | None = None
+    max_attempts: int = 5
+    lease_s: float = 300.0
+    retry_backoff_s: float = 30.0
+    poll_s: float = 0.5
+
+
+def metric_config(config: StageConfig, metric: str) -> str:
+    """A short hash of every setting that changes a metric's score: part of the unique score key."""
+    relevant = {"metric": metric, "threshold": config.threshold, "strict_mode": config.strict_mode}
+    if metric in JUDGED:
+        relevant.update(eval_mode=config.eval_mode, model=config.model, system_one_model=config.system_one_model)
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _next_utc_midnight(now: datetime) -> datetime:
+    return datetime(now.year, now.month, now.day, tzinfo=UTC) + timedelta(days=1)
+
+
+class ScoringStage:
+    def __init__(self, con: duckdb.DuckDBPyConnection, config: StageConfig, log: Log) -> None:
+        self.con = con
+        self.config = config
+        self.log = log
+        self.metrics: dict[str, BaseMetric] = {}
+        self.unavailable: dict[str, str] = {}  # metric -> why no judge could be built
+        for metric in config.metrics:
+            try:
+                self.metrics[metric] = self._build(metric)
+            except (JudgeConfigurationError, EvalModeError) as exc:
+                self.unavailable[metric] = str(exc)
+        self.configs = {m: metric_config(config, m) for m in config.metrics}
+        self._db = asyncio.Lock()
+        self._running: set[asyncio.Task[None]] = set()
+        self.processed = 0
+
+    def _build(self, metric: str) -> BaseMetric:
+        c = self.config
+        if metric == "mcp_call_validity":
+            return MCPCallValidityMetric(threshold=c.threshold, strict_mode=c.strict_mode)
+        return JUDGED[metric](threshold=c.threshold, strict_mode=c.strict_mode, model=c.model,
+                              system_one_model=c.system_one_model, eval_mode=c.eval_mode)
+
+    def initial_status(self, metric: str) -> str:
+        return "waiting_for_judge" if metric in self.unavailable else "pending"
+
+    async def _sql(self, query: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+        async with self._db:
+            return await asyncio.to_thread(lambda: self.con.execute(query, params or []).fetchall())
+
+    def recover(self) -> int:
+        """At start: this process is the only worker of its file, so every `running` job is orphaned."""
+        rows = self.con.execute("UPDATE eval_jobs SET status = 'pending', lease_until = NULL, updated_at = now() "
+                                "WHERE status = 'running' RETURNING job_id").fetchall()
+        return len(rows)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.step()
+            except Exception as exc:  # the stage keeps going; the job stays leased and is retried
+                self.log("error", "scoring step failed", reason=f"{type(exc).__name__}: {exc}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.config.poll_s)
+        if self._running:
+            await asyncio.gather(*self._running, return_exceptions=True)
+
+    async def step(self) -> int:
+        """Expire leases, apply the budget, lease what free slots allow and start those jobs."""
+        now = datetime.now(UTC)
+        await self._sql("UPDATE eval_jobs SET status = 'pending', lease_until = NULL, updated_at = ? "
+                        "WHERE (status = 'running' AND lease_until < ?) OR (status = 'budget' AND not_before <= ?)",
+                        [now, now, now])
+        judged_allowed = await self._within_budget(now)
+        free = self.config.concurrency - len(self._running)
+        if free <= 0:
+            return 0
+        only = "" if judged_allowed else "AND metric = 'mcp_call_validity'"
+        leased = await self._sql(
+            "UPDATE eval_jobs SET status = 'running', attempts = attempts + 1, lease_until = ?, updated_at = ? "
+            "WHERE job_id IN (SELECT job_id FROM eval_jobs WHERE status = 'pending' AND "
+            f"(not_before IS NULL OR not_before <= ?) {only} ORDER BY job_id LIMIT ?) "
+            "RETURNING job_id, conversation_id, conversation_version, metric, metric_config, attempts",
+            [now + timedelta(seconds=self.config.lease_s), now, now, free])
+        for job in leased:
+            task = asyncio.create_task(self._run_job(*job))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+        return len(leased)
+
+    async def _within_budget(self, now: datetime) -> bool:
+        budget = self.config.daily_budget_usd
+        if budget is None:
+            return True
+        day = datetime(now.year, now.month, now.day, tzinfo=UTC)
+        [(spent,)] = await self._sql("SELECT coalesce(sum(evaluation_cost), 0) FROM scores WHERE scored_at >= ?",
+                                     [day])
+        if spent < budget:
+            return True
+        parked = await self._sql(
+            "UPDATE eval_jobs SET status = 'budget', not_before = ?, updated_at = ? WHERE status = 'pending' "
+            "AND metric <> 'mcp_call_validity' RETURNING job_id", [_next_utc_midnight(now), now])
+        if parked:
+            self.log("warning", "daily judge budget spent", spent_usd=round(spent, 6), budget_usd=budget,
+                     jobs_waiting=len(parked))
+        return False
+
+    async def _run_job(self, job_id: int, conversation_id: str, version: int, metric_id: str, config: str,
+                       attempts: int) -> None:
+        rows = await self._sql("SELECT test_case, service_name, agent_name, last_span_ns FROM conversations "
+                               "WHERE conversation_id = ? AND version = ?", [conversation_id, version])
+        template = self.metrics.get(metric_id)
+        if not rows or template is None:
+            reason = "the conversation version is gone" if not rows else self.unavailable.get(metric_id, "unknown")
+            await self._sql("UPDATE eval_jobs SET status = ?, lease_until = NULL, last_error = ?, updated_at = now() "
+                            "WHERE job_id = ?", ["failed" if not rows else "waiting_for_judge", reason, job_id])
+            return
+        test_case_json, service, agent, last_ns = rows[0]
+        metric = template.copy()
+        started = time.perf_counter()
+        error: BaseException | None = None
+        try:
+            await metric.a_measure(load_test_case(test_case_json))
+        except (NoTaskError, InvalidTestCaseError) as exc:
+            metric.error = f"not applicable: {exc}"  # deterministic: recorded as a score row, not retried
+        except Exception as exc:
+            error = exc
+        latency_ms = (time.perf_counter() - started) * 1000
+        if error is None:
+            await self._write_score(job_id, conversation_id, version, metric_id, config, metric, service, agent,
+                                    last_ns, latency_ms)
+            self.processed += 1
+            return
+        message = f"{type(error).__name__}: {error}"
+        if attempts >= self.config.max_attempts:
+            await self._sql("UPDATE eval_jobs SET status = 'failed', lease_until = NULL, last_error = ?, "
+                            "updated_at = now() WHERE job_id = ?", [message, job_id])
+            self.log("error", "scoring job failed", job_id=job_id, metric=metric_id, attempts=attempts, reason=message)
+            return
+        retry_at = datetime.now(UTC) + timedelta(seconds=self.config.retry_backoff_s * 2 ** (attempts - 1))
+        await self._sql("UPDATE eval_jobs SET status = 'pending', lease_until = NULL, not_before = ?, last_error = ?, "
+                        "updated_at = now() WHERE job_id = ?", [retry_at, message, job_id])
+        self.log("warning", "scoring job will be retried", job_id=job_id, metric=metric_id, attempts=attempts,
+                 retry_at=retry_at.isoformat(), reason=message)
+
+    async def _write_score(self, job_id: int, conversation_id: str, version: int, metric_id: str, config: str,
+                           metric: BaseMetric, service: str | None, agent: str | None, last_ns: int | None,
+                           latency_ms: float) -> None:
+        judged = isinstance(metric, JudgedMetric)
+        breakdown = metric.score_breakdown or {}
+        end_time = datetime.fromtimestamp(last_ns / 1e9, UTC) if last_ns else None
+        row = [
+            conversation_id, version, metric_id, config, metric.eval_mode.value if judged else None, metric.score,
+            metric.success, metric.threshold, metric.strict_mode, metric.reason, metric.confidence,
+            metric.model.model if judged and metric.model else None,
+            metric.system_one.id if judged and metric.system_one else None, metric.evaluation_cost,
+            metric.usage.input_tokens, metric.usage.output_tokens, metric.usage.calls, latency_ms,
+            json.dumps(breakdown, default=str), getattr(metric, "system_one_fallback_reason", None), metric.error,
+            service, agent, end_time, datetime.now(UTC),
+        ]
+
+        def write() -> None:
+            self.con.execute("BEGIN TRANSACTION")
+            try:
+                self.con.execute("INSERT OR IGNORE INTO scores VALUES (" + ", ".join("?" * len(row)) + ")", row)
+                self.con.execute("UPDATE eval_jobs SET status = 'done', lease_until = NULL, last_error = NULL, "
+                                 "updated_at = now() WHERE job_id = ?", [job_id])
+                self.con.execute("COMMIT")
+            except Exception:
+                self.con.execute("ROLLBACK")
+                raise
+
+        async with self._db:
+            await asyncio.to_thread(write)
+
+    async def score_pending(self, include_failed: bool = True) -> int:
+        """`tracejudge score --pending`: retry waiting and failed jobs now, with the current settings."""
+        statuses = ["waiting_for_judge", "budget"] + (["failed"] if include_failed else [])
+        await self._sql("UPDATE eval_jobs SET status = 'pending', attempts = 0, not_before = NULL, updated_at = now() "
+                        "WHERE status IN (SELECT unnest(?))", [statuses])
+        before = self.processed
+        while True:
+            started = await self.step()
+            if self._running:
+                await asyncio.gather(*list(self._running), return_exceptions=True)
+            [(left,)] = await self._sql("SELECT count(*) FROM eval_jobs WHERE status = 'pending' AND "
+                                        "(not_before IS NULL OR not_before <= now())")
+            if not started and not left:
+                return self.processed - before
+
+    def describe(self) -> dict[str, Any]:
+        return {"config": asdict(self.config), "waiting_for_judge": self.unavailable}
