@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
+import datetime as dt
 import json
 import os
 import sys
@@ -307,6 +308,33 @@ def cmd_score(args: argparse.Namespace) -> int:
     return EXIT_PASS if not failed and not waiting else EXIT_FAIL
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    try:
+        since = dt.date.fromisoformat(args.since)
+    except ValueError:
+        print(f"tracejudge export: --since must be a date like 2026-12-01, not {args.since!r}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    db = Path(args.db or os.environ.get("TRACEJUDGE_DB") or "tracejudge.duckdb")
+    out = Path(args.to)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    try:
+        with duckdb.connect(str(db), read_only=True) as con:
+            for table, column in (("scores", "scored_at"), ("conversations", "assembled_at")):
+                target = (out / f"{table}.parquet").resolve()
+                quoted = str(target).replace("'", "''")
+                con.execute(f"COPY (SELECT * FROM {table} WHERE {column} >= DATE '{since.isoformat()}') "
+                            f"TO '{quoted}' (FORMAT parquet)")
+                [(rows,)] = con.execute(f"SELECT count(*) FROM read_parquet('{quoted}')").fetchall()
+                written.append(f"{target} ({rows} rows)")
+    except duckdb.Error as exc:
+        print(f"tracejudge export: cannot export from {db}: {exc}; stop the collector first if it holds the file",
+              file=sys.stderr)
+        return EXIT_FAIL
+    print("wrote " + ", ".join(written))
+    return EXIT_PASS
+
+
 def cmd_set_eval_mode(args: argparse.Namespace) -> int:
     path = config_path()
     try:
@@ -439,6 +467,14 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--db", help="database file (default from config, TRACEJUDGE_DB, ./tracejudge.duckdb)")
     score.add_argument("--config", metavar="FILE")
     score.set_defaults(func=cmd_score)
+
+    exp = sub.add_parser("export", help="write scores and conversations as Parquet",
+                         description="Write scores and conversations since a date to DIR/scores.parquet and "
+                         "DIR/conversations.parquet (reads the database file; stop the collector first).")
+    exp.add_argument("--since", required=True, help="first UTC day to include, e.g. 2026-12-01")
+    exp.add_argument("--to", required=True, metavar="DIR")
+    exp.add_argument("--db", help="database file (default TRACEJUDGE_DB or ./tracejudge.duckdb)")
+    exp.set_defaults(func=cmd_export)
 
     mode = sub.add_parser(
         "set-eval-mode",

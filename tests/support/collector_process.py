@@ -24,7 +24,8 @@ class CollectorProcess:
         self.log_lines: list[str] = []
 
     def start(self) -> CollectorProcess:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TRACEJUDGE_")}
+        # only what the test passes: judge keys in the test's own environment must not leak into the collector
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TRACEJUDGE_", "OPENAI_", "TYPESAFE_"))}
         env.update(self.env)
         args = [sys.executable, "-m", "collector.cli", "serve", "--grpc-port", "0", "--http-port", "0",
                 "--admin-port", "0", "--db", str(self.db)]
