@@ -26,12 +26,22 @@ class CollectorMetrics:
         self.jobs = Gauge("tracejudge_eval_jobs", "Scoring jobs by state", ["state"], registry=self.registry)
         self.cost_today = Gauge("tracejudge_judge_cost_today_usd", "Judge spend since 00:00 UTC",
                                 registry=self.registry)
+        self.measure_seconds = Histogram("tracejudge_measure_seconds", "Time to score one job, judge calls "
+                                         "included", ["metric"], buckets=(0.01, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60),
+                                         registry=self.registry)
+        self.judge_errors = Counter("tracejudge_judge_errors", "Scoring attempts that failed, by error kind",
+                                    ["metric", "kind"], registry=self.registry)
         self.store_bytes = Gauge("tracejudge_store_bytes", "Size of the database file and its WAL",
                                  registry=self.registry)
 
     def on_commit(self, seconds: float, spans: int) -> None:
         self.commit_seconds.observe(seconds)
         self.commit_spans.observe(spans)
+
+    def on_measured(self, metric: str, seconds: float, error_kind: str | None) -> None:
+        self.measure_seconds.labels(metric).observe(seconds)
+        if error_kind is not None:
+            self.judge_errors.labels(metric, error_kind).inc()
 
     def watch(self, queue_spans: Callable[[], float], store_bytes: Callable[[], float]) -> None:
         self.queue_spans.set_function(queue_spans)

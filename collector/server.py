@@ -59,7 +59,8 @@ class Collector:
 
     async def start(self) -> None:
         await asyncio.to_thread(self.store.open)
-        self.stage = ScoringStage(self.store.cursor(), stage_config(self.settings), self._log)
+        self.stage = ScoringStage(self.store.cursor(), stage_config(self.settings), self._log,
+                                  self.metrics.on_measured)
         self.assembler = ConversationAssembler(self.store.cursor(), self.settings, self.log,
                                                self.stage.initial_status, self.stage.configs)
         self.store.listeners.append(self.assembler.observe)

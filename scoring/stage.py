@@ -62,10 +62,12 @@ def _next_utc_midnight(now: datetime) -> datetime:
 
 
 class ScoringStage:
-    def __init__(self, con: duckdb.DuckDBPyConnection, config: StageConfig, log: Log) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection, config: StageConfig, log: Log,
+                 on_measured: Callable[[str, float, str | None], None] | None = None) -> None:
         self.con = con
         self.config = config
         self.log = log
+        self.on_measured = on_measured  # (metric, seconds, error kind or None) after every measure
         self.metrics: dict[str, BaseMetric] = {}
         self.unavailable: dict[str, str] = {}  # metric -> why no judge could be built
         for metric in config.metrics:
@@ -170,6 +172,8 @@ class ScoringStage:
         except Exception as exc:
             error = exc
         latency_ms = (time.perf_counter() - started) * 1000
+        if self.on_measured is not None:
+            self.on_measured(metric_id, latency_ms / 1000, type(error).__name__ if error else None)
         if error is None:
             await self._write_score(job_id, conversation_id, version, metric_id, config, metric, service, agent,
                                     last_ns, latency_ms)

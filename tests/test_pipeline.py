@@ -213,6 +213,9 @@ def test_a_misbehaving_judge_is_retried_and_every_job_scores_once(tmp_path, judg
         assert len(rows) == 6 and {r[2] for r in rows if r[0] == "conv-a" and r[1] != "mcp_call_validity"} == {0.7}
         [[retried]] = query(collector, "SELECT count(*) FROM eval_jobs WHERE attempts > 1 AND status = 'done'")
         assert retried >= 1
+        text = httpx.get(f"{collector.admin_url}/metrics").text
+        assert 'tracejudge_judge_errors_total{kind="JudgeRequestError"' in text
+        assert "tracejudge_measure_seconds_bucket" in text
         collector.stop()
 
 
