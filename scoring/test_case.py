@@ -172,7 +172,9 @@ class MCPServer(_CaseModel):
     available_prompts: list[Prompt] = Field(default_factory=list)
 
 
-class MCPToolCall(_CaseModel):
+class _NamedCall(_CaseModel):
+    """A call of a named primitive with arguments (tools and prompts); null arguments mean none."""
+
     name: str
     args: dict[str, Any] = Field(default_factory=dict)
 
@@ -180,6 +182,9 @@ class MCPToolCall(_CaseModel):
     @classmethod
     def _null_args(cls, value: Any) -> Any:
         return {} if value is None else value
+
+
+class MCPToolCall(_NamedCall):
     result: CallToolResult | None = None
 
 
@@ -188,14 +193,7 @@ class MCPResourceCall(_CaseModel):
     result: ReadResourceResult | None = None
 
 
-class MCPPromptCall(_CaseModel):
-    name: str
-    args: dict[str, Any] = Field(default_factory=dict)
-
-    @field_validator("args", mode="before")
-    @classmethod
-    def _null_args(cls, value: Any) -> Any:
-        return {} if value is None else value
+class MCPPromptCall(_NamedCall):
     result: GetPromptResult | None = None
 
 
