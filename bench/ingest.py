@@ -2,7 +2,10 @@
 
 Every export is acknowledged only after its spans are committed, so acknowledged spans/s is durable spans/s.
 Prints throughput at full speed over gRPC and HTTP, latency percentiles at half that rate, and the server's
-peak RSS. Run: `python bench/ingest.py [--requests 200] [--spans 512] [--in-flight 8]`.
+peak RSS. With `--phoenix-python`, the same requests also go to Arize Phoenix's OTLP/gRPC receiver (its
+own venv: `python3 -m venv /tmp/venv-phoenix && /tmp/venv-phoenix/bin/pip install arize-phoenix`; working
+dir in a temp folder, bound to 127.0.0.1), where durable means rows in its SQLite store.
+Run: `python bench/ingest.py [--requests 200] [--spans 512] [--in-flight 8] [--phoenix-python PY]`.
 """
 
 from __future__ import annotations
@@ -10,7 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -108,11 +113,68 @@ def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100)[int(q) - 1] if len(values) >= 2 else values[0]
 
 
+def export_retrying(export, body: bytes) -> None:
+    """Retry UNAVAILABLE with backoff, as the OTLP exporters do (Phoenix sheds load this way)."""
+    delay, deadline = 0.05, time.monotonic() + 900
+    while True:
+        try:
+            export(body, timeout=120)
+            return
+        except grpc.RpcError as exc:
+            if exc.code() is not grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+def phoenix(python: str, requests: list[bytes], in_flight: int, spans_per_request: int) -> dict[str, float]:
+    """The same requests against Arize Phoenix's OTLP/gRPC receiver; durable = rows in its SQLite store."""
+    total = len(requests) * spans_per_request
+    with tempfile.TemporaryDirectory() as work:
+        env = {**os.environ, "PHOENIX_WORKING_DIR": work, "PHOENIX_HOST": "127.0.0.1", "PHOENIX_PORT": "16006",
+               "PHOENIX_GRPC_PORT": "14317", "PHOENIX_TELEMETRY_ENABLED": "false"}
+        phoenix_bin = str(Path(python).with_name("phoenix"))
+        proc = subprocess.Popen([phoenix_bin, "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                try:
+                    if httpx.get("http://127.0.0.1:16006/healthz", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    time.sleep(0.5)
+            channel = grpc.insecure_channel("127.0.0.1:14317",
+                                            options=[("grpc.max_send_message_length", 64 * 1024 * 1024)])
+            export = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
+            started = time.perf_counter()
+            wall, latencies = run(lambda body: export_retrying(export, body), requests, in_flight, None,
+                                  spans_per_request)
+            acked = total / wall
+            db = Path(work) / "phoenix.db"
+            stored = 0
+            while time.perf_counter() - started < 600:
+                with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as con:
+                    stored = con.execute("SELECT count(*) FROM spans").fetchone()[0]
+                if stored >= total:
+                    break
+                time.sleep(0.2)
+            durable_s = time.perf_counter() - started
+            rss = peak_rss_mb(proc.pid)
+            channel.close()
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    return {"acknowledged_spans_per_s": round(acked), "durable_spans_per_s": round(stored / durable_s),
+            "stored": stored, "p50_ms_ack": round(percentile(latencies, 50) * 1000, 1),
+            "p99_ms_ack": round(percentile(latencies, 99) * 1000, 1), "peak_rss_mb": round(rss)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--spans", type=int, default=512, help="spans per request")
     parser.add_argument("--in-flight", type=int, default=8)
+    parser.add_argument("--phoenix-python", help="python of a venv with arize-phoenix: also run Phoenix")
     args = parser.parse_args()
     sizes = build_requests(1, args.spans)
     print(f"request: {args.spans} spans, {len(sizes[0])} bytes ({len(sizes[0]) / args.spans:.0f} B/span)")
@@ -126,7 +188,7 @@ def main() -> None:
             http = httpx.Client(timeout=60)
 
             def send_grpc(body: bytes) -> None:
-                grpc_export(body, timeout=60)
+                export_retrying(grpc_export, body)
 
             def send_http(body: bytes) -> None:
                 reply = http.post(collector.http_url, content=body,
@@ -161,6 +223,15 @@ def main() -> None:
             channel.close()
         finally:
             collector.stop()
+    if args.phoenix_python:
+        px = phoenix(args.phoenix_python, build_requests(args.requests, args.spans, 10_000), args.in_flight,
+                     args.spans)
+        results["phoenix_grpc"] = px
+        print(f"phoenix grpc: {px['acknowledged_spans_per_s']:,} acknowledged spans/s, {px['durable_spans_per_s']:,} "
+              f"durable spans/s ({px['stored']:,} stored); ack p50 {px['p50_ms_ack']} ms, p99 {px['p99_ms_ack']} ms; "
+              f"peak RSS {px['peak_rss_mb']} MB")
+        print(f"tracejudge / phoenix durable spans/s over gRPC: "
+              f"{results['grpc']['durable_spans_per_s'] / max(px['durable_spans_per_s'], 1):.1f}x (goal >= 5x)")
     print(json.dumps(results))
 
 

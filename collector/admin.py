@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import duckdb
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from collector.ingest import bearer_matches
 from collector.metrics import CollectorMetrics
 from collector.query import DEFAULT_LIMIT, QueryFailed, QueryRefused, run_read_query
 from collector.span_store import SpanStore
@@ -24,7 +25,9 @@ class AdminServer:
         self.host, self.requested_port = host, port
         self.store, self.metrics = store, metrics
         self.stage: ScoringStage | None = None
-        self._query_token = f"Bearer {query_token}".encode() if query_token else None
+        self._query_token = query_token.encode() if query_token else None
+        self._queries = ThreadPoolExecutor(2, thread_name_prefix="tracejudge-query")  # apart from the pipeline
+        self._busy = 0
         self.port: int | None = None
         self.app = web.Application()
         self.app.router.add_get("/healthz", self._healthz)
@@ -73,9 +76,10 @@ class AdminServer:
         return self.store.cursor()
 
     async def _query(self, request: web.Request) -> web.Response:
-        supplied = (request.headers.get("Authorization") or "").encode()
-        if self._query_token is not None and not hmac.compare_digest(supplied, self._query_token):
+        if not bearer_matches(request.headers.get("Authorization"), self._query_token):
             return _error(401, "missing or wrong bearer token (TRACEJUDGE_QUERY_TOKEN)")
+        if self._busy >= 4:
+            return _error(429, "too many queries are running; retry shortly")
         try:
             body = await request.json()
         except ValueError:
@@ -83,12 +87,16 @@ class AdminServer:
         sql, limit = (body.get("sql"), body.get("limit", DEFAULT_LIMIT)) if isinstance(body, dict) else (None, None)
         if not isinstance(sql, str) or not isinstance(limit, int) or not 1 <= limit <= DEFAULT_LIMIT:
             return _error(400, f'send {{"sql": "SELECT ...", "limit": 1..{DEFAULT_LIMIT}}}')
+        self._busy += 1
         try:
-            result = await asyncio.to_thread(run_read_query, self._cursor(), sql, limit)
+            result = await asyncio.get_running_loop().run_in_executor(
+                self._queries, run_read_query, self._cursor(), sql, limit)
         except QueryRefused as exc:
             return _error(403, str(exc))
         except QueryFailed as exc:
             return _error(400, str(exc))
+        finally:
+            self._busy -= 1
         return web.Response(text=json.dumps(result.to_json(), default=str), content_type="application/json")
 
 

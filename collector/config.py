@@ -74,6 +74,18 @@ class SamplingSettings(_Section):
     exclude_agents: list[str] = Field(default_factory=list, description="never these agent names")
 
 
+    @field_validator("metric_rates")
+    @classmethod
+    def _rates(cls, rates: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(rates) - set(METRICS))
+        if unknown:
+            raise ValueError(f"unknown metric(s) {', '.join(unknown)}; known: {', '.join(METRICS)}")
+        bad = sorted(k for k, v in rates.items() if not 0.0 <= v <= 1.0)
+        if bad:
+            raise ValueError(f"rates must be between 0 and 1: {', '.join(bad)}")
+        return rates
+
+
 class ScoringSettings(_Section):
     metrics: list[str] = Field(["mcp_use", "mcp_task_completion", "mcp_call_validity"],
                                description="metrics run on completed conversations")
@@ -164,7 +176,8 @@ def load_settings(config_file: Path | None = None, flags: dict[str, Any] | None 
         source = sources.get((loc[0], loc[1]) if len(loc) > 1 else (loc[0], ""), "the defaults")
         if err["type"] == "extra_forbidden":
             raise ConfigError(f"unknown setting {name} (from {source}); see tracejudge serve --help") from exc
-        raise ConfigError(f"invalid setting {name} = {err.get('input')!r} (from {source}): {err['msg']}") from exc
+        shown = "(hidden)" if "token" in name else repr(err.get("input"))  # never echo a secret
+        raise ConfigError(f"invalid setting {name} = {shown} (from {source}): {err['msg']}") from exc
 
 
 def settings_help() -> str:

@@ -61,10 +61,11 @@ class ConversationAssembler:
             self._ended.update(ended.to_pylist())
 
     def recover(self) -> None:
-        """After a restart: traces received after the last assembly wait for a quiet period again."""
+        """After a restart: every trace with spans newer than its last assembly waits for a quiet period again."""
         rows = self.con.execute(
-            "SELECT DISTINCT trace_id FROM spans WHERE received_at > "
-            "(SELECT coalesce(max(assembled_at), TIMESTAMPTZ '1970-01-01') FROM conversations)").fetchall()
+            "SELECT s.trace_id FROM (SELECT trace_id, max(received_at) AS last FROM spans GROUP BY trace_id) s "
+            "LEFT JOIN assembled_traces a USING (trace_id) WHERE a.assembled_at IS NULL OR s.last > a.assembled_at"
+        ).fetchall()
         now = time.monotonic()
         with self._lock:
             for (trace,) in rows:
@@ -84,9 +85,7 @@ class ConversationAssembler:
             seen, ended = dict(self._seen), set(self._ended)
         if not seen:
             return 0
-        keys = dict(self.con.execute(
-            f"SELECT trace_id, arg_min(conversation_key, {_RANK}) FROM spans WHERE trace_id IN "
-            "(SELECT unnest(?)) AND conversation_key IS NOT NULL GROUP BY trace_id", [list(seen)]).fetchall())
+        keys = self._trace_keys(list(seen))
         groups: dict[str, list[str]] = {}
         for trace in seen:
             groups.setdefault(keys.get(trace) or trace, []).append(trace)
@@ -96,7 +95,16 @@ class ConversationAssembler:
         for conversation_id, traces in groups.items():
             if not force and not (set(traces) & ended) and now - max(seen[t] for t in traces) < quiet:
                 continue
-            self._assemble(conversation_id, traces, keyed=conversation_id in keys.values())
+            try:
+                self._assemble(conversation_id, traces, keyed=conversation_id in keys.values())
+            except Exception as exc:  # one bad conversation must not hold up the others; it is retried later
+                self.log.error("assembly failed", conversation_id=conversation_id,
+                               reason=f"{type(exc).__name__}: {exc}")
+                with self._lock:
+                    for trace in traces:
+                        if self._seen.get(trace) == seen[trace]:
+                            self._seen[trace] = now  # wait another quiet period before the next try
+                continue
             with self._lock:
                 for trace in traces:
                     if self._seen.get(trace) == seen[trace]:  # no newer span arrived meanwhile
@@ -105,13 +113,23 @@ class ConversationAssembler:
             done += 1
         return done
 
+    def _trace_keys(self, traces: list[str]) -> dict[str, str]:
+        """Each trace's conversation: the highest-precedence key on any of its spans (as the mapping does)."""
+        return dict(self.con.execute(
+            f"SELECT trace_id, arg_min(conversation_key, {_RANK}) FROM spans WHERE trace_id IN "
+            "(SELECT unnest(?)) AND conversation_key IS NOT NULL GROUP BY trace_id", [traces]).fetchall())
+
     def _assemble(self, conversation_id: str, traces: list[str], keyed: bool) -> None:
         if keyed:
-            traces = sorted(set(traces) | {t for (t,) in self.con.execute(
+            candidates = sorted(set(traces) | {t for (t,) in self.con.execute(
                 "SELECT DISTINCT trace_id FROM spans WHERE conversation_key = ?", [conversation_id]).fetchall()})
+            # a span may carry this value under a weaker key (say mcp.session.id) while its trace belongs to
+            # another conversation: keep only the traces whose own conversation this is
+            owners = self._trace_keys(candidates)
+            traces = [t for t in candidates if owners.get(t, t) == conversation_id]
         rows = self.con.execute(
             "SELECT trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, status_code, status_message, "
-            "scope_name, scope_version, attributes, resource_attributes, events, links FROM spans "
+            "scope_name, scope_version, attributes, resource_attributes, events, links, received_at FROM spans "
             "WHERE trace_id IN (SELECT unnest(?))", [traces]).fetchall()
         spans = [Span.from_record({
             "trace_id": r[0], "span_id": r[1], "parent_span_id": r[2], "name": r[3], "kind": r[4],
@@ -119,8 +137,13 @@ class ConversationAssembler:
             "scope_version": r[10], "attributes": json.loads(r[11]), "resource": json.loads(r[12]),
             "events": json.loads(r[13]), "links": json.loads(r[14]),
         }) for r in rows]
-        for conversation in build_conversations(spans):
+        written = [c for c in build_conversations(spans) if c.conversation_id == conversation_id]
+        for conversation in written:
             self.write_version(conversation)
+        # the newest span assembled, not the clock: a span committed meanwhile is still newer after a restart
+        newest = max((r[15] for r in rows), default=datetime.now(UTC))
+        self.con.execute("INSERT OR REPLACE INTO assembled_traces SELECT unnest(?), ?, ?",
+                         [traces, conversation_id, newest])
 
     def write_version(self, conversation: Conversation) -> int | None:
         """A new version when the content changed (with its jobs); None when this content is already stored."""

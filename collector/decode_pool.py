@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import multiprocessing
+import os
 from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -19,6 +21,19 @@ import pyarrow as pa
 
 from collector.span_store import spans_to_arrow
 from mapping.otlp import SpanProblem, decode_otlp
+from scoring.errors import TracejudgeError
+
+
+class DecoderUnavailable(TracejudgeError):
+    """A worker died mid-request; the pool was rebuilt and the exporter should retry."""
+
+
+def usable_cpus() -> int:
+    """Cores this process may run on (a container's CPU set, not the host's core count)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
@@ -54,6 +69,7 @@ class DecodePool:
     def __init__(self, workers: int) -> None:
         self.workers = workers
         self._executor: Executor | None = None
+        self.restarts = 0
 
     def start(self) -> None:
         if self.workers > 0:
@@ -63,13 +79,26 @@ class DecodePool:
                 future.result()  # start every worker now, not on the first export
 
     async def decode(self, payload: bytes, content_type: str) -> DecodedBatch:
+        """The request's spans; OTLPDecodeError for a bad request, DecoderUnavailable when a worker died."""
         if self._executor is None:
             decoded = decode_otlp(payload, content_type)
             table = spans_to_arrow(decoded.spans, datetime.now(UTC))
             return DecodedBatch(table, table.num_rows, decoded.problems)
         loop = asyncio.get_running_loop()
-        data, rows, problems = await loop.run_in_executor(self._executor, decode_request, payload, content_type)
+        executor = self._executor
+        try:
+            data, rows, problems = await loop.run_in_executor(executor, decode_request, payload, content_type)
+        except BrokenProcessPool as exc:
+            if self._executor is executor:  # the first to notice replaces the pool; the export is retried
+                await asyncio.to_thread(self._replace, executor)
+            raise DecoderUnavailable("a decode worker stopped (out of memory?); it was restarted, retry") from exc
         return DecodedBatch(_from_ipc(data), rows, problems)
+
+    def _replace(self, broken: Executor) -> None:
+        broken.shutdown(wait=False, cancel_futures=True)
+        self._executor = None
+        self.start()
+        self.restarts += 1
 
     def stop(self) -> None:
         if self._executor is not None:

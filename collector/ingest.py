@@ -11,7 +11,7 @@ import hmac
 from dataclasses import dataclass
 from enum import Enum
 
-from collector.decode_pool import DecodePool
+from collector.decode_pool import DecodePool, DecoderUnavailable
 from collector.metrics import CollectorMetrics
 from collector.span_store import Backpressure, SpanStore, StoreError
 from mapping.otlp import OTLPDecodeError, UnsupportedContentTypeError
@@ -37,18 +37,27 @@ class Outcome:
     retry_after_s: int | None = None
 
 
+def bearer_matches(authorization: str | None, token: bytes | None) -> bool:
+    """`Bearer <token>` (scheme case-insensitive), compared in constant time; true when no token is set."""
+    if token is None:
+        return True
+    scheme, _, supplied = (authorization or "").strip().partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(supplied.strip().encode(), token)
+
+
 class Ingest:
-    def __init__(self, store: SpanStore, metrics: CollectorMetrics, token: str | None, decoder: DecodePool) -> None:
+    def __init__(self, store: SpanStore, metrics: CollectorMetrics, token: str | None, decoder: DecodePool,
+                 max_inflight_bytes: int = 256 * 1024 * 1024) -> None:
         self.store = store
         self.decoder = decoder
+        self.max_inflight_bytes = max_inflight_bytes  # requests being decoded: push back before spending CPU
+        self._inflight_bytes = 0
         self.metrics = metrics
-        self._token = f"Bearer {token}".encode() if token else None
+        self._token = token.encode() if token else None
 
     def authorized(self, authorization: str | None) -> bool:
         """Constant-time check of the `authorization` header or metadata; always true without a token."""
-        if self._token is None:
-            return True
-        return hmac.compare_digest((authorization or "").encode(), self._token)
+        return bearer_matches(authorization, self._token)
 
     async def export(self, payload: bytes, content_type: str, authorization: str | None, protocol: str) -> Outcome:
         outcome = await self._export(payload, content_type, authorization)
@@ -58,12 +67,27 @@ class Ingest:
     async def _export(self, payload: bytes, content_type: str, authorization: str | None) -> Outcome:
         if not self.authorized(authorization):
             return Outcome(Answer.UNAUTHENTICATED, message="missing or wrong bearer token")
+        if self._inflight_bytes + len(payload) > self.max_inflight_bytes and self._inflight_bytes > 0:
+            return Outcome(Answer.UNAVAILABLE, message=f"{self._inflight_bytes} bytes of requests are being "
+                           "decoded; retry shortly", retry_after_s=self.store.retry_after_s)
+        self._inflight_bytes += len(payload)
+        try:
+            return await self._store(payload, content_type)
+        finally:
+            self._inflight_bytes -= len(payload)
+
+    async def _store(self, payload: bytes, content_type: str) -> Outcome:
         try:
             decoded = await self.decoder.decode(payload, content_type)
         except UnsupportedContentTypeError as exc:
             return Outcome(Answer.UNSUPPORTED_TYPE, message=str(exc))
         except OTLPDecodeError as exc:
             return Outcome(Answer.INVALID, message=str(exc))
+        except DecoderUnavailable as exc:
+            return Outcome(Answer.UNAVAILABLE, message=str(exc), retry_after_s=self.store.retry_after_s)
+        except Exception as exc:  # a decoder bug: a precise 400, never a 500 / UNKNOWN
+            return Outcome(Answer.INVALID, message=f"the request could not be decoded ({type(exc).__name__}: "
+                                                   f"{str(exc)[:200]})")
         received = decoded.spans + len(decoded.problems)
         self.metrics.spans_received.inc(received)
         try:

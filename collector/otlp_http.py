@@ -41,14 +41,22 @@ def decompress(body: bytes, encoding: str, limit: int) -> bytes:
     wbits = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}.get(encoding)
     if wbits is None:
         raise ValueError(f"unsupported Content-Encoding {encoding!r}: send gzip, deflate or none")
-    inflater = zlib.decompressobj(wbits)
-    try:
-        out = inflater.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise ValueError(f"the body is not valid {encoding}: {exc}") from exc
-    if len(out) > limit or inflater.unconsumed_tail:
-        raise TooLarge
-    return out
+    out = bytearray()
+    rest = body
+    while rest:  # a gzip body may hold several members; each must be complete
+        inflater = zlib.decompressobj(wbits)
+        try:
+            out += inflater.decompress(rest, limit + 1 - len(out))
+        except zlib.error as exc:
+            raise ValueError(f"the body is not valid {encoding}: {exc}") from exc
+        if len(out) > limit or inflater.unconsumed_tail:
+            raise TooLarge
+        if not inflater.eof:
+            raise ValueError(f"the {encoding} body is truncated")
+        rest = inflater.unused_data if encoding == "gzip" else b""
+        if encoding == "deflate" and inflater.unused_data:
+            raise ValueError("trailing bytes after the deflate stream")
+    return bytes(out)
 
 
 def _media(content_type: str) -> str:
@@ -92,8 +100,10 @@ class HttpReceiver:
 
     async def _traces(self, request: web.Request) -> web.Response:
         media = _media(request.headers.get("Content-Type", ""))
+        if media == "application/protobuf":
+            media = PROTOBUF
         reply_type = media if media in (PROTOBUF, JSON) else JSON
-        if media not in (PROTOBUF, JSON, "application/protobuf"):
+        if media not in (PROTOBUF, JSON):
             self.ingest.metrics.requests.labels("http", "unsupported_type").inc()
             return self._status(415, code_pb2.INVALID_ARGUMENT,
                                 f"unsupported Content-Type {media or '(none)'!r}: send {PROTOBUF} or {JSON}", JSON)

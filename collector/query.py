@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import json
 import threading
 import uuid
 from dataclasses import dataclass
@@ -54,6 +55,30 @@ def _plain(value: Any) -> Any:
     return value
 
 
+# Functions a SELECT can call that change state or run other SQL.
+SIDE_EFFECTS = frozenset({"nextval", "setval", "checkpoint", "force_checkpoint", "query", "query_table",
+                          "enable_logging", "disable_logging", "truncate_duckdb_logs"})
+
+
+def _function_names(node: Any) -> list[str]:
+    names: list[str] = []
+    if isinstance(node, dict):
+        if node.get("class") == "FUNCTION" or node.get("type") == "FUNCTION":
+            name = node.get("function_name")
+            if isinstance(name, str):
+                names.append(name.lower())
+        if node.get("type") == "TABLE_FUNCTION" or "function" in node:
+            inner = node.get("function")
+            if isinstance(inner, dict) and isinstance(inner.get("function_name"), str):
+                names.append(inner["function_name"].lower())
+        for value in node.values():
+            names += _function_names(value)
+    elif isinstance(node, list):
+        for value in node:
+            names += _function_names(value)
+    return names
+
+
 def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
     try:
         statements = con.extract_statements(sql)
@@ -65,6 +90,14 @@ def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
     if kind != duckdb.StatementType.SELECT:
         raise QueryRefused(f"only read-only SELECT queries are accepted, not {kind.name}; "
                            "tracejudge's tables change only through the collector")
+    try:
+        [(tree,)] = con.execute("SELECT json_serialize_sql(?::VARCHAR)", [sql]).fetchall()
+    except duckdb.Error as exc:
+        raise QueryFailed(f"cannot parse the query: {exc}") from exc
+    called = set(_function_names(json.loads(tree)))
+    if called & SIDE_EFFECTS:
+        raise QueryRefused(f"the query calls {', '.join(sorted(called & SIDE_EFFECTS))}, which changes the "
+                           "database; only read-only queries are accepted")
 
 
 def run_read_query(con: duckdb.DuckDBPyConnection, sql: str, limit: int = DEFAULT_LIMIT,

@@ -1,14 +1,15 @@
 """The database schema, as numbered migrations applied in order at start-up.
 
 Tables: `spans` (ingest), `conversations` (one row per version of a rebuilt conversation), `eval_jobs`
-(durable scoring work) and `scores`; views `latest_scores` and `daily_scores` for history queries.
+(durable scoring work) and `scores`; views `latest_scores` and `daily_scores` for history queries;
+`assembled_traces` remembers when each trace was last assembled, so a restart re-queues exactly the rest.
 """
 
 from __future__ import annotations
 
 import duckdb
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 MIGRATIONS: dict[int, str] = {
     1: """
     CREATE TABLE IF NOT EXISTS spans (
@@ -109,6 +110,13 @@ MIGRATIONS: dict[int, str] = {
                sum(evaluation_cost) AS cost_usd
         FROM latest_scores WHERE score IS NOT NULL
         GROUP BY ALL;
+    """,
+    3: """
+    CREATE TABLE IF NOT EXISTS assembled_traces (
+        trace_id VARCHAR PRIMARY KEY,
+        conversation_id VARCHAR NOT NULL,
+        assembled_at TIMESTAMPTZ NOT NULL
+    );
     """,
 }
 

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import os
 import signal
 
 from collector.admin import AdminServer
 from collector.config import Settings
 from collector.conversation_assembler import ConversationAssembler
-from collector.decode_pool import DecodePool
+from collector.decode_pool import DecodePool, usable_cpus
 from collector.ingest import Ingest
 from collector.log import Logger
 from collector.metrics import CollectorMetrics
@@ -43,7 +42,7 @@ class Collector:
                                retry_after_s=st.retry_after_s, on_commit=self.metrics.on_commit)
         self.metrics.watch(lambda: self.store.queued_spans, self.store.size_bytes)
         workers = settings.server.decode_workers
-        self.decoder = DecodePool((os.cpu_count() or 1) if workers < 0 else workers)
+        self.decoder = DecodePool(usable_cpus() if workers < 0 else workers)
         ingest = Ingest(self.store, self.metrics, settings.server.ingest_token, self.decoder)
         self.grpc = GrpcReceiver(settings.server, ingest)
         self.http = HttpReceiver(settings.server, ingest)
@@ -75,7 +74,7 @@ class Collector:
         scheme = "https" if s.tls_cert else "http"
         self.log.info("listening", otlp_grpc=f"{s.host}:{grpc_port}", otlp_http=f"{scheme}://{s.host}:{http_port}/v1/traces",
                       admin=f"http://{s.host}:{admin_port}", db=str(self.settings.store.db.resolve()),
-                      tls=bool(s.tls_cert), auth=s.ingest_token is not None, metrics=list(sc.metrics),
+                      tls=bool(s.tls_cert), auth=bool(s.ingest_token), metrics=list(sc.metrics),
                       waiting_for_judge=self.stage.unavailable)
         self._pipeline = [asyncio.create_task(self.assembler.run(self._stop_pipeline)),
                           asyncio.create_task(self.stage.run(self._stop_pipeline))]

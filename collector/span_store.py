@@ -66,15 +66,16 @@ def _finite(value: Any) -> Any:
     return value
 
 
-_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"), default=str)
+_ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
 def to_json(value: Any) -> str:
-    """Strict JSON (NaN and Infinity as strings) so DuckDB's JSON type accepts it; lone surrogates escaped."""
+    """Strict JSON DuckDB's JSON type accepts: NaN and Infinity as strings, lone surrogates as U+FFFD."""
     try:
-        return _ENCODER.encode(value)
+        text = _ENCODER.encode(value)
     except ValueError:
-        return _ENCODER.encode(_finite(value))
+        text = _ENCODER.encode(_finite(value))
+    return _text(text)
 
 
 def _text(value: str) -> str:
@@ -247,11 +248,17 @@ class SpanStore:
             self._commit(batch, count)
 
     def _commit(self, batch: list[_Pending], count: int) -> None:
+        if not self._commit_group(batch, count, answer_failure=len(batch) == 1):
+            for pending in batch:  # one request's bad data must not fail the others it was grouped with
+                self._commit_group([pending], pending.table.num_rows, answer_failure=True)
+
+    def _commit_group(self, batch: list[_Pending], count: int, answer_failure: bool) -> bool:
+        """Commit the batch in one transaction and answer its requests; on failure answer them only if asked."""
         assert self._con is not None
         started = time.perf_counter()
         error: BaseException | None = None
+        table = pa.concat_tables([p.table for p in batch]) if len(batch) > 1 else batch[0].table
         try:
-            table = pa.concat_tables([p.table for p in batch]) if len(batch) > 1 else batch[0].table
             self._con.execute("BEGIN TRANSACTION")
             self._con.register("incoming_spans", table)
             try:
@@ -264,6 +271,8 @@ class SpanStore:
             with contextlib.suppress(duckdb.Error):
                 self._con.execute("ROLLBACK")
         elapsed = time.perf_counter() - started
+        if error is not None and not answer_failure:
+            return False
         with self._lock:
             self._queued_spans -= count
         if error is None:
@@ -277,8 +286,8 @@ class SpanStore:
                 with contextlib.suppress(Exception):  # a listener must never fail a commit already made
                     listener(table)
         else:
-            self.healthy = False
             self.stats.last_error = f"{type(error).__name__}: {error}"
+            self.healthy = False
         for pending in batch:
             outcome: Any = (StoreError(f"the span store could not commit ({self.stats.last_error}); "
                                        "the export was not acknowledged and can be retried")
@@ -287,6 +296,7 @@ class SpanStore:
                 # the receiver's loop may close while we commit; then nothing is waiting any more
                 with contextlib.suppress(RuntimeError):
                     pending.loop.call_soon_threadsafe(_resolve, pending.future, outcome)
+        return error is None
 
 
 def lock_down(con: duckdb.DuckDBPyConnection) -> None:

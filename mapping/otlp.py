@@ -113,10 +113,12 @@ def _time(value: Any, what: str) -> int:
         return 0
     try:
         number = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise _InvalidSpan(f"{what} must be an integer count of nanoseconds, got {str(value)[:40]!r}") from None
     if number < 0:
         raise _InvalidSpan(f"{what} is negative")
+    if number >= 2**64:
+        raise _InvalidSpan(f"{what} does not fit in 64 bits")
     return number
 
 
@@ -151,6 +153,8 @@ def _pb_attrs(items: Any) -> dict[str, Any]:
 
 
 def _pb_span_record(span: Any, resource: dict[str, Any], scope: Any) -> Span:
+    if not span.name:
+        raise _InvalidSpan("name is missing")
     return Span(
         trace_id=_id_from_bytes(span.trace_id, 16, "trace_id"),  # type: ignore[arg-type]
         span_id=_id_from_bytes(span.span_id, 8, "span_id"),  # type: ignore[arg-type]
@@ -301,9 +305,12 @@ def _json_any(value: Any, depth: int = 0) -> Any:
         return bool(value["boolValue"])
     if "intValue" in value:
         try:
-            return int(value["intValue"])
-        except (TypeError, ValueError):
+            number = int(value["intValue"])
+        except (TypeError, ValueError, OverflowError):
             raise _InvalidSpan(f"intValue {str(value['intValue'])[:40]!r} is not an integer") from None
+        if not -(2**63) <= number < 2**63:
+            raise _InvalidSpan(f"intValue {str(value['intValue'])[:40]!r} does not fit in 64 bits")
+        return number
     if "doubleValue" in value:
         raw = value["doubleValue"]
         try:
@@ -311,8 +318,14 @@ def _json_any(value: Any, depth: int = 0) -> Any:
         except (TypeError, ValueError):
             raise _InvalidSpan(f"doubleValue {str(raw)[:40]!r} is not a number") from None
     if "arrayValue" in value:
-        return [_json_any(v, depth + 1) for v in (value["arrayValue"] or {}).get("values") or []]
+        holder = value["arrayValue"] or {}
+        values = holder.get("values") if isinstance(holder, dict) else None
+        if not isinstance(holder, dict) or not isinstance(values, list | None):
+            raise _InvalidSpan("arrayValue must be an object with a 'values' list")
+        return [_json_any(v, depth + 1) for v in values or []]
     if "kvlistValue" in value:
+        if not isinstance(value["kvlistValue"], dict | None):
+            raise _InvalidSpan("kvlistValue must be an object with a 'values' list")
         return _json_attrs((value["kvlistValue"] or {}).get("values") or [], depth + 1)
     if "bytesValue" in value:
         return value["bytesValue"]
@@ -338,9 +351,11 @@ def _json_span(span: dict[str, Any], resource: dict[str, Any], scope: dict[str, 
     if not isinstance(kind, int) or isinstance(kind, bool):
         raise _InvalidSpan(f"kind must be an integer enum value, got {kind!r:.40}")
     name = span.get("name", "")
-    if not isinstance(name, str):
-        raise _InvalidSpan("name must be a string")
+    if not isinstance(name, str) or not name:
+        raise _InvalidSpan("name is missing" if not name else "name must be a string")
     events = []
+    if not isinstance(span.get("events") or [], list) or not isinstance(span.get("links") or [], list):
+        raise _InvalidSpan("events and links must be lists")
     for e in span.get("events") or []:
         if not isinstance(e, dict):
             raise _InvalidSpan("every event must be an object")
@@ -373,8 +388,8 @@ def _json_span(span: dict[str, Any], resource: dict[str, Any], scope: dict[str, 
 def _decode_json(payload: bytes | str) -> DecodedRequest:
     try:
         body = json.loads(payload)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise OTLPDecodeError(f"the body is not valid JSON: {exc}") from exc
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise OTLPDecodeError(f"the body is not valid JSON: {str(exc)[:300]}") from exc
     if not isinstance(body, dict):
         raise OTLPDecodeError("an OTLP/JSON request must be an object with 'resourceSpans'")
     resource_spans = _get(body, "resourceSpans", "resource_spans") or []
@@ -387,22 +402,30 @@ def _decode_json(payload: bytes | str) -> DecodedRequest:
             continue
         try:
             resource = _json_attrs((rs.get("resource") or {}).get("attributes") or [])
-        except (_InvalidSpan, AttributeError) as exc:
+        except (_InvalidSpan, AttributeError, TypeError, OverflowError, RecursionError) as exc:
             out.problems.append(SpanProblem(f"resourceSpans[{r}].resource", str(exc)))
             continue
-        for s, ss in enumerate(_get(rs, "scopeSpans", "scope_spans") or []):
+        scope_spans = _get(rs, "scopeSpans", "scope_spans") or []
+        if not isinstance(scope_spans, list):
+            out.problems.append(SpanProblem(f"resourceSpans[{r}].scopeSpans", "must be a list"))
+            continue
+        for s, ss in enumerate(scope_spans):
             if not isinstance(ss, dict):
                 out.problems.append(SpanProblem(f"resourceSpans[{r}].scopeSpans[{s}]", "must be an object"))
                 continue
             scope = ss.get("scope") or {}
-            for i, span in enumerate(ss.get("spans") or []):
+            spans = ss.get("spans") or []
+            if not isinstance(spans, list):
+                out.problems.append(SpanProblem(f"resourceSpans[{r}].scopeSpans[{s}].spans", "must be a list"))
+                continue
+            for i, span in enumerate(spans):
                 path = f"resourceSpans[{r}].scopeSpans[{s}].spans[{i}]"
                 if not isinstance(span, dict):
                     out.problems.append(SpanProblem(path, "must be an object"))
                     continue
                 try:
                     out.spans.append(_json_span(span, resource, scope if isinstance(scope, dict) else {}))
-                except _InvalidSpan as exc:
+                except (_InvalidSpan, TypeError, AttributeError, OverflowError, RecursionError) as exc:
                     where = _where(path, str(_get(span, "traceId", "trace_id") or "")[:40],
                                    str(_get(span, "spanId", "span_id") or "")[:40])
                     out.problems.append(SpanProblem(where, str(exc)))

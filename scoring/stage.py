@@ -78,6 +78,7 @@ class ScoringStage:
         self.configs = {m: metric_config(config, m) for m in config.metrics}
         self._db = asyncio.Lock()
         self._running: set[asyncio.Task[None]] = set()
+        self._active: set[int] = set()  # job ids this process is measuring: their leases never expire here
         self.processed = 0
 
     def _build(self, metric: str) -> BaseMetric:
@@ -95,7 +96,11 @@ class ScoringStage:
             return await asyncio.to_thread(lambda: self.con.execute(query, params or []).fetchall())
 
     def recover(self) -> int:
-        """At start: this process is the only worker of its file, so every `running` job is orphaned."""
+        """At start: this process is the only worker of its file, so every `running` job is orphaned; one
+        whose worker died `max_attempts` times (a conversation that kills the process) is failed."""
+        self.con.execute("UPDATE eval_jobs SET status = 'failed', lease_until = NULL, updated_at = now(), "
+                         "last_error = 'the worker stopped while scoring this job ' || attempts || ' times' "
+                         "WHERE status = 'running' AND attempts >= ?", [self.config.max_attempts])
         rows = self.con.execute("UPDATE eval_jobs SET status = 'pending', lease_until = NULL, updated_at = now() "
                                 "WHERE status = 'running' RETURNING job_id").fetchall()
         return len(rows)
@@ -114,9 +119,11 @@ class ScoringStage:
     async def step(self) -> int:
         """Expire leases, apply the budget, lease what free slots allow and start those jobs."""
         now = datetime.now(UTC)
-        await self._sql("UPDATE eval_jobs SET status = 'pending', lease_until = NULL, updated_at = ? "
-                        "WHERE (status = 'running' AND lease_until < ?) OR (status = 'budget' AND not_before <= ?)",
-                        [now, now, now])
+        await self._sql("UPDATE eval_jobs SET status = CASE WHEN status = 'running' AND attempts >= ? THEN 'failed' "
+                        "ELSE 'pending' END, lease_until = NULL, updated_at = ? "
+                        "WHERE (status = 'running' AND lease_until < ? AND job_id NOT IN (SELECT unnest(?))) "
+                        "OR (status = 'budget' AND not_before <= ?)",
+                        [self.config.max_attempts, now, now, list(self._active) or [-1], now])
         judged_allowed = await self._within_budget(now)
         free = self.config.concurrency - len(self._running)
         if free <= 0:
@@ -129,9 +136,11 @@ class ScoringStage:
             "RETURNING job_id, conversation_id, conversation_version, metric, metric_config, attempts",
             [now + timedelta(seconds=self.config.lease_s), now, now, free])
         for job in leased:
+            self._active.add(job[0])
             task = asyncio.create_task(self._run_job(*job))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
+            task.add_done_callback(lambda _, job_id=job[0]: self._active.discard(job_id))
         return len(leased)
 
     async def _within_budget(self, now: datetime) -> bool:
@@ -182,12 +191,12 @@ class ScoringStage:
         message = f"{type(error).__name__}: {error}"
         if attempts >= self.config.max_attempts:
             await self._sql("UPDATE eval_jobs SET status = 'failed', lease_until = NULL, last_error = ?, "
-                            "updated_at = now() WHERE job_id = ?", [message, job_id])
+                            "updated_at = now() WHERE job_id = ? AND status = 'running'", [message, job_id])
             self.log("error", "scoring job failed", job_id=job_id, metric=metric_id, attempts=attempts, reason=message)
             return
         retry_at = datetime.now(UTC) + timedelta(seconds=self.config.retry_backoff_s * 2 ** (attempts - 1))
         await self._sql("UPDATE eval_jobs SET status = 'pending', lease_until = NULL, not_before = ?, last_error = ?, "
-                        "updated_at = now() WHERE job_id = ?", [retry_at, message, job_id])
+                        "updated_at = now() WHERE job_id = ? AND status = 'running'", [retry_at, message, job_id])
         self.log("warning", "scoring job will be retried", job_id=job_id, metric=metric_id, attempts=attempts,
                  retry_at=retry_at.isoformat(), reason=message)
 
@@ -198,7 +207,8 @@ class ScoringStage:
         breakdown = metric.score_breakdown or {}
         end_time = datetime.fromtimestamp(last_ns / 1e9, UTC) if last_ns else None
         row = [
-            conversation_id, version, metric_id, config, metric.eval_mode.value if judged else None, metric.score,
+            conversation_id, version, metric_id, self.configs[metric_id],
+            metric.eval_mode.value if judged else None, metric.score,
             metric.success, metric.threshold, metric.strict_mode, metric.reason, metric.confidence,
             metric.model.model if judged and metric.model else None,
             metric.system_one.id if judged and metric.system_one else None, metric.evaluation_cost,
@@ -212,7 +222,7 @@ class ScoringStage:
             try:
                 self.con.execute("INSERT OR IGNORE INTO scores VALUES (" + ", ".join("?" * len(row)) + ")", row)
                 self.con.execute("UPDATE eval_jobs SET status = 'done', lease_until = NULL, last_error = NULL, "
-                                 "updated_at = now() WHERE job_id = ?", [job_id])
+                                 "updated_at = now() WHERE job_id = ? AND status = 'running'", [job_id])
                 self.con.execute("COMMIT")
             except Exception:
                 self.con.execute("ROLLBACK")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import signal
 import ssl
 import subprocess
 import sys
@@ -226,16 +228,19 @@ def test_acknowledged_spans_survive_kill_9(db: Path) -> None:
 
 
 def test_sigterm_drains_in_flight_exports(db: Path) -> None:
-    spans = agent_spans(40)
+    big = request(({}, [span(21, i, "in flight", attributes={"k": "v" * 200}) for i in range(1, 40_001)]))
     with CollectorProcess(db) as collector:
-        exporter = HttpSpanExporter(endpoint=collector.http_url)
-        result: list[SpanExportResult] = []
-        sender = threading.Thread(target=lambda: result.append(exporter.export(spans)))
+        replies: list[httpx.Response] = []
+        sender = threading.Thread(target=lambda: replies.append(httpx.post(collector.http_url, json=big,
+                                                                           timeout=120)))
         sender.start()
-        sender.join()
+        deadline = time.monotonic() + 60
+        while collector.metric("tracejudge_spans_received_total") == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)  # SIGTERM once the request is being handled, before it is committed
         assert collector.stop() == 0
+        sender.join()
         assert '"event": "stopped"' in "".join(collector.log_lines)
-    assert result == [SpanExportResult.SUCCESS] and len(stored(db)) == len(spans)
+    assert [r.status_code for r in replies] == [200] and len(stored(db)) == 40_000
 
 
 def test_admin_health_readiness_and_metrics(db: Path) -> None:
@@ -327,3 +332,51 @@ def test_tls_and_mutual_tls_on_both_receivers(db: Path, tmp_path: Path, monkeypa
         assert grpc_exporter.export(agent_spans(1, conversation="tls-grpc")) is SpanExportResult.SUCCESS
         collector.stop()
     assert len(stored(db)) == 1 + 2 * len(spans)
+
+
+def test_malformed_json_shapes_are_span_problems_and_lone_surrogates_are_stored(db: Path) -> None:
+    good = span(1, 1, "good")
+    broken = [dict(span(1, 2, "events not a list"), events=5),
+              dict(span(1, 3, "huge time"), startTimeUnixNano="1e400"),
+              dict(span(1, 4, "bad array"), attributes=[{"key": "k", "value": {"arrayValue": [1]}}])]
+    surrogate = span(1, 5, "surrogate", attributes={"text": "x"})
+    body = json.dumps(request(({}, [good, *broken, surrogate]))).replace('"x"', '"x\\ud800y"')
+    with CollectorProcess(db) as collector:
+        reply = httpx.post(collector.http_url, content=body, headers={"Content-Type": "application/json"})
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["partialSuccess"]["rejectedSpans"] == "3"
+        deep = "[" * 100_000 + "]" * 100_000
+        reply = httpx.post(collector.http_url, content=deep, headers={"Content-Type": "application/json"})
+        assert reply.status_code == 400
+        collector.stop()
+    rows = stored(db)
+    assert sorted(r[2] for r in rows) == ["good", "surrogate"]
+
+
+def test_gzip_bodies_must_be_complete_and_may_have_several_members(db: Path) -> None:
+    first = gzip.compress(json.dumps(request(({}, [span(2, 1, "member one")]))).encode())
+    with CollectorProcess(db) as collector:
+        headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+        reply = httpx.post(collector.http_url, content=first[:-12], headers=headers)
+        assert reply.status_code == 400 and "truncated" in reply.json()["message"]
+        reply = httpx.post(collector.http_url, content=first + gzip.compress(b" "), headers=headers)
+        assert reply.status_code == 200
+        collector.stop()
+    assert [r[2] for r in stored(db)] == ["member one"]
+
+
+def test_a_dead_decode_worker_is_replaced_and_the_export_retried(db: Path) -> None:
+    with CollectorProcess(db) as collector:
+        assert collector.proc is not None
+        children = Path(f"/proc/{collector.proc.pid}/task/{collector.proc.pid}/children").read_text().split()
+        for pid in children:
+            os.kill(int(pid), signal.SIGKILL)
+        time.sleep(0.5)
+        body = request(({}, [span(3, 1, "after the crash")]))
+        first = httpx.post(collector.http_url, json=body)
+        assert first.status_code in (200, 503) and (first.status_code == 200 or "Retry-After" in first.headers)
+        exporter = GrpcSpanExporter(endpoint=collector.grpc_endpoint, insecure=True, timeout=60)
+        assert exporter.export(agent_spans(1)) is SpanExportResult.SUCCESS
+        assert httpx.post(collector.http_url, json=body).status_code == 200
+        collector.stop()
+    assert "after the crash" in [r[2] for r in stored(db)]

@@ -298,3 +298,32 @@ def test_sampling_is_deterministic_nested_and_filtered() -> None:
     assert sampled == {"mcp_use": False, "mcp_call_validity": True}  # validity runs on every conversation
     _, sampled = decide(settings, ["mcp_call_validity"], "c", "canary", None)
     assert sampled == {"mcp_call_validity": False}
+
+
+def test_a_conversation_waiting_at_a_restart_is_still_assembled(tmp_path, judge_env) -> None:
+    db = tmp_path / "t.duckdb"
+    cfg = config(tmp_path, 'metrics = ["mcp_call_validity"]\n')
+    cfg.write_text(cfg.read_text().replace("quiet_period_s = 1", "quiet_period_s = 3"))
+    spans = conversations()
+    conv_b = [s for s in spans if "umbrella" in json.dumps(dict(s.attributes)) or s.name.endswith("book-umbrella")]
+    with CollectorProcess(db, config=cfg) as collector:
+        export(collector, [s for s in spans if s.context.trace_id in {b.context.trace_id for b in conv_b}])
+        time.sleep(1.5)
+        export(collector, [s for s in spans if s.context.trace_id not in {b.context.trace_id for b in conv_b}])
+        wait_for(collector, "SELECT conversation_id FROM conversations", 1, timeout=20)
+        collector.stop()  # conv-a is still inside its quiet period
+    with CollectorProcess(db, config=cfg) as collector:
+        rows = wait_for(collector, "SELECT conversation_id FROM conversations ORDER BY 1", 2, timeout=30)
+        assert rows == [["conv-a"], ["conv-b"]]
+        collector.stop()
+
+
+def test_side_effecting_functions_are_refused_in_queries(tmp_path, judge_env) -> None:
+    with CollectorProcess(tmp_path / "t.duckdb", config=config(tmp_path), env=judge_env) as collector:
+        for sql in ("SELECT setval('eval_job_ids', 9223372036854775807)", "SELECT nextval('eval_job_ids')",
+                    "SELECT * FROM query('DELETE FROM scores')"):
+            reply = httpx.post(f"{collector.admin_url}/api/query", json={"sql": sql})
+            assert reply.status_code == 403, sql
+        export(collector, conversations(end=True))
+        assert len(wait_for(collector, SCORES, 6)) == 6  # the pipeline still works
+        collector.stop()

@@ -25,6 +25,7 @@ from scoring.errors import (
 from scoring.judges.loop_pool import LoopPool
 from scoring.judges.pricing import TokenPrice, known_price
 from scoring.judges.retry import Retry, RetryPolicy, call_with_retries, parse_retry_after, retryable_status
+from scoring.judges.ssl_context import shared_ssl_context
 from scoring.judges.structured_output import parse_output
 from scoring.prompts import OutputSpec
 
@@ -92,7 +93,8 @@ class LLMJudge:
         self.structured_output = True
         self._pool: LoopPool[openai.AsyncOpenAI] = LoopPool(
             lambda: openai.AsyncOpenAI(api_key=self._api_key, base_url=self.base_url, timeout=self.timeout,
-                                       max_retries=0),
+                                       max_retries=0,
+                                       http_client=openai.DefaultAsyncHttpxClient(verify=shared_ssl_context())),
             lambda client: client.close(),
             max_concurrency,
         )

@@ -27,6 +27,7 @@ from scoring.judges.budget import DEFAULT_BUDGET, Budget
 from scoring.judges.loop_pool import LoopPool
 from scoring.judges.questions import Question, parse_wire_answer
 from scoring.judges.retry import Retry, RetryPolicy, call_with_retries, parse_retry_after, retryable_status
+from scoring.judges.ssl_context import shared_ssl_context
 from scoring.judges.system_one import Decision
 from scoring.task_group import gather_all
 
@@ -116,7 +117,8 @@ class TypeSafeJudge:
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"
         self._pool: LoopPool[httpx.AsyncClient] = LoopPool(
-            lambda: httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout),
+            lambda: httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout,
+                                      verify=shared_ssl_context()),
             lambda client: client.aclose(),
             max_concurrency,
         )

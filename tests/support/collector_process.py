@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -45,8 +46,15 @@ class CollectorProcess:
                 continue
             if record.get("event") == "listening":
                 self.start_line = record
+                # keep reading: a full stderr pipe would block the server's log writes
+                threading.Thread(target=self._drain, daemon=True).start()
                 return self
         raise RuntimeError("the collector did not start listening within 30 s")
+
+    def _drain(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.log_lines.append(line)
 
     @property
     def grpc_endpoint(self) -> str:
@@ -76,8 +84,7 @@ class CollectorProcess:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
         code = self.proc.wait(timeout)
-        assert self.proc.stderr is not None
-        self.log_lines += self.proc.stderr.readlines()
+        time.sleep(0.1)  # let the drain thread take the last lines
         return code
 
     def kill(self) -> None:
