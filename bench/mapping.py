@@ -1,0 +1,56 @@
+"""Mapping benchmark: spans/s through decode_otlp + build_conversations on the real-instrumentation fixtures.
+
+Each fixture in tests/fixtures/real/ is copied N times with fresh trace ids and conversation ids, so the
+mapping sees many independent conversations of the shapes real libraries produce.
+Run: `python bench/mapping.py [--copies 200]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from mapping import build_conversations, decode_otlp  # noqa: E402
+
+REAL = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "real"
+
+
+def copies(text: str, n: int) -> list[bytes]:
+    """n versions of one OTLP/JSON request, each with its own trace ids and conversation ids."""
+    body = json.loads(text)
+    traces = sorted({s["traceId"] for rs in body["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]})
+    out = []
+    for i in range(n):
+        copy = text
+        for t in traces:
+            copy = copy.replace(t, f"{i:08x}{t[8:]}")
+        copy = copy.replace("conv-weather-", f"conv-{i:06d}-")
+        out.append(copy.encode())
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--copies", type=int, default=200)
+    args = parser.parse_args()
+    gc.set_threshold(100_000, 50, 100)  # as the collector runs
+    for fixture in sorted(REAL.glob("*.otlp.json")):
+        requests = copies(fixture.read_text(), args.copies)
+        started = time.perf_counter()
+        spans = [s for r in requests for s in decode_otlp(r, "application/json").spans]
+        decoded = time.perf_counter()
+        conversations = build_conversations(spans)
+        built = time.perf_counter()
+        n = len(spans)
+        print(f"{fixture.name:28} {n:>8,} spans -> {len(conversations):>5} conversations: "
+              f"decode {n / (decoded - started):>9,.0f} spans/s, build {n / (built - decoded):>9,.0f} spans/s, "
+              f"both {n / (built - started):>9,.0f} spans/s")
+
+
+if __name__ == "__main__":
+    main()
