@@ -160,8 +160,10 @@ class ScoringStage:
                      jobs_waiting=len(parked))
         return False
 
-    async def _run_job(self, job_id: int, conversation_id: str, version: int, metric_id: str, config: str,
+    async def _run_job(self, job_id: int, conversation_id: str, version: int, metric_id: str, _job_config: str,
                        attempts: int) -> None:
+        """Measure one leased job; the score is keyed by the current settings' config hash (score --pending
+        re-scores old jobs with today's settings)."""
         rows = await self._sql("SELECT test_case, service_name, agent_name, last_span_ns FROM conversations "
                                "WHERE conversation_id = ? AND version = ?", [conversation_id, version])
         template = self.metrics.get(metric_id)
@@ -184,7 +186,7 @@ class ScoringStage:
         if self.on_measured is not None:
             self.on_measured(metric_id, latency_ms / 1000, type(error).__name__ if error else None)
         if error is None:
-            await self._write_score(job_id, conversation_id, version, metric_id, config, metric, service, agent,
+            await self._write_score(job_id, conversation_id, version, metric_id, metric, service, agent,
                                     last_ns, latency_ms)
             self.processed += 1
             return
@@ -200,7 +202,7 @@ class ScoringStage:
         self.log("warning", "scoring job will be retried", job_id=job_id, metric=metric_id, attempts=attempts,
                  retry_at=retry_at.isoformat(), reason=message)
 
-    async def _write_score(self, job_id: int, conversation_id: str, version: int, metric_id: str, config: str,
+    async def _write_score(self, job_id: int, conversation_id: str, version: int, metric_id: str,
                            metric: BaseMetric, service: str | None, agent: str | None, last_ns: int | None,
                            latency_ms: float) -> None:
         judged = isinstance(metric, JudgedMetric)
