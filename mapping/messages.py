@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from mapping.spans import parse_json_value
+from mapping.spans import as_list, parse_json_value
 
 ROLE_ALIASES = {"model": "assistant", "ai": "assistant", "human": "user", "developer": "system",
                 "function": "tool"}
@@ -105,7 +105,7 @@ def parse_message(raw: Any) -> Message | None:
         text = _text_of(raw.get("content"))
         if text:
             parts.append(Part("text", text=text))
-        for call in raw.get("tool_calls") or []:
+        for call in as_list(raw.get("tool_calls")):
             if isinstance(call, dict):
                 function = call.get("function") if isinstance(call.get("function"), dict) else call
                 parts.append(Part("tool_call", id=_str(call.get("id")), name=_str(function.get("name")),

@@ -27,9 +27,10 @@ def tool_result(value: Any, error: bool, error_message: str | None) -> CallToolR
             result = None
         if result is not None:
             return result.model_copy(update={"is_error": result.is_error or error})
-    if isinstance(value, dict) and value.get("type") in CONTENT_TYPES:
+    if isinstance(value, dict) and isinstance(value.get("type"), str) and value["type"] in CONTENT_TYPES:
         value = [value]  # a single content block
-    if isinstance(value, list) and value and all(isinstance(b, dict) and "type" in b for b in value):
+    if isinstance(value, list) and value and all(isinstance(b, dict) and isinstance(b.get("type"), str)
+                                                 for b in value):
         blocks = [{"type": b["type"], "text": _text(b.get("text", b.get("content", "")))} if b["type"] == "text"
                   else b for b in value]
         try:

@@ -41,6 +41,16 @@ def parse_json_value(value: Any) -> Any:
     return value
 
 
+def as_list(value: Any) -> list[Any]:
+    """The value if it is a list, else []: recorded JSON may have any shape."""
+    return value if isinstance(value, list) else []
+
+
+def as_dict(value: Any) -> dict[str, Any]:
+    """The value if it is a dict, else {}."""
+    return value if isinstance(value, dict) else {}
+
+
 def _looks_numeric(text: str) -> bool:
     return bool(text) and (text[0].isdigit() or (text[0] == "-" and text[1:2].isdigit()))
 

@@ -419,3 +419,20 @@ def test_null_content_args_and_is_error_from_traces_are_accepted() -> None:
             {"name": "t", "args": None, "result": {"content": None, "isError": None}}]}]})
     call = case.turns[1].mcp_tools_called[0]
     assert case.turns[1].content == "" and call.args == {} and call.result.is_error is False
+
+
+
+@pytest.mark.parametrize("reply, expected", [
+    (Reply(200, b"<html>not json</html>"), JudgeOutputError),
+    (Reply(200, {"object": "chat.completion", "choices": "nope"}), JudgeOutputError),
+    (Reply(200, {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                 "choices": [{"index": 0, "finish_reason": "stop",
+                              "message": {"role": "assistant", "content": "x" * 3_000_000}}]}), JudgeOutputError),
+    (Reply(200, b'{"id": "x", "choi', {"content-length": "5000"}), JudgeUnavailableError),  # reset mid-body
+])
+def test_garbage_from_the_judge_is_an_error_never_a_score(server, judge, reply, expected) -> None:
+    server.script = lambda r: reply
+    metric = MCPTaskCompletionMetric(model=judge)
+    with pytest.raises(expected):
+        metric.measure(two_turn_case())
+    assert metric.score is None and metric.error

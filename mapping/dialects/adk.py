@@ -7,14 +7,14 @@ from typing import Any
 
 from mapping.dialects.base import AgentRun, Dialect, LLMCall, ToolExecution, span_error
 from mapping.messages import Message, Part, normalize_role
-from mapping.spans import Span
+from mapping.spans import Span, as_list
 
 
 def _content_message(content: Any) -> Message | None:
     if not isinstance(content, dict):
         return None
     parts: list[Part] = []
-    for part in content.get("parts") or []:
+    for part in as_list(content.get("parts")):
         if not isinstance(part, dict):
             continue
         if isinstance(part.get("text"), str):
@@ -47,7 +47,7 @@ class ADK(Dialect):
         request = span.json_attr("gcp.vertex.agent.llm_request")
         if not isinstance(request, dict) or not request.get("contents"):
             return None
-        inputs = [m for m in (_content_message(c) for c in request.get("contents") or []) if m]
+        inputs = [m for m in (_content_message(c) for c in as_list(request.get("contents"))) if m]
         response = span.json_attr("gcp.vertex.agent.llm_response")
         output = _content_message(response.get("content")) if isinstance(response, dict) else None
         return LLMCall(inputs, [output] if output else [])

@@ -16,7 +16,7 @@ from mapping.dialects.base import (
 )
 from mapping.flattened import group_indexed, sub
 from mapping.messages import Message, Part, normalize_role
-from mapping.spans import Span, parse_json_value
+from mapping.spans import Span, as_dict, as_list, parse_json_value
 
 KIND = "traceloop.span.kind"
 
@@ -47,7 +47,7 @@ def _first_text(value: Any) -> str | None:
     if isinstance(value, str):
         return value
     if isinstance(value, dict):
-        candidates = list(value.get("args") or []) + list((value.get("kwargs") or {}).values())
+        candidates = as_list(value.get("args")) + list(as_dict(value.get("kwargs")).values())
         return next((c for c in candidates if isinstance(c, str)), None)
     return None
 
@@ -106,7 +106,7 @@ class OpenLLMetry(Dialect):
         listed: list[dict[str, Any]] = []
         if method.endswith("/list") and isinstance(output, dict):
             key = method.split("/", 1)[0]
-            listed = [item for item in output.get(key) or [] if isinstance(item, dict)]
+            listed = [item for item in as_list(output.get(key)) if isinstance(item, dict)]
         failed, message = span_error(span)
         return MCPOperation(method=method, side="client", target=_s(params.get("name") or params.get("uri")),
                             arguments=params.get("arguments"), result=output, error=failed, error_message=message,

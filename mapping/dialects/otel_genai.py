@@ -7,7 +7,7 @@ from typing import Any
 
 from mapping.dialects.base import AgentRun, Dialect, LLMCall, ToolDefinition, ToolExecution, span_error
 from mapping.messages import Message, Part, final_assistant_text, last_user_text, parse_messages
-from mapping.spans import Span, parse_json_value
+from mapping.spans import Span, as_list, parse_json_value
 
 LLM_OPERATIONS = frozenset({"chat", "generate_content", "text_completion"})
 EVENT_ROLES = {"gen_ai.system.message": "system", "gen_ai.user.message": "user",
@@ -29,7 +29,7 @@ def _event_message(name: str, attrs: dict[str, Any]) -> Message | None:
         return Message("tool", [Part("tool_call_response", id=_s(attrs.get("id")), result=content)])
     if isinstance(content, str) and content:
         parts.append(Part("text", text=content))
-    for call in parse_json_value(attrs.get("tool_calls")) or []:
+    for call in as_list(parse_json_value(attrs.get("tool_calls"))):
         if isinstance(call, dict):
             function = call.get("function") if isinstance(call.get("function"), dict) else call
             parts.append(Part("tool_call", id=_s(call.get("id")), name=_s(function.get("name")),

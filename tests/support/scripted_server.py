@@ -138,7 +138,10 @@ class ScriptedServer:
                 try:
                     self.send_response(reply.status)
                     self.send_header("content-type", "application/json")
-                    self.send_header("content-length", str(len(payload)))
+                    if "content-length" not in {k.lower() for k in reply.headers}:
+                        self.send_header("content-length", str(len(payload)))
+                    else:
+                        self.close_connection = True  # a scripted short body: hang up after it
                     for key, value in reply.headers.items():
                         self.send_header(key, value)
                     self.end_headers()

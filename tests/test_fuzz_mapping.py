@@ -1,0 +1,104 @@
+"""Property-based: decode and mapping never raise on arbitrary input, and every result is a valid test case."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mapping import OTLPDecodeError, build_conversations, decode_otlp
+from mapping.spans import Span
+from scoring.test_case import ConversationalTestCase
+from tests.fixtures import semconv_scenarios
+
+KEYS = ["gen_ai.operation.name", "gen_ai.conversation.id", "gen_ai.input.messages", "gen_ai.output.messages",
+        "gen_ai.tool.name", "gen_ai.tool.call.id", "gen_ai.tool.call.arguments", "gen_ai.tool.call.result",
+        "mcp.method.name", "mcp.resource.uri", "gen_ai.prompt.name", "openinference.span.kind", "input.value",
+        "output.value", "tool.name", "llm.input_messages.0.message.role", "llm.input_messages.0.message.content",
+        "llm.output_messages.0.message.tool_calls.0.tool_call.id", "traceloop.span.kind",
+        "traceloop.entity.input", "traceloop.entity.output", "gen_ai.prompt.0.role", "gen_ai.completion.0.content",
+        "pydantic_ai.all_messages", "pydantic_ai.new_message_index", "gcp.vertex.agent.tool_call_args",
+        "gcp.vertex.agent.llm_request", "session.id", "error.type", "gen_ai.tool.definitions"]
+VALUES = {
+    "gen_ai.operation.name": st.sampled_from(["invoke_agent", "chat", "execute_tool", "weird"]),
+    "mcp.method.name": st.sampled_from(["tools/call", "resources/read", "prompts/get", "tools/list", "ping"]),
+    "openinference.span.kind": st.sampled_from(["AGENT", "LLM", "TOOL", "CHAIN", "UNKNOWN"]),
+    "traceloop.span.kind": st.sampled_from(["workflow", "tool", "agent", "task"]),
+}
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=30),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(
+        ["role", "parts", "type", "content", "id", "name", "arguments", "response", "result", "tool_calls",
+         "text", "isError", "structuredContent", "contents", "messages", "tools", "args", "kwargs"]), inner,
+        max_size=5),
+    max_leaves=20,
+)
+attribute_value = json_values | json_values.map(lambda v: json.dumps(v, default=str)) | st.text(max_size=40)
+
+
+@st.composite
+def span_forest(draw: Any) -> list[Span]:
+    count = draw(st.integers(1, 25))
+    traces = [f"{draw(st.integers(1, 3)):032x}" for _ in range(count)]
+    spans = []
+    for i in range(count):
+        keys = draw(st.lists(st.sampled_from(KEYS), max_size=8, unique=True))
+        attributes = {k: draw(VALUES.get(k, attribute_value)) for k in keys}
+        parent = draw(st.none() | st.integers(1, count + 2))  # dangling and cyclic parents included
+        spans.append(Span(trace_id=traces[i], span_id=f"{i + 1:016x}",
+                          parent_span_id=None if parent is None else f"{parent:016x}",
+                          name=draw(st.sampled_from(["invoke_agent a", "chat m", "execute_tool t", "tools/call t",
+                                                     "MCP send tools/call t", "x.tool", "tools/list.mcp", "?"])),
+                          kind=draw(st.integers(0, 5)), start_ns=draw(st.integers(0, 10**12)),
+                          end_ns=draw(st.integers(0, 10**12)), status_code=draw(st.integers(0, 2)),
+                          attributes=attributes, resource=draw(st.sampled_from([{}, {"service.name": "svc"}]))))
+    return spans
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(span_forest())
+def test_mapping_never_raises_and_always_gives_valid_test_cases(spans: list[Span]) -> None:
+    for conversation in build_conversations(spans):
+        dumped = conversation.test_case.model_dump(mode="json")  # what the collector stores
+        assert ConversationalTestCase.model_validate(dumped).model_dump(mode="json") == dumped
+        assert conversation.test_case.turns
+
+
+def _mutate(value: Any, rng: random.Random) -> Any:
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            roll = rng.random()
+            if roll < 0.05:
+                continue  # drop a key
+            out[k] = rng.choice([None, 5, "x", [], {}, -1, 1e400, "0" * 40]) if roll < 0.12 else _mutate(v, rng)
+        return out
+    if isinstance(value, list):
+        return [_mutate(v, rng) for v in value if rng.random() > 0.05]
+    return value
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**32))
+def test_mutated_otlp_json_is_decoded_or_refused_precisely(seed: int) -> None:
+    rng = random.Random(seed)
+    body = _mutate(semconv_scenarios.otel_genai(), rng)
+    try:
+        decoded = decode_otlp(json.dumps(body), "application/json")
+    except OTLPDecodeError:
+        return
+    build_conversations(decoded.spans)  # whatever survived decoding maps without raising
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=2000))
+def test_arbitrary_bytes_are_refused_precisely(payload: bytes) -> None:
+    for content_type in ("application/x-protobuf", "application/json"):
+        try:
+            decoded = decode_otlp(payload, content_type)
+        except OTLPDecodeError:
+            continue
+        build_conversations(decoded.spans)
