@@ -26,6 +26,7 @@ from collector.server import serve, stage_config
 from collector.server_file import ServerFileError, read_server_file
 from collector.span_store import SpanStore, StoreOpenError, lock_down
 from mapping import Conversation, OTLPDecodeError, Span, build_conversations, decode_otlp
+from mapping.redaction import Redactor
 from scoring import METRICS, BaseMetric, TracejudgeError, evaluate
 from scoring.errors import InvalidTestCaseError, JudgeConfigurationError
 from scoring.eval_mode import EvalMode, config_path
@@ -39,8 +40,8 @@ class InputFileError(TracejudgeError):
     """The test-case file cannot be read or one of its cases does not validate."""
 
 
-def read_test_cases(path: Path) -> list[ConversationalTestCase]:
-    """Test cases from a JSON file (one case or a list) or JSON Lines (one case per line)."""
+def read_test_cases(path: Path, redactor: Redactor | None = None) -> list[ConversationalTestCase]:
+    """Test cases from a JSON file (one case or a list) or JSON Lines (one case per line), redacted first."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -69,7 +70,7 @@ def read_test_cases(path: Path) -> list[ConversationalTestCase]:
     cases = []
     for i, (line, data) in enumerate(items):
         try:
-            cases.append(load_test_case(data))
+            cases.append(load_test_case(redactor.value(data) if redactor is not None else data))
         except InvalidTestCaseError as exc:
             where = f"{path}:{line}" if line is not None else f"{path} case {i}"
             raise InputFileError(f"{where}: {exc}") from exc
@@ -121,7 +122,7 @@ def _positive(value: str) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     try:
-        cases = read_test_cases(Path(args.file))
+        cases = read_test_cases(Path(args.file), load_settings().redaction.redactor())
         metrics = _build_metrics(args)
     except (InputFileError, JudgeConfigurationError, TracejudgeError, ValueError) as exc:
         print(f"tracejudge evaluate: {exc}", file=sys.stderr)
@@ -188,10 +189,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     try:
         spans = read_trace_file(Path(args.file))
         servers = read_server_file(Path(args.servers)) if args.servers else None
-    except (InputFileError, ServerFileError) as exc:
+        redactor = load_settings().redaction.redactor()
+    except (InputFileError, ServerFileError, ConfigError) as exc:
         print(f"tracejudge inspect: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    conversations = build_conversations(spans, servers)
+    conversations = build_conversations(redactor.spans(spans) if redactor is not None else spans, servers)
     if args.format == "json":
         print(json.dumps([{
             "conversation_id": c.conversation_id, "key": c.key, "service_name": c.service_name,

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from mapping.redaction import BUILTIN_RULES, RedactionRuleError, Redactor
 from scoring import METRICS
 from scoring.errors import TracejudgeError
 
@@ -21,6 +22,13 @@ MiB = 1024 * 1024
 
 class ConfigError(TracejudgeError):
     """A setting is invalid; the message names it and where it came from."""
+
+
+def _only_known(names: Any, known: Any, what: str) -> None:
+    """ValueError listing the unknown names and the known ones."""
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise ValueError(f"unknown {what}(s) {', '.join(unknown)}; known: {', '.join(known)}")
 
 
 class _Section(BaseModel):
@@ -77,9 +85,7 @@ class SamplingSettings(_Section):
     @field_validator("metric_rates")
     @classmethod
     def _rates(cls, rates: dict[str, float]) -> dict[str, float]:
-        unknown = sorted(set(rates) - set(METRICS))
-        if unknown:
-            raise ValueError(f"unknown metric(s) {', '.join(unknown)}; known: {', '.join(METRICS)}")
+        _only_known(rates, METRICS, "metric")
         bad = sorted(k for k, v in rates.items() if not 0.0 <= v <= 1.0)
         if bad:
             raise ValueError(f"rates must be between 0 and 1: {', '.join(bad)}")
@@ -104,10 +110,39 @@ class ScoringSettings(_Section):
     @field_validator("metrics")
     @classmethod
     def _known_metrics(cls, metrics: list[str]) -> list[str]:
-        unknown = sorted(set(metrics) - set(METRICS))
-        if unknown:
-            raise ValueError(f"unknown metric(s) {', '.join(unknown)}; known: {', '.join(METRICS)}")
+        _only_known(metrics, METRICS, "metric")
         return metrics
+
+
+class RedactionSettings(_Section):
+    enabled: bool = Field(False, description="redact spans before they are stored or sent to a judge")
+    builtin: list[str] = Field(["email", "api_key", "card_number"], description="builtin rules applied "
+                               "(email, api_key, card_number: Luhn-checked)")
+    patterns: dict[str, str] = Field(default_factory=dict, description="more rules, {name = 'regex'}")
+    salt: str = Field("", description="secret mixed into the hash in [REDACTED:rule:hash] "
+                      "(TRACEJUDGE_REDACTION_SALT)")
+    hashed: bool = Field(True, description="keep a hash of each match, so distinct values stay distinct")
+
+    def redactor(self) -> Redactor | None:
+        """The redactor, or None when redaction is off."""
+        if not self.enabled:
+            return None
+        return Redactor.build(self.builtin, self.patterns, self.salt, self.hashed)
+
+    @field_validator("patterns")
+    @classmethod
+    def _compiles(cls, patterns: dict[str, str]) -> dict[str, str]:
+        try:
+            Redactor.build([], patterns)
+        except RedactionRuleError as exc:
+            raise ValueError(str(exc)) from None
+        return patterns
+
+    @field_validator("builtin")
+    @classmethod
+    def _known_rules(cls, builtin: list[str]) -> list[str]:
+        _only_known(builtin, BUILTIN_RULES, "builtin rule")
+        return builtin
 
 
 class LogSettings(_Section):
@@ -120,6 +155,7 @@ class Settings(_Section):
     conversations: ConversationSettings = Field(default_factory=ConversationSettings)
     sampling: SamplingSettings = Field(default_factory=SamplingSettings)
     scoring: ScoringSettings = Field(default_factory=ScoringSettings)
+    redaction: RedactionSettings = Field(default_factory=RedactionSettings)
     log: LogSettings = Field(default_factory=LogSettings)
 
     def model_post_init(self, _: Any) -> None:
@@ -138,6 +174,7 @@ ENV_AND_FLAGS: tuple[tuple[str, str, str | None, str | None], ...] = (
     ("server", "ingest_token", "TRACEJUDGE_INGEST_TOKEN", None),
     ("server", "query_token", "TRACEJUDGE_QUERY_TOKEN", None),
     ("store", "db", "TRACEJUDGE_DB", "--db"),
+    ("redaction", "salt", "TRACEJUDGE_REDACTION_SALT", None),
     ("log", "level", "TRACEJUDGE_LOG_LEVEL", "--log-level"),
 )
 
@@ -176,7 +213,7 @@ def load_settings(config_file: Path | None = None, flags: dict[str, Any] | None 
         source = sources.get((loc[0], loc[1]) if len(loc) > 1 else (loc[0], ""), "the defaults")
         if err["type"] == "extra_forbidden":
             raise ConfigError(f"unknown setting {name} (from {source}); see tracejudge serve --help") from exc
-        shown = "(hidden)" if "token" in name else repr(err.get("input"))  # never echo a secret
+        shown = "(hidden)" if "token" in name or "salt" in name else repr(err.get("input"))  # never echo a secret
         raise ConfigError(f"invalid setting {name} = {shown} (from {source}): {err['msg']}") from exc
 
 
@@ -186,7 +223,8 @@ def settings_help() -> str:
     lines = []
     for section, model in (("server", ServerSettings), ("store", StoreSettings),
                            ("conversations", ConversationSettings), ("sampling", SamplingSettings),
-                           ("scoring", ScoringSettings), ("log", LogSettings)):
+                           ("scoring", ScoringSettings), ("redaction", RedactionSettings),
+                           ("log", LogSettings)):
         lines.append(f"[{section}]")
         for key, field in model.model_fields.items():
             env, flag = env_flags.get((section, key), (None, None))

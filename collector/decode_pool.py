@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from collector.span_store import spans_to_arrow
 from mapping.otlp import SpanProblem, decode_otlp
+from mapping.redaction import Redactor
 from scoring.errors import TracejudgeError
 
 
@@ -54,11 +55,18 @@ def _from_ipc(data: bytes) -> pa.Table:
     return pa.ipc.open_stream(data).read_all()
 
 
-def decode_request(payload: bytes, content_type: str) -> tuple[bytes, int, list[SpanProblem]]:
-    """Run in a worker: OTLPDecodeError propagates to the caller as itself."""
+def _decode_to_arrow(payload: bytes, content_type: str, redactor: Redactor | None) -> tuple[pa.Table,
+                                                                                          list[SpanProblem]]:
     decoded = decode_otlp(payload, content_type)
-    table = spans_to_arrow(decoded.spans, datetime.now(UTC))
-    return _to_ipc(table), table.num_rows, decoded.problems
+    spans = redactor.spans(decoded.spans) if redactor is not None else decoded.spans
+    return spans_to_arrow(spans, datetime.now(UTC)), decoded.problems
+
+
+def decode_request(payload: bytes, content_type: str,
+                   redactor: Redactor | None = None) -> tuple[bytes, int, list[SpanProblem]]:
+    """Run in a worker: OTLPDecodeError propagates to the caller as itself."""
+    table, problems = _decode_to_arrow(payload, content_type, redactor)
+    return _to_ipc(table), table.num_rows, problems
 
 
 def _worker_init() -> None:
@@ -66,8 +74,9 @@ def _worker_init() -> None:
 
 
 class DecodePool:
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, redactor: Redactor | None = None) -> None:
         self.workers = workers
+        self.redactor = redactor
         self._executor: Executor | None = None
         self.restarts = 0
 
@@ -81,13 +90,13 @@ class DecodePool:
     async def decode(self, payload: bytes, content_type: str) -> DecodedBatch:
         """The request's spans; OTLPDecodeError for a bad request, DecoderUnavailable when a worker died."""
         if self._executor is None:
-            decoded = decode_otlp(payload, content_type)
-            table = spans_to_arrow(decoded.spans, datetime.now(UTC))
-            return DecodedBatch(table, table.num_rows, decoded.problems)
+            table, problems = _decode_to_arrow(payload, content_type, self.redactor)
+            return DecodedBatch(table, table.num_rows, problems)
         loop = asyncio.get_running_loop()
         executor = self._executor
         try:
-            data, rows, problems = await loop.run_in_executor(executor, decode_request, payload, content_type)
+            data, rows, problems = await loop.run_in_executor(executor, decode_request, payload, content_type,
+                                                             self.redactor)
         except BrokenProcessPool as exc:
             if self._executor is executor:  # the first to notice replaces the pool; the export is retried
                 await asyncio.to_thread(self._replace, executor)

@@ -42,7 +42,7 @@ class Collector:
                                retry_after_s=st.retry_after_s, on_commit=self.metrics.on_commit)
         self.metrics.watch(lambda: self.store.queued_spans, self.store.size_bytes)
         workers = settings.server.decode_workers
-        self.decoder = DecodePool(usable_cpus() if workers < 0 else workers)
+        self.decoder = DecodePool(usable_cpus() if workers < 0 else workers, settings.redaction.redactor())
         ingest = Ingest(self.store, self.metrics, settings.server.ingest_token, self.decoder)
         self.grpc = GrpcReceiver(settings.server, ingest)
         self.http = HttpReceiver(settings.server, ingest)
