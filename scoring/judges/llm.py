@@ -25,6 +25,7 @@ from scoring.errors import (
 from scoring.judges.loop_pool import LoopPool
 from scoring.judges.pricing import TokenPrice, known_price
 from scoring.judges.retry import Retry, RetryPolicy, call_with_retries, parse_retry_after, retryable_status
+from scoring.judges.secret_mask import mask_secret
 from scoring.judges.ssl_context import shared_ssl_context
 from scoring.judges.structured_output import parse_output
 from scoring.prompts import OutputSpec
@@ -135,12 +136,12 @@ class LLMJudge:
             if status in (401, 403):
                 raise JudgeAuthenticationError(
                     f"the LLM judge at {self._where()} refused the credentials (HTTP {status}): "
-                    f"{_server_message(exc)}; check OPENAI_API_KEY or the judge's api_key"
+                    f"{self._server_message(exc)}; check OPENAI_API_KEY or the judge's api_key"
                 ) from exc
             if retryable_status(status):
-                return Retry(f"HTTP {status}: {_server_message(exc)}", parse_retry_after(exc.response.headers))
+                return Retry(f"HTTP {status}: {self._server_message(exc)}", parse_retry_after(exc.response.headers))
             raise JudgeRequestError(
-                f"the LLM judge at {self._where()} rejected the request (HTTP {status}): {_server_message(exc)}",
+                f"the LLM judge at {self._where()} rejected the request (HTTP {status}): {self._server_message(exc)}",
                 status=status,
             ) from exc
         if isinstance(exc, openai.APIConnectionError | openai.APIResponseValidationError):
@@ -192,6 +193,9 @@ class LLMJudge:
         if self.temperature is not None:
             request["temperature"] = self.temperature
         return request
+
+    def _server_message(self, exc: openai.APIStatusError) -> str:
+        return mask_secret(_server_message(exc), self._api_key)
 
     def _where(self) -> str:
         return self.base_url or "api.openai.com"

@@ -27,6 +27,7 @@ from scoring.judges.budget import DEFAULT_BUDGET, Budget
 from scoring.judges.loop_pool import LoopPool
 from scoring.judges.questions import Question, parse_wire_answer
 from scoring.judges.retry import Retry, RetryPolicy, call_with_retries, parse_retry_after, retryable_status
+from scoring.judges.secret_mask import mask_secret
 from scoring.judges.ssl_context import shared_ssl_context
 from scoring.judges.system_one import Decision
 from scoring.task_group import gather_all
@@ -187,6 +188,7 @@ class TypeSafeJudge:
             response = exc.response
             status = response.status_code
             message, error_type = _detail(response)
+            message = mask_secret(message, self._api_key)
             if status in (401, 403):
                 raise JudgeAuthenticationError(
                     f"System One at {self.base_url} refused the credentials (HTTP {status}): {message}; "
