@@ -20,6 +20,7 @@ import httpx
 from collector.config import ConfigError, load_settings, settings_help
 from collector.config_file import ConfigFileError, set_value
 from collector.log import Logger
+from collector.output_paths import OutputPathError, confined
 from collector.query import QueryFailed, QueryRefused, QueryResult, run_read_query
 from collector.replay import ReplayError, replay
 from collector.server import serve, stage_config
@@ -321,9 +322,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     written = []
     try:
+        targets = {table: confined(out, f"{table}.parquet") for table in ("scores", "conversations")}
+    except OutputPathError as exc:
+        print(f"tracejudge export: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
         with duckdb.connect(str(db), read_only=True) as con:
             for table, column in (("scores", "scored_at"), ("conversations", "assembled_at")):
-                target = (out / f"{table}.parquet").resolve()
+                target = targets[table]
                 quoted = str(target).replace("'", "''")
                 con.execute(f"COPY (SELECT * FROM {table} WHERE {column} >= DATE '{since.isoformat()}') "
                             f"TO '{quoted}' (FORMAT parquet)")
