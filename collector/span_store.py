@@ -248,7 +248,9 @@ class SpanStore:
             self._commit(batch, count)
 
     def _commit(self, batch: list[_Pending], count: int) -> None:
-        if not self._commit_group(batch, count, answer_failure=len(batch) == 1):
+        if len(batch) == 1:
+            self._commit_group(batch, count, answer_failure=True)
+        elif not self._commit_group(batch, count, answer_failure=False):
             for pending in batch:  # one request's bad data must not fail the others it was grouped with
                 self._commit_group([pending], pending.table.num_rows, answer_failure=True)
 
