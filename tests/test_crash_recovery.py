@@ -1,0 +1,104 @@
+"""kill -9 at random points, repeatedly, while agents export and the judges score.
+
+Each round starts `tracejudge serve` on the same database file, exports conversations from a thread
+with the real OTel SDK exporter, and kills the process after a random delay (seeded, printed on failure).
+After the last round a clean start must finish the work: every acknowledged span is stored, every
+stored conversation has each metric's job done exactly once, and no score row is duplicated.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import duckdb
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from tests.support.collector_process import CollectorProcess
+from tests.support.scripted_server import Reply, Request, completion
+from tests.test_pipeline import config, query, turn
+
+ROUNDS, SEED = 5, 20261202
+METRICS = 3
+
+
+def _conversation(n: int) -> list[Any]:
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "crash-agent"}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    turn(provider.get_tracer("agent"), f"conv-{n}", f"Question {n}?", "lookup", {"n": n}, f"result {n}",
+         f"Answer {n}.", end=True)
+    provider.shutdown()
+    return list(memory.get_finished_spans())
+
+
+class Sender:
+    """Exports one conversation per request until stopped; remembers what was acknowledged."""
+
+    def __init__(self, endpoint: str, first: int, acked: dict[str, set[tuple[str, str]]]) -> None:
+        self.exporter = OTLPSpanExporter(endpoint=endpoint, insecure=True, timeout=2)
+        self.next, self.acked, self.stopped = first, acked, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stopped.is_set():
+            spans = _conversation(self.next)
+            if self.exporter.export(spans) is SpanExportResult.SUCCESS:
+                self.acked[f"conv-{self.next}"] = {(f"{s.context.trace_id:032x}", f"{s.context.span_id:016x}")
+                                                   for s in spans}
+            self.next += 1
+            time.sleep(0.15)  # a few dozen conversations in all: enough kills land mid-export
+
+
+def test_repeated_kill_9_loses_no_span_no_job_and_duplicates_no_score(tmp_path: Path, judge_server) -> None:
+    def slow_judge(request: Request) -> Reply:
+        threading.Event().wait(0.02)  # keep measures in flight when the kill comes
+        return completion({"reason": "final"} if request.judge == "final_reason" else {"reason": "ok", "score": 0.5})
+
+    judge_server.script = slow_judge
+    env = {"OPENAI_BASE_URL": judge_server.base_url, "OPENAI_API_KEY": "sk-test-not-a-secret"}
+    db, cfg = tmp_path / "t.duckdb", config(tmp_path)
+    rng = random.Random(SEED)
+    acked: dict[str, set[tuple[str, str]]] = {}
+    delays, first = [], 0
+    for _ in range(ROUNDS):
+        collector = CollectorProcess(db, config=cfg, env=env).start()
+        sender = Sender(collector.grpc_endpoint, first, acked)
+        sender.thread.start()
+        delays.append(round(rng.uniform(0.3, 2.0), 2))
+        time.sleep(delays[-1])
+        collector.kill()
+        sender.stopped.set()
+        sender.thread.join(30)
+        first = sender.next
+    context = f"seed {SEED}, kill after {delays} s, {len(acked)} conversations acknowledged"
+    assert len(acked) >= ROUNDS, context
+
+    with CollectorProcess(db, config=cfg, env=env) as collector:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            [[conversations, open_jobs]] = query(collector, "SELECT (SELECT count(*) FROM conversations), "
+                                                            "(SELECT count(*) FROM eval_jobs WHERE status <> 'done')")
+            if conversations >= len(acked) and open_jobs == 0:
+                break
+            time.sleep(0.3)
+        assert collector.stop() == 0
+    with duckdb.connect(str(db), read_only=True) as con:
+        stored = set(con.execute("SELECT trace_id, span_id FROM spans").fetchall())
+        missing = [c for c, keys in acked.items() if not keys <= stored]
+        assert not missing, f"acknowledged spans lost for {missing[:5]} ({context})"
+        assembled = {r[0] for r in con.execute("SELECT conversation_id FROM conversations").fetchall()}
+        assert set(acked) <= assembled, context
+        jobs = con.execute("SELECT status, count(*) FROM eval_jobs GROUP BY 1").fetchall()
+        assert jobs == [("done", METRICS * len(assembled))], f"{jobs} ({context})"
+        [(rows, distinct)] = con.execute("SELECT count(*), count(DISTINCT (conversation_id, conversation_version, "
+                                         "metric)) FROM scores").fetchall()
+        assert rows == distinct == METRICS * len(assembled), context
+        assert con.execute("SELECT DISTINCT version FROM conversations").fetchall() == [(1,)]
