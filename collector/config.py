@@ -106,6 +106,9 @@ class ScoringSettings(_Section):
     max_attempts: int = Field(5, ge=1, description="tries per job before it is failed")
     lease_s: float = Field(300.0, gt=0, description="a leased job not finished by then is retried")
     retry_backoff_s: float = Field(30.0, gt=0, description="wait before retry n is backoff * 2**(n-1)")
+    outage_backoff_s: float = Field(5.0, gt=0, description="a judge still unreachable after its own retries "
+                                    "pauses its metric this long, doubling per failure; no attempt is used up")
+    outage_max_backoff_s: float = Field(300.0, gt=0, description="longest pause of a metric during a judge outage")
 
     @field_validator("metrics")
     @classmethod

@@ -22,10 +22,17 @@ from typing import Any
 import duckdb
 
 from scoring.call_validity import MCPCallValidityMetric
-from scoring.errors import EvalModeError, InvalidTestCaseError, JudgeConfigurationError, NoTaskError
+from scoring.errors import (
+    EvalModeError,
+    InvalidTestCaseError,
+    JudgeConfigurationError,
+    JudgeUnavailableError,
+    NoTaskError,
+)
 from scoring.judged_metric import JudgedMetric
 from scoring.mcp_use import MultiTurnMCPUseMetric
 from scoring.metric import BaseMetric
+from scoring.outage import JudgeOutage
 from scoring.task_completion import MCPTaskCompletionMetric
 from scoring.test_case import load_test_case
 
@@ -46,6 +53,8 @@ class StageConfig:
     max_attempts: int = 5
     lease_s: float = 300.0
     retry_backoff_s: float = 30.0
+    outage_backoff_s: float = 5.0
+    outage_max_backoff_s: float = 300.0
     poll_s: float = 0.5
 
 
@@ -76,6 +85,7 @@ class ScoringStage:
             except (JudgeConfigurationError, EvalModeError) as exc:
                 self.unavailable[metric] = str(exc)
         self.configs = {m: metric_config(config, m) for m in config.metrics}
+        self.outages = {m: JudgeOutage(config.outage_backoff_s, config.outage_max_backoff_s) for m in JUDGED}
         self._db = asyncio.Lock()
         self._running: set[asyncio.Task[None]] = set()
         self._active: set[int] = set()  # job ids this process is measuring: their leases never expire here
@@ -128,13 +138,16 @@ class ScoringStage:
         free = self.config.concurrency - len(self._running)
         if free <= 0:
             return 0
-        only = "" if judged_allowed else "AND metric = 'mcp_call_validity'"
+        paused = [m for m, outage in self.outages.items() if outage.blocks(now)]
+        if not judged_allowed:
+            paused = list(JUDGED)
+        only = f"AND metric NOT IN ({', '.join('?' * len(paused))})" if paused else ""
         leased = await self._sql(
             "UPDATE eval_jobs SET status = 'running', attempts = attempts + 1, lease_until = ?, updated_at = ? "
             "WHERE job_id IN (SELECT job_id FROM eval_jobs WHERE status = 'pending' AND "
             f"(not_before IS NULL OR not_before <= ?) {only} ORDER BY job_id LIMIT ?) "
             "RETURNING job_id, conversation_id, conversation_version, metric, metric_config, attempts",
-            [now + timedelta(seconds=self.config.lease_s), now, now, free])
+            [now + timedelta(seconds=self.config.lease_s), now, now, *paused, free])
         for job in leased:
             self._active.add(job[0])
             task = asyncio.create_task(self._run_job(*job))
@@ -185,12 +198,23 @@ class ScoringStage:
         latency_ms = (time.perf_counter() - started) * 1000
         if self.on_measured is not None:
             self.on_measured(metric_id, latency_ms / 1000, type(error).__name__ if error else None)
+        outage = self.outages.get(metric_id)
         if error is None:
+            if outage is not None:
+                outage.succeeded()
             await self._write_score(job_id, conversation_id, version, metric_id, metric, service, agent,
                                     last_ns, latency_ms)
             self.processed += 1
             return
         message = f"{type(error).__name__}: {error}"
+        if outage is not None and isinstance(error, JudgeUnavailableError):
+            retry_at = outage.failed(datetime.now(UTC))
+            await self._sql("UPDATE eval_jobs SET status = 'pending', attempts = attempts - 1, lease_until = NULL, "
+                            "not_before = ?, last_error = ?, updated_at = now() WHERE job_id = ? AND status = "
+                            "'running'", [retry_at, message, job_id])
+            self.log("warning", "judge unavailable; its jobs wait", metric=metric_id, retry_at=retry_at.isoformat(),
+                     consecutive=outage.streak, reason=message)
+            return
         if attempts >= self.config.max_attempts:
             await self._sql("UPDATE eval_jobs SET status = 'failed', lease_until = NULL, last_error = ?, "
                             "updated_at = now() WHERE job_id = ? AND status = 'running'", [message, job_id])
