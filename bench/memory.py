@@ -2,7 +2,8 @@
 
 Agent conversations (two turns, MCP tool calls) are exported over gRPC at a fixed rate for a while; every
 conversation ends with `tracejudge.conversation.end`, so it is assembled and scored at once by all three
-metrics against a loopback judge with 50 ms latency. RSS is sampled every second.
+metrics against a loopback judge with 50 ms latency. RSS, queue depth, commit time and open jobs are
+sampled every second and summarised per third of the run (`tests/test_soak.py` asserts they stay flat).
 Run: `python bench/memory.py [--seconds 120] [--conversations-per-s 20]`.
 """
 
@@ -12,7 +13,9 @@ import argparse
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.ingest import export_retrying, peak_rss_mb  # noqa: E402
@@ -62,14 +65,53 @@ def conversation_request(n: int) -> bytes:
     return ExportTraceServiceRequest(resource_spans=[resource]).SerializeToString()
 
 
-def main() -> None:
+@dataclass
+class Sample:
+    t: float
+    rss_mb: float
+    queued_spans: float
+    commit_ms: float  # mean group-commit time since the previous sample
+    open_jobs: float  # scoring jobs pending or running
+
+
+@dataclass
+class SoakResult:
+    conversations: int
+    seconds: float
+    jobs_done: float
+    peak_rss_mb: float
+    samples: list[Sample] = field(default_factory=list)
+
+    def window(self, start: float, end: float) -> list[Sample]:
+        return [s for s in self.samples if start <= s.t < end]
+
+    def summary(self) -> str:
+        thirds = [self.window(self.seconds * i / 3, self.seconds * (i + 1) / 3) for i in range(3)]
+        lines = [f"{self.conversations} conversations ({self.conversations * 4} spans) in {self.seconds:.0f} s, "
+                 f"{self.jobs_done:.0f} scoring jobs done, peak RSS {self.peak_rss_mb:.0f} MB",
+                 "third  RSS MB (median)  queued spans (max)  commit ms (median)  open jobs (max)"]
+        for i, part in enumerate(thirds, start=1):
+            lines.append(f"{i:>5}  {median(s.rss_mb for s in part):>15.0f}  {max(s.queued_spans for s in part):>18.0f}"
+                         f"  {median(s.commit_ms for s in part):>18.2f}  {max(s.open_jobs for s in part):>15.0f}")
+        return "\n".join(lines)
+
+
+def _scrape(collector: CollectorProcess) -> dict[str, float]:
+    import httpx
+
+    values: dict[str, float] = {}
+    for line in httpx.get(f"{collector.admin_url}/metrics", timeout=10).text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    return values
+
+
+def soak(seconds: float, conversations_per_s: float, judge_latency_s: float = 0.05) -> SoakResult:
+    """Export at a fixed rate for `seconds` with scoring on; sample RSS, queue, commit time and jobs each second."""
     import grpc
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=int, default=120)
-    parser.add_argument("--conversations-per-s", type=float, default=20)
-    args = parser.parse_args()
-    with JudgeStub(latency_s=0.05) as judge, tempfile.TemporaryDirectory() as tmp:
+    with JudgeStub(latency_s=judge_latency_s) as judge, tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "tracejudge.toml"
         config.write_text('[scoring]\nmodel = "gpt-4o-mini"\nconcurrency = 16\n')
         collector = CollectorProcess(Path(tmp) / "mem.duckdb", config=config,
@@ -79,28 +121,40 @@ def main() -> None:
             channel = grpc.insecure_channel(collector.grpc_endpoint)
             export = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export",
                                          request_serializer=None, response_deserializer=None)
-            samples: list[tuple[float, float]] = []
-            started, sent, next_sample = time.monotonic(), 0, 0.0
-            while (elapsed := time.monotonic() - started) < args.seconds:
-                due = int(elapsed * args.conversations_per_s)
-                while sent < due:
-                    export_retrying(export, conversation_request(sent))
-                    sent += 1
+            result = SoakResult(0, seconds, 0.0, 0.0)
+            started, next_sample, last_sum, last_count = time.monotonic(), 0.0, 0.0, 0.0
+            while (elapsed := time.monotonic() - started) < seconds:
+                due = int(elapsed * conversations_per_s)
+                while result.conversations < due:
+                    export_retrying(export, conversation_request(result.conversations))
+                    result.conversations += 1
                 if elapsed >= next_sample:
-                    samples.append((elapsed, current_rss_mb(collector.proc.pid)))
+                    m = _scrape(collector)
+                    total = m.get("tracejudge_commit_seconds_sum", 0.0)
+                    count = m.get("tracejudge_commit_seconds_count", 0.0)
+                    commit_ms = (total - last_sum) / (count - last_count) * 1000 if count > last_count else 0.0
+                    last_sum, last_count = total, count
+                    jobs = m.get('tracejudge_eval_jobs{state="pending"}', 0.0) + m.get(
+                        'tracejudge_eval_jobs{state="running"}', 0.0)
+                    result.samples.append(Sample(elapsed, current_rss_mb(collector.proc.pid),
+                                                 m.get("tracejudge_queue_spans", 0.0), commit_ms, jobs))
                     next_sample += 1.0
                 time.sleep(0.01)
             time.sleep(5)
-            scored = collector.metric('tracejudge_eval_jobs{state="done"}')
-            peak = peak_rss_mb(collector.proc.pid)
+            result.jobs_done = collector.metric('tracejudge_eval_jobs{state="done"}')
+            result.peak_rss_mb = peak_rss_mb(collector.proc.pid)
             channel.close()
         finally:
             collector.stop()
-    first = [r for t, r in samples if t < 10]
-    last = [r for t, r in samples if t >= args.seconds - 10]
-    print(f"{sent} conversations ({sent * 4} spans) in {args.seconds} s, {scored:.0f} scoring jobs done")
-    print(f"RSS (server + decode workers): first 10 s {min(first):.0f}-{max(first):.0f} MB, last 10 s "
-          f"{min(last):.0f}-{max(last):.0f} MB, peak {peak:.0f} MB")
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=int, default=120)
+    parser.add_argument("--conversations-per-s", type=float, default=20)
+    args = parser.parse_args()
+    print(soak(args.seconds, args.conversations_per_s).summary())
 
 
 if __name__ == "__main__":
