@@ -23,6 +23,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from collector.config import ServerSettings
 from collector.ingest import Answer, Ingest, Outcome
 
+TRACES_PATH = "/v1/traces"
+
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 
@@ -70,7 +72,7 @@ class HttpReceiver:
         self.port: int | None = None
         # the raw (still compressed) body may be at most the limit too; decompression is bounded separately
         self.app = web.Application(client_max_size=settings.max_message_bytes)
-        self.app.router.add_post("/v1/traces", self._traces)
+        self.app.router.add_post(TRACES_PATH, self._traces)
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> int:
