@@ -19,10 +19,12 @@ import httpx
 
 from collector.config import ConfigError, load_settings, settings_help
 from collector.config_file import ConfigFileError, set_value
+from collector.lake import LakeError, open_lake_for_query
 from collector.log import Logger
 from collector.output_paths import OutputPathError, confined
 from collector.query import QueryFailed, QueryRefused, QueryResult, run_read_query
 from collector.replay import ReplayError, replay
+from collector.replica_files import ReplicaFileError, open_replica_files
 from collector.server import serve, stage_config
 from collector.server_file import ServerFileError, read_server_file
 from collector.span_store import SpanStore, StoreOpenError, lock_down
@@ -250,7 +252,34 @@ def _cell(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def _query_union(args: argparse.Namespace) -> int:
+    """--lake, or several --db files: one history over every replica."""
+    try:
+        if args.lake:
+            lake = load_settings(Path(args.config) if args.config else None).lake.lake_config()
+            if lake is None:
+                raise LakeError("no lake is configured: set [lake] catalog in tracejudge.toml or "
+                                "TRACEJUDGE_LAKE_CATALOG")
+            con = open_lake_for_query(lake)
+        else:
+            con = open_replica_files([Path(p) for p in args.db])
+    except (LakeError, ReplicaFileError, ConfigError) as exc:
+        print(f"tracejudge query: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        result = run_read_query(con, args.sql, args.limit, args.timeout)
+    except (QueryRefused, QueryFailed) as exc:
+        print(f"tracejudge query: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    finally:
+        con.close()
+    _print_result(result, args.format)
+    return EXIT_PASS
+
+
 def cmd_query(args: argparse.Namespace) -> int:
+    if args.lake or len(args.db or []) > 1:
+        return _query_union(args)
     token = os.environ.get("TRACEJUDGE_QUERY_TOKEN")
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
@@ -265,7 +294,7 @@ def cmd_query(args: argparse.Namespace) -> int:
         body = reply.json()
         _print_result(QueryResult(body["columns"], body["rows"], body["truncated"]), args.format)
         return EXIT_PASS
-    db = Path(args.db or os.environ.get("TRACEJUDGE_DB") or "tracejudge.duckdb")
+    db = Path((args.db or [None])[0] or os.environ.get("TRACEJUDGE_DB") or "tracejudge.duckdb")
     if not db.exists():
         print(f"tracejudge query: no collector answers at {args.url} and there is no database file {db}",
               file=sys.stderr)
@@ -359,7 +388,7 @@ def cmd_set_eval_mode(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     flags = {"host": args.host, "grpc_port": args.grpc_port, "http_port": args.http_port,
-             "admin_port": args.admin_port, "db": args.db, "level": args.log_level}
+             "admin_port": args.admin_port, "db": args.db, "level": args.log_level, "replica": args.replica}
     try:
         settings = load_settings(Path(args.config) if args.config else None, flags)
     except ConfigError as exc:
@@ -400,6 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--admin-port", type=int, help="admin port: /healthz /readyz /metrics (default 4319)")
     serve.add_argument("--db", help="DuckDB file (default ./tracejudge.duckdb, or TRACEJUDGE_DB)")
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="log level (default info)")
+    serve.add_argument("--replica", help="this replica's name in a shared [lake] (default: the host name)")
     serve.set_defaults(func=cmd_serve)
 
     ev = sub.add_parser(
@@ -458,8 +488,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     query.add_argument("sql", metavar="SQL")
     query.add_argument("--url", default="http://127.0.0.1:4319", help="admin API of a running collector")
-    query.add_argument("--db", help="database file when no collector runs (default TRACEJUDGE_DB or "
-                       "./tracejudge.duckdb)")
+    query.add_argument("--db", action="append", help="database file when no collector runs (default TRACEJUDGE_DB "
+                       "or ./tracejudge.duckdb); repeat it to query several replicas' files as one, with a "
+                       "replica column")
+    query.add_argument("--lake", action="store_true", help="query the shared DuckLake of [lake] (every "
+                       "replica's conversations and scores)")
+    query.add_argument("--config", metavar="FILE", help="config file for --lake (default: TRACEJUDGE_CONFIG "
+                       "or ./tracejudge.toml)")
     query.add_argument("--format", choices=["table", "csv", "json"], default="table")
     query.add_argument("--limit", type=_positive, default=1000, help="most rows returned (default 1000)")
     query.add_argument("--timeout", type=float, default=30.0, help="seconds before the query is stopped")

@@ -7,12 +7,14 @@ flag; an invalid value fails at start with its name and where it came from.
 from __future__ import annotations
 
 import os
+import socket
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from collector.lake import LakeConfig
 from mapping.redaction import BUILTIN_RULES, RedactionRuleError, Redactor
 from scoring import METRICS
 from scoring.errors import TracejudgeError
@@ -148,6 +150,24 @@ class RedactionSettings(_Section):
         return builtin
 
 
+class LakeSettings(_Section):
+    catalog: str | None = Field(None, description="DuckLake catalog all replicas publish to, e.g. "
+                                "'postgres:dbname=tracejudge host=db user=tracejudge' (password: PGPASSWORD); "
+                                "none: no lake")
+    data_path: str | None = Field(None, description="shared directory (or object-store URL) for the lake's "
+                                  "Parquet files; needed when the lake is created")
+    replica: str = Field(default_factory=socket.gethostname, description="this replica's name in the lake "
+                         "(default: the host name); unique per replica")
+    publish_interval_s: float = Field(10.0, gt=0, description="how often new conversations and scores are "
+                                      "published")
+
+    def lake_config(self) -> LakeConfig | None:
+        """The lake to publish to and query, or None when none is configured."""
+        if not self.catalog:
+            return None
+        return LakeConfig(self.catalog, self.data_path, self.replica)
+
+
 class LogSettings(_Section):
     level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
 
@@ -159,6 +179,7 @@ class Settings(_Section):
     sampling: SamplingSettings = Field(default_factory=SamplingSettings)
     scoring: ScoringSettings = Field(default_factory=ScoringSettings)
     redaction: RedactionSettings = Field(default_factory=RedactionSettings)
+    lake: LakeSettings = Field(default_factory=LakeSettings)
     log: LogSettings = Field(default_factory=LogSettings)
 
     def model_post_init(self, _: Any) -> None:
@@ -178,6 +199,9 @@ ENV_AND_FLAGS: tuple[tuple[str, str, str | None, str | None], ...] = (
     ("server", "query_token", "TRACEJUDGE_QUERY_TOKEN", None),
     ("store", "db", "TRACEJUDGE_DB", "--db"),
     ("redaction", "salt", "TRACEJUDGE_REDACTION_SALT", None),
+    ("lake", "catalog", "TRACEJUDGE_LAKE_CATALOG", None),
+    ("lake", "data_path", "TRACEJUDGE_LAKE_DATA_PATH", None),
+    ("lake", "replica", "TRACEJUDGE_REPLICA", "--replica"),
     ("log", "level", "TRACEJUDGE_LOG_LEVEL", "--log-level"),
 )
 
@@ -227,7 +251,7 @@ def settings_help() -> str:
     for section, model in (("server", ServerSettings), ("store", StoreSettings),
                            ("conversations", ConversationSettings), ("sampling", SamplingSettings),
                            ("scoring", ScoringSettings), ("redaction", RedactionSettings),
-                           ("log", LogSettings)):
+                           ("lake", LakeSettings), ("log", LogSettings)):
         lines.append(f"[{section}]")
         for key, field in model.model_fields.items():
             env, flag = env_flags.get((section, key), (None, None))

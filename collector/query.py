@@ -60,6 +60,13 @@ SIDE_EFFECTS = frozenset({"nextval", "setval", "checkpoint", "force_checkpoint",
                           "enable_logging", "disable_logging", "truncate_duckdb_logs"})
 
 
+# The lake's catalog functions: postgres_execute/postgres_query run SQL on the catalog server, and the
+# ducklake_* maintenance functions delete files; only the lake's read-only listings are allowed.
+CATALOG_PREFIXES = ("postgres_", "ducklake_", "sqlite_", "mysql_")
+LAKE_READS = frozenset({"ducklake_snapshots", "ducklake_table_info", "ducklake_table_changes",
+                        "ducklake_table_insertions", "ducklake_table_deletions", "ducklake_list_files"})
+
+
 def _function_names(node: Any) -> list[str]:
     names: list[str] = []
     if isinstance(node, dict):
@@ -95,9 +102,10 @@ def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
     except duckdb.Error as exc:
         raise QueryFailed(f"cannot parse the query: {exc}") from exc
     called = set(_function_names(json.loads(tree)))
-    if called & SIDE_EFFECTS:
-        raise QueryRefused(f"the query calls {', '.join(sorted(called & SIDE_EFFECTS))}, which changes the "
-                           "database; only read-only queries are accepted")
+    refused = {f for f in called if f in SIDE_EFFECTS or (f.startswith(CATALOG_PREFIXES) and f not in LAKE_READS)}
+    if refused:
+        raise QueryRefused(f"the query calls {', '.join(sorted(refused))}, which changes the database or runs "
+                           "SQL elsewhere; only read-only queries are accepted")
 
 
 def run_read_query(con: duckdb.DuckDBPyConnection, sql: str, limit: int = DEFAULT_LIMIT,

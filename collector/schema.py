@@ -9,6 +9,27 @@ from __future__ import annotations
 
 import duckdb
 
+
+def history_views(scores: str, partition: str, temporary: bool = False) -> str:
+    """`latest_scores` and `daily_scores` over a scores table; `partition` adds columns that keep two
+    replicas' copies of one conversation apart (e.g. "replica, ")."""
+    temp = "TEMP " if temporary else ""
+    return f"""
+    CREATE OR REPLACE {temp}VIEW latest_scores AS
+        SELECT * FROM {scores}
+        QUALIFY row_number() OVER (PARTITION BY {partition}conversation_id, metric
+                                   ORDER BY conversation_version DESC, scored_at DESC) = 1;
+    CREATE OR REPLACE {temp}VIEW daily_scores AS
+        SELECT CAST(timezone('UTC', scored_at) AS DATE) AS day, metric, service_name,
+               count(*) AS conversations, avg(score) AS mean_score,
+               quantile_cont(score, 0.1) AS p10, quantile_cont(score, 0.5) AS p50,
+               avg(CASE WHEN success THEN 1.0 WHEN NOT success THEN 0.0 END) AS pass_rate,
+               sum(evaluation_cost) AS cost_usd
+        FROM latest_scores WHERE score IS NOT NULL
+        GROUP BY ALL;
+    """
+
+
 SCHEMA_VERSION = 3
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -98,18 +119,7 @@ MIGRATIONS: dict[int, str] = {
         scored_at TIMESTAMPTZ NOT NULL,
         PRIMARY KEY (conversation_id, conversation_version, metric, metric_config)
     );
-    CREATE OR REPLACE VIEW latest_scores AS
-        SELECT * FROM scores
-        QUALIFY row_number() OVER (PARTITION BY conversation_id, metric
-                                   ORDER BY conversation_version DESC, scored_at DESC) = 1;
-    CREATE OR REPLACE VIEW daily_scores AS
-        SELECT CAST(timezone('UTC', scored_at) AS DATE) AS day, metric, service_name,
-               count(*) AS conversations, avg(score) AS mean_score,
-               quantile_cont(score, 0.1) AS p10, quantile_cont(score, 0.5) AS p50,
-               avg(CASE WHEN success THEN 1.0 WHEN NOT success THEN 0.0 END) AS pass_rate,
-               sum(evaluation_cost) AS cost_usd
-        FROM latest_scores WHERE score IS NOT NULL
-        GROUP BY ALL;
+    """ + history_views("scores", "") + """
     """,
     3: """
     CREATE TABLE IF NOT EXISTS assembled_traces (

@@ -16,6 +16,7 @@ from collector.config import Settings
 from collector.conversation_assembler import ConversationAssembler
 from collector.decode_pool import DecodePool, usable_cpus
 from collector.ingest import Ingest
+from collector.lake import LakePublisher, publish_periodically
 from collector.log import Logger
 from collector.metrics import CollectorMetrics
 from collector.otlp_grpc import GrpcReceiver
@@ -53,6 +54,9 @@ class Collector:
         self.assembler: ConversationAssembler | None = None
         self._stop_pipeline = asyncio.Event()
         self._pipeline: list[asyncio.Task[None]] = []
+        self.publisher: LakePublisher | None = None
+        self._stop_publishing = asyncio.Event()
+        self._publishing: asyncio.Task[None] | None = None
 
     def _log(self, level: str, event: str, **fields: object) -> None:
         self.log.log(level, event, **fields)
@@ -79,6 +83,11 @@ class Collector:
                       waiting_for_judge=self.stage.unavailable)
         self._pipeline = [asyncio.create_task(self.assembler.run(self._stop_pipeline)),
                           asyncio.create_task(self.stage.run(self._stop_pipeline))]
+        lake = self.settings.lake.lake_config()
+        if lake is not None:
+            self.publisher = LakePublisher(self.store.cursor(), lake, self._log)
+            self._publishing = asyncio.create_task(publish_periodically(
+                self.publisher, self.settings.lake.publish_interval_s, self._stop_publishing, self._log))
 
     async def stop(self) -> None:
         grace = self.settings.server.shutdown_grace_s
@@ -88,6 +97,10 @@ class Collector:
         _, late = await asyncio.wait(self._pipeline, timeout=grace) if self._pipeline else (set(), set())
         for task in late:  # jobs still running stay leased and are picked up again at the next start
             task.cancel()
+        if self._publishing is not None and self.publisher is not None:
+            self._stop_publishing.set()  # one last publish of what the pipeline finished
+            await asyncio.wait([self._publishing], timeout=grace)
+            await asyncio.to_thread(self.publisher.close)
         await asyncio.to_thread(self.store.close)
         await asyncio.to_thread(self.decoder.stop)
         await self.admin.stop()

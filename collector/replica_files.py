@@ -1,0 +1,56 @@
+"""Several replicas' database files, attached read-only as one history for an ad-hoc query (no lake).
+
+`conversations` and `scores` become views over every file with a `replica` column (the file's name), and
+`latest_scores`/`daily_scores` are rebuilt over them, so the queries that work on one file work here.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import duckdb
+
+from collector.schema import history_views
+from collector.span_store import lock_down
+from scoring.errors import TracejudgeError
+
+UNION_TABLES = ("conversations", "scores")
+
+
+class ReplicaFileError(TracejudgeError):
+    """A replica file is missing or cannot be opened (a collector may hold it)."""
+
+
+def _aliases(paths: list[Path]) -> list[str]:
+    aliases: list[str] = []
+    for path in paths:
+        base = re.sub(r"\W", "_", path.stem) or "replica"
+        alias, n = base, 2
+        while alias in aliases:
+            alias, n = f"{base}_{n}", n + 1
+        aliases.append(alias)
+    return aliases
+
+
+def open_replica_files(paths: list[Path]) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB with every file attached read-only and the union views; no file access after."""
+    con = duckdb.connect(":memory:")
+    aliases = _aliases(paths)
+    for alias, path in zip(aliases, paths, strict=True):
+        if not path.is_file():
+            con.close()
+            raise ReplicaFileError(f"no database file {path}")
+        try:
+            con.execute(f"ATTACH '{str(path).replace(chr(39), chr(39) * 2)}' AS \"{alias}\" (READ_ONLY)")
+        except duckdb.Error as exc:
+            con.close()
+            raise ReplicaFileError(f"cannot open {path} ({exc}); if a collector holds it, stop it or query it "
+                                   "through its admin --url") from exc
+    for table in UNION_TABLES:
+        union = " UNION ALL BY NAME ".join(f"SELECT '{alias}' AS replica, * FROM \"{alias}\".{table}"
+                                           for alias in aliases)
+        con.execute(f"CREATE TEMP VIEW {table} AS {union}")
+    con.execute(history_views("temp.main.scores", "replica, ", temporary=True))
+    lock_down(con)
+    return con
