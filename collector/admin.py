@@ -1,4 +1,5 @@
-"""Admin HTTP API on port 4319: liveness, readiness, Prometheus metrics and read-only SQL (`/api/query`)."""
+"""Admin HTTP API on port 4319: liveness, readiness, Prometheus metrics, read-only SQL (`/api/query`) and the
+HTML score report (`/report?since=7d`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from collector.ingest import bearer_matches
 from collector.metrics import CollectorMetrics
 from collector.query import DEFAULT_LIMIT, QueryFailed, QueryRefused, run_read_query
+from collector.report import build_report
+from collector.report_data import ReportError
+from collector.report_html import CSP
 from collector.span_store import SpanStore
 from scoring.stage import ScoringStage
 
@@ -34,6 +38,7 @@ class AdminServer:
         self.app.router.add_get("/readyz", self._readyz)
         self.app.router.add_get("/metrics", self._metrics)
         self.app.router.add_post("/api/query", self._query)
+        self.app.router.add_get("/report", self._report)
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> int:
@@ -98,6 +103,20 @@ class AdminServer:
         finally:
             self._busy -= 1
         return web.Response(text=json.dumps(result.to_json(), default=str), content_type="application/json")
+
+
+    async def _report(self, request: web.Request) -> web.Response:
+        """The HTML score report; it shows conversation text, so it needs the query token like /api/query."""
+        if not bearer_matches(request.headers.get("Authorization"), self._query_token):
+            return _error(401, "missing or wrong bearer token (TRACEJUDGE_QUERY_TOKEN)")
+        since = request.query.get("since", "7d")
+        try:
+            page = await asyncio.get_running_loop().run_in_executor(
+                self._queries, build_report, self._cursor(), since, f"the collector at port {self.port}")
+        except ReportError as exc:
+            return _error(400, str(exc))
+        return web.Response(text=page, content_type="text/html", charset="utf-8",
+                            headers={"Content-Security-Policy": CSP})
 
 
 def _error(status: int, message: str) -> web.Response:

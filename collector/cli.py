@@ -19,15 +19,18 @@ import httpx
 
 from collector.config import ConfigError, load_settings, settings_help
 from collector.config_file import ConfigFileError, set_value
-from collector.lake import LakeError, open_lake_for_query
+from collector.history_sources import open_history
+from collector.lake import LakeError
 from collector.log import Logger
 from collector.output_paths import OutputPathError, confined
 from collector.query import QueryFailed, QueryRefused, QueryResult, run_read_query
 from collector.replay import ReplayError, replay
-from collector.replica_files import ReplicaFileError, open_replica_files
+from collector.replica_files import ReplicaFileError
+from collector.report import build_report
+from collector.report_data import ReportError
 from collector.server import serve, stage_config
 from collector.server_file import ServerFileError, read_server_file
-from collector.span_store import SpanStore, StoreOpenError, lock_down
+from collector.span_store import SpanStore, StoreOpenError
 from mapping import Conversation, OTLPDecodeError, Span, build_conversations, decode_otlp
 from mapping.redaction import Redactor
 from scoring import METRICS, BaseMetric, TracejudgeError, evaluate
@@ -252,20 +255,45 @@ def _cell(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _query_union(args: argparse.Namespace) -> int:
-    """--lake, or several --db files: one history over every replica."""
+def _admin_headers() -> dict[str, str]:
+    token = os.environ.get("TRACEJUDGE_QUERY_TOKEN")
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _from_collector(args: argparse.Namespace, send: Any) -> httpx.Response | None:
+    """Ask the running collector at --url, unless the history is the lake or several files; None when no
+    collector answers (then the file is read directly)."""
+    if args.lake or len(args.db or []) > 1:
+        return None
     try:
-        if args.lake:
-            lake = load_settings(Path(args.config) if args.config else None).lake.lake_config()
-            if lake is None:
-                raise LakeError("no lake is configured: set [lake] catalog in tracejudge.toml or "
-                                "TRACEJUDGE_LAKE_CATALOG")
-            con = open_lake_for_query(lake)
-        else:
-            con = open_replica_files([Path(p) for p in args.db])
+        return send(args.url.rstrip("/"), _admin_headers())
+    except httpx.HTTPError:
+        return None
+
+
+def _history(args: argparse.Namespace, command: str) -> tuple[duckdb.DuckDBPyConnection, str] | None:
+    try:
+        return open_history(args.lake, args.db, args.config)
     except (LakeError, ReplicaFileError, ConfigError) as exc:
-        print(f"tracejudge query: {exc}", file=sys.stderr)
+        hint = "" if args.lake or args.db else f"no collector answers at {args.url}, and "
+        print(f"tracejudge {command}: {hint}{exc}", file=sys.stderr)
+        return None
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    reply = _from_collector(args, lambda url, headers: httpx.post(
+        f"{url}/api/query", json={"sql": args.sql, "limit": args.limit}, headers=headers, timeout=args.timeout + 5))
+    if reply is not None:
+        if reply.status_code != 200:
+            print(f"tracejudge query: {reply.json().get('error', reply.text)}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        body = reply.json()
+        _print_result(QueryResult(body["columns"], body["rows"], body["truncated"]), args.format)
+        return EXIT_PASS
+    opened = _history(args, "query")
+    if opened is None:
         return EXIT_BAD_INPUT
+    con, _ = opened
     try:
         result = run_read_query(con, args.sql, args.limit, args.timeout)
     except (QueryRefused, QueryFailed) as exc:
@@ -277,40 +305,34 @@ def _query_union(args: argparse.Namespace) -> int:
     return EXIT_PASS
 
 
-def cmd_query(args: argparse.Namespace) -> int:
-    if args.lake or len(args.db or []) > 1:
-        return _query_union(args)
-    token = os.environ.get("TRACEJUDGE_QUERY_TOKEN")
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+def cmd_report(args: argparse.Namespace) -> int:
+    out = Path(args.out)
     try:
-        reply = httpx.post(f"{args.url.rstrip('/')}/api/query", json={"sql": args.sql, "limit": args.limit},
-                           headers=headers, timeout=args.timeout + 5)
-    except httpx.HTTPError:
-        reply = None  # no collector there: read the file directly
+        target = confined(out.parent, out.name)
+    except OutputPathError as exc:
+        print(f"tracejudge report: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    reply = _from_collector(args, lambda url, headers: httpx.get(
+        f"{url}/report", params={"since": args.since}, headers=headers, timeout=120))
     if reply is not None:
         if reply.status_code != 200:
-            print(f"tracejudge query: {reply.json().get('error', reply.text)}", file=sys.stderr)
+            print(f"tracejudge report: {reply.json().get('error', reply.text)}", file=sys.stderr)
             return EXIT_BAD_INPUT
-        body = reply.json()
-        _print_result(QueryResult(body["columns"], body["rows"], body["truncated"]), args.format)
-        return EXIT_PASS
-    db = Path((args.db or [None])[0] or os.environ.get("TRACEJUDGE_DB") or "tracejudge.duckdb")
-    if not db.exists():
-        print(f"tracejudge query: no collector answers at {args.url} and there is no database file {db}",
-              file=sys.stderr)
-        return EXIT_BAD_INPUT
-    try:
-        with duckdb.connect(str(db), read_only=True) as con:
-            lock_down(con)
-            result = run_read_query(con, args.sql, args.limit, args.timeout)
-    except (QueryRefused, QueryFailed) as exc:
-        print(f"tracejudge query: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except duckdb.Error as exc:
-        print(f"tracejudge query: cannot open {db} ({exc}); if a collector holds it, pass its admin --url",
-              file=sys.stderr)
-        return EXIT_FAIL
-    _print_result(result, args.format)
+        page = reply.text
+    else:
+        opened = _history(args, "report")
+        if opened is None:
+            return EXIT_BAD_INPUT
+        con, source = opened
+        try:
+            page = build_report(con, args.since, source)
+        except ReportError as exc:
+            print(f"tracejudge report: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        finally:
+            con.close()
+    target.write_text(page, encoding="utf-8")
+    print(f"wrote {target} ({len(page.encode())} bytes)")
     return EXIT_PASS
 
 
@@ -499,6 +521,24 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--limit", type=_positive, default=1000, help="most rows returned (default 1000)")
     query.add_argument("--timeout", type=float, default=30.0, help="seconds before the query is stopped")
     query.set_defaults(func=cmd_query)
+
+    report = sub.add_parser(
+        "report",
+        help="write score history as one self-contained HTML page",
+        description="Write an HTML report (no network needed to open it): per metric and service the daily "
+        "mean, p10 and pass rate, the score distribution, eval cost per day, the worst conversations with "
+        "their reasons and transcripts, and the judge's fallbacks and failures. Reads a running collector "
+        "(GET /report on --url), else the database file, several --db files, or the --lake.",
+    )
+    report.add_argument("--since", default="7d", help="first day: 7d, 24h, 2w or a date like 2026-11-25 "
+                        "(default 7d, UTC days)")
+    report.add_argument("--out", default="report.html", help="the HTML file to write (default report.html)")
+    report.add_argument("--url", default="http://127.0.0.1:4319", help="admin API of a running collector")
+    report.add_argument("--db", action="append", help="database file(s) when no collector runs; repeat for "
+                        "several replicas")
+    report.add_argument("--lake", action="store_true", help="report on the shared DuckLake of [lake]")
+    report.add_argument("--config", metavar="FILE", help="config file for --lake")
+    report.set_defaults(func=cmd_report)
 
     score = sub.add_parser(
         "score",

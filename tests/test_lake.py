@@ -123,6 +123,11 @@ def test_two_replicas_publish_concurrently_without_loss_or_duplicates(tmp_path: 
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["rows"] == [["replica-a", 9], ["replica-b", 9]]
 
+    report = tmp_path / "lake-report.html"
+    done = _cli("report", "--lake", "--config", str(tmp_path / "replica-a.toml"), "--out", str(report))
+    assert done.returncode == 0, done.stderr
+    assert "replicas: replica-a, replica-b" in report.read_text() and "Failed jobs are kept" in report.read_text()
+
     union = _cli("query", "--db", str(tmp_path / "replica-a.duckdb"), "--db", str(tmp_path / "replica-b.duckdb"),
                  "--format", "json", "SELECT replica, count(*) FROM latest_scores GROUP BY 1 ORDER BY 1")
     assert union.returncode == 0, union.stderr
