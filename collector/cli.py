@@ -355,7 +355,7 @@ def cmd_score(args: argparse.Namespace) -> int:
         done = asyncio.run(stage.score_pending())
         [(failed,)] = store.cursor().execute("SELECT count(*) FROM eval_jobs WHERE status = 'failed'").fetchall()
         [(waiting,)] = store.cursor().execute(
-            "SELECT count(*) FROM eval_jobs WHERE status IN ('waiting_for_judge', 'budget')").fetchall()
+            "SELECT count(*) FROM eval_jobs WHERE status IN ('waiting_for_judge', 'budget', 'pending')").fetchall()
     finally:
         store.close()
     print(f"scored {done} job(s); {failed} failed, {waiting} still waiting")
@@ -413,6 +413,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
              "admin_port": args.admin_port, "db": args.db, "level": args.log_level, "replica": args.replica}
     try:
         settings = load_settings(Path(args.config) if args.config else None, flags)
+        settings.lake.check_publishing()
     except ConfigError as exc:
         print(f"tracejudge serve: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -7,7 +7,6 @@ flag; an invalid value fails at start with its name and where it came from.
 from __future__ import annotations
 
 import os
-import socket
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -156,16 +155,23 @@ class LakeSettings(_Section):
                                 "none: no lake")
     data_path: str | None = Field(None, description="shared directory (or object-store URL) for the lake's "
                                   "Parquet files; needed when the lake is created")
-    replica: str = Field(default_factory=socket.gethostname, description="this replica's name in the lake "
-                         "(default: the host name); unique per replica")
+    replica: str | None = Field(None, description="this replica's name in the lake, unique and stable across "
+                                "restarts; required with a catalog")
     publish_interval_s: float = Field(10.0, gt=0, description="how often new conversations and scores are "
                                       "published")
+
+    def check_publishing(self) -> None:
+        """A collector publishing to a lake needs its replica name (queries of the lake do not)."""
+        if self.catalog and not self.replica:
+            raise ConfigError("[lake] replica is required with a catalog: a unique name that stays the same "
+                              "across restarts (TRACEJUDGE_REPLICA or --replica); a host name that changes "
+                              "would publish the history again under a new name")
 
     def lake_config(self) -> LakeConfig | None:
         """The lake to publish to and query, or None when none is configured."""
         if not self.catalog:
             return None
-        return LakeConfig(self.catalog, self.data_path, self.replica)
+        return LakeConfig(self.catalog, self.data_path, self.replica or "")
 
 
 class LogSettings(_Section):
@@ -187,6 +193,7 @@ class Settings(_Section):
             raise ConfigError("[server] tls_cert and tls_key go together: set both or neither")
         if self.server.tls_client_ca is not None and self.server.tls_cert is None:
             raise ConfigError("[server] tls_client_ca (mTLS) needs tls_cert and tls_key")
+
 
 
 # (section, key, environment variable, flag)

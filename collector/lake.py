@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -64,7 +65,7 @@ def _extension_file(name: str) -> Path:
 
 
 def _attach_sql(config: LakeConfig, read_only: bool) -> str:
-    target = "ducklake:" + config.catalog
+    target = "ducklake:" + _with_timeouts(config.catalog)
     options = []
     if config.data_path and not read_only:
         options.append(f"DATA_PATH '{_quote(config.data_path)}'")
@@ -78,9 +79,20 @@ def _quote(text: str) -> str:
     return text.replace("'", "''")
 
 
-def _describe(catalog: str) -> str:
-    """The catalog string without a password, for messages."""
-    return " ".join(part for part in catalog.split() if not part.lower().startswith("password="))
+_PASSWORD = re.compile(r"(?i)(password\s*=\s*)('[^']*'|\S+)")
+_USERINFO = re.compile(r"(://[^/@\s:]+):[^@/\s]*@")
+
+
+def _scrub(text: str) -> str:
+    """Text with any password of a libpq connection string or URI removed (DuckDB repeats the string)."""
+    return _USERINFO.sub(r"\1:***@", _PASSWORD.sub(r"\1***", text))
+
+
+def _with_timeouts(catalog: str) -> str:
+    """A PostgreSQL catalog that does not hang a publish or a stop when the server is unreachable."""
+    if catalog.startswith("postgres:") and "connect_timeout" not in catalog and "://" not in catalog:
+        return catalog + " connect_timeout=10"
+    return catalog
 
 
 def open_lake(config: LakeConfig, read_only: bool = False) -> duckdb.DuckDBPyConnection:
@@ -92,9 +104,9 @@ def open_lake(config: LakeConfig, read_only: bool = False) -> duckdb.DuckDBPyCon
         con.execute(_attach_sql(config, read_only))
     except duckdb.Error as exc:
         con.close()
-        raise LakeError(f"cannot attach the DuckLake {_describe(config.catalog)!r}: {exc}; check [lake] catalog "
-                        "and data_path, that the catalog database is reachable, and PGPASSWORD if it needs "
-                        "one") from exc
+        raise LakeError(f"cannot attach the DuckLake {_scrub(config.catalog)!r}: {_scrub(str(exc))}; check "
+                        "[lake] catalog and data_path, that the catalog database is reachable, and PGPASSWORD "
+                        "if it needs one") from exc
     except LakeError:
         con.close()
         raise
@@ -111,8 +123,11 @@ def open_lake_for_query(config: LakeConfig) -> duckdb.DuckDBPyConnection:
     for table in TABLES:
         con.execute(f"CREATE TEMP VIEW {table} AS SELECT * FROM {LAKE_ALIAS}.{table}")
     con.execute(history_views("temp.main.scores", "replica, ", temporary=True))
-    [(data_path,)] = con.execute("SELECT value FROM __ducklake_metadata_lake.ducklake_metadata "
-                                 "WHERE key = 'data_path'").fetchall()
+    rows = con.execute("SELECT value FROM __ducklake_metadata_lake.ducklake_metadata WHERE key = 'data_path'"
+                       ).fetchall()
+    if not rows:
+        raise LakeError("the lake's catalog names no data path; publish to it from a replica with [lake] data_path")
+    data_path = rows[0][0]
     if "://" not in data_path:
         con.execute("SET allowed_directories = [?]", [data_path])
     con.execute("SET enable_external_access = false")
@@ -151,15 +166,24 @@ class LakePublisher:
         return self.lake
 
     def _create(self, lake: duckdb.DuckDBPyConnection, table: str) -> None:
-        columns = self.local.execute(f"DESCRIBE {table}").fetchall()
-        ddl = ", ".join([f'"{name}" {kind}' for name, kind, *_ in columns])
-        for attempt in range(5):  # two replicas creating the table at once: one wins, the other retries
+        """The lake table, with every local column: a newer replica adds the columns it brings."""
+        columns = [(name, kind) for name, kind, *_ in self.local.execute(f"DESCRIBE {table}").fetchall()]
+        ddl = ", ".join(f'"{name}" {kind}' for name, kind in columns)
+        self._retrying(lake, f"CREATE TABLE IF NOT EXISTS {LAKE_ALIAS}.{table} (replica VARCHAR, {ddl})")
+        present = {r[0] for r in lake.execute(f"DESCRIBE {LAKE_ALIAS}.{table}").fetchall()}
+        for name, kind in columns:
+            if name not in present:
+                self._retrying(lake, f'ALTER TABLE {LAKE_ALIAS}.{table} ADD COLUMN IF NOT EXISTS "{name}" {kind}')
+
+    @staticmethod
+    def _retrying(lake: duckdb.DuckDBPyConnection, ddl: str) -> None:
+        for attempt in range(5):  # two replicas changing the catalog at once: one wins, the other retries
             try:
-                lake.execute(f"CREATE TABLE IF NOT EXISTS {LAKE_ALIAS}.{table} (replica VARCHAR, {ddl})")
+                lake.execute(ddl)
                 return
             except duckdb.TransactionException:
                 time.sleep(0.1 * (attempt + 1))
-        lake.execute(f"CREATE TABLE IF NOT EXISTS {LAKE_ALIAS}.{table} (replica VARCHAR, {ddl})")
+        lake.execute(ddl)
 
     def _newest(self, lake: duckdb.DuckDBPyConnection, table: str) -> datetime | None:
         column = TABLES[table][0]
@@ -175,8 +199,9 @@ class LakePublisher:
                 counts = {table: self._publish_table(lake, table) for table in TABLES}
             except duckdb.Error as exc:
                 self._reset()
-                self.last_error = f"{type(exc).__name__}: {exc}"
-                raise LakeError(f"publishing to the lake {_describe(self.config.catalog)!r} failed: {exc}; the "
+                self.last_error = _scrub(f"{type(exc).__name__}: {exc}")
+                raise LakeError(f"publishing to the lake {_scrub(self.config.catalog)!r} failed: "
+                                f"{_scrub(str(exc))}; the "
                                 "rows stay local and are published on the next try") from exc
             self.last_error = None
             return counts
@@ -195,7 +220,7 @@ class LakePublisher:
         try:
             lake.execute("BEGIN TRANSACTION")
             [(inserted,)] = lake.execute(
-                f"INSERT INTO {LAKE_ALIAS}.{table} SELECT ? AS replica, i.* FROM incoming_rows i "
+                f"INSERT INTO {LAKE_ALIAS}.{table} BY NAME SELECT ? AS replica, i.* FROM incoming_rows i "
                 f"WHERE NOT EXISTS (SELECT 1 FROM {LAKE_ALIAS}.{table} l WHERE l.replica = ? {recent} AND {match})",
                 [self.config.replica, self.config.replica, *([since] if since is not None else [])]).fetchall()
             lake.execute("COMMIT")
@@ -217,9 +242,13 @@ class LakePublisher:
                 self.lake.close()
         self.lake = None
 
-    def close(self) -> None:
-        with self._lock:
-            self._reset()
+    def close(self, timeout_s: float = 15.0) -> None:
+        """Close the lake connection; gives up after `timeout_s` if a publish is still running."""
+        if self._lock.acquire(timeout=timeout_s):
+            try:
+                self._reset()
+            finally:
+                self._lock.release()
 
 
 def _max_time(rows: pa.Table, column: str) -> datetime | None:
@@ -241,6 +270,8 @@ async def publish_periodically(publisher: LakePublisher, interval_s: float, stop
                 log("info", "published to the lake", **counts)
         except LakeError as exc:
             log("error", "lake publish failed", reason=str(exc))
+        except Exception as exc:  # never end the loop: the rows stay local and the next round retries
+            log("error", "lake publish failed", reason=_scrub(f"{type(exc).__name__}: {exc}"))
         if stopping:
             return
         with contextlib.suppress(TimeoutError):

@@ -57,7 +57,9 @@ def _plain(value: Any) -> Any:
 
 # Functions a SELECT can call that change state or run other SQL.
 SIDE_EFFECTS = frozenset({"nextval", "setval", "checkpoint", "force_checkpoint", "query", "query_table",
-                          "enable_logging", "disable_logging", "truncate_duckdb_logs"})
+                          "enable_logging", "disable_logging", "truncate_duckdb_logs",
+                          # runs a serialized statement the parse tree here cannot see into
+                          "json_execute_serialized_sql", "json_deserialize_sql"})
 
 
 # The lake's catalog functions: postgres_execute/postgres_query run SQL on the catalog server, and the
@@ -101,7 +103,10 @@ def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
         [(tree,)] = con.execute("SELECT json_serialize_sql(?::VARCHAR)", [sql]).fetchall()
     except duckdb.Error as exc:
         raise QueryFailed(f"cannot parse the query: {exc}") from exc
-    called = set(_function_names(json.loads(tree)))
+    parsed = json.loads(tree)
+    if not isinstance(parsed, dict) or parsed.get("error"):
+        raise QueryRefused("the query could not be checked as read-only; only plain SELECT queries are accepted")
+    called = set(_function_names(parsed))
     refused = {f for f in called if f in SIDE_EFFECTS or (f.startswith(CATALOG_PREFIXES) and f not in LAKE_READS)}
     if refused:
         raise QueryRefused(f"the query calls {', '.join(sorted(refused))}, which changes the database or runs "

@@ -22,11 +22,14 @@ class ReplicaFileError(TracejudgeError):
     """A replica file is missing or cannot be opened (a collector may hold it)."""
 
 
+RESERVED = {"temp", "system", "memory", "main"}
+
+
 def _aliases(paths: list[Path]) -> list[str]:
     aliases: list[str] = []
     for path in paths:
         base = re.sub(r"\W", "_", path.stem) or "replica"
-        alias, n = base, 2
+        alias, n = (base if base.lower() not in RESERVED else f"{base}_db"), 2
         while alias in aliases:
             alias, n = f"{base}_{n}", n + 1
         aliases.append(alias)
@@ -35,6 +38,7 @@ def _aliases(paths: list[Path]) -> list[str]:
 
 def open_replica_files(paths: list[Path]) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB with every file attached read-only and the union views; no file access after."""
+    paths = list(dict.fromkeys(p.resolve() for p in paths))  # one file named twice is one replica
     con = duckdb.connect(":memory:")
     aliases = _aliases(paths)
     for alias, path in zip(aliases, paths, strict=True):
@@ -50,7 +54,12 @@ def open_replica_files(paths: list[Path]) -> duckdb.DuckDBPyConnection:
     for table in UNION_TABLES:
         union = " UNION ALL BY NAME ".join(f"SELECT '{alias}' AS replica, * FROM \"{alias}\".{table}"
                                            for alias in aliases)
-        con.execute(f"CREATE TEMP VIEW {table} AS {union}")
+        try:
+            con.execute(f"CREATE TEMP VIEW {table} AS {union}")
+        except duckdb.CatalogException as exc:
+            con.close()
+            raise ReplicaFileError(f"a file has no {table} table, so it is not a tracejudge database: {exc}") \
+                from exc
     con.execute(history_views("temp.main.scores", "replica, ", temporary=True))
     lock_down(con)
     return con

@@ -28,7 +28,7 @@ def parse_since(text: str, today: dt.date) -> dt.date:
     """`7d`, `12h`, `2w` (back from today, UTC) or a date like 2026-11-25."""
     match = re.fullmatch(r"\s*(\d+)\s*([hdw])\s*", text)
     if match:
-        n, unit = int(match.group(1)), match.group(2)
+        n, unit = min(int(match.group(1)), 36_600), match.group(2)  # at most a century back
         days = {"h": n / 24, "d": n, "w": 7 * n}[unit]
         return today - dt.timedelta(days=max(0, int(days + 0.999) - 1))
     try:
@@ -94,7 +94,8 @@ def collect(con: duckdb.DuckDBPyConnection, since: dt.date, until: dt.date) -> R
             "FROM daily_scores WHERE day BETWEEN ? AND ? ORDER BY 1, 2, 3", window).fetchall():
         data.daily.setdefault((metric, service), []).append(DailyPoint(day, mean, p10, pass_rate, n))
     for metric, bin_, n in con.execute(
-            f"SELECT metric, least(CAST(floor(score * {BINS}) AS INTEGER), {BINS - 1}), count(*) FROM latest_scores "
+            f"SELECT metric, greatest(0, least(CAST(floor(score * {BINS}) AS INTEGER), {BINS - 1})), count(*) "
+            "FROM latest_scores "
             "WHERE score IS NOT NULL AND CAST(timezone('UTC', scored_at) AS DATE) BETWEEN ? AND ? GROUP BY 1, 2",
             window).fetchall():
         data.histogram.setdefault(metric, [0] * BINS)[bin_] += n

@@ -18,9 +18,14 @@ class JudgeOutage:
     max_s: float
     streak: int = 0
     until: datetime | None = None
+    successes: int = 0
 
     def failed(self, now: datetime) -> datetime:
-        """Record one more unavailable answer; when the metric's jobs may try again."""
+        """Record one more unavailable answer; when the metric's jobs may try again. Jobs that were already
+        in flight when the pause began fail together: they count once, not once each."""
+        if self.blocks(now):
+            assert self.until is not None
+            return self.until
         self.streak += 1
         delay = min(self.base_s * 2 ** (self.streak - 1), self.max_s)
         until = now + timedelta(seconds=delay)
@@ -29,6 +34,7 @@ class JudgeOutage:
 
     def succeeded(self) -> None:
         self.streak, self.until = 0, None
+        self.successes += 1
 
     def blocks(self, now: datetime) -> bool:
         return self.until is not None and now < self.until

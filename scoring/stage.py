@@ -37,6 +37,7 @@ from scoring.task_completion import MCPTaskCompletionMetric
 from scoring.test_case import load_test_case
 
 JUDGED = {"mcp_use": MultiTurnMCPUseMetric, "mcp_task_completion": MCPTaskCompletionMetric}
+OUTAGE_GIVE_UP_STREAK = 4  # `score --pending` stops waiting for a judge after this many failures in a row
 Log = Callable[..., None]
 
 
@@ -89,6 +90,8 @@ class ScoringStage:
         self._db = asyncio.Lock()
         self._running: set[asyncio.Task[None]] = set()
         self._active: set[int] = set()  # job ids this process is measuring: their leases never expire here
+        self._given_back: dict[int, int] = {}  # job id -> its metric's success count when an outage gave back
+        self._own_failures: set[int] = set()  # jobs unavailable while their metric's judge answered others
         self.processed = 0
 
     def _build(self, metric: str) -> BaseMetric:
@@ -145,7 +148,7 @@ class ScoringStage:
         leased = await self._sql(
             "UPDATE eval_jobs SET status = 'running', attempts = attempts + 1, lease_until = ?, updated_at = ? "
             "WHERE job_id IN (SELECT job_id FROM eval_jobs WHERE status = 'pending' AND "
-            f"(not_before IS NULL OR not_before <= ?) {only} ORDER BY job_id LIMIT ?) "
+            f"(not_before IS NULL OR not_before <= ?) {only} ORDER BY not_before NULLS FIRST, job_id LIMIT ?) "
             "RETURNING job_id, conversation_id, conversation_version, metric, metric_config, attempts",
             [now + timedelta(seconds=self.config.lease_s), now, now, *paused, free])
         for job in leased:
@@ -199,7 +202,9 @@ class ScoringStage:
         if self.on_measured is not None:
             self.on_measured(metric_id, latency_ms / 1000, type(error).__name__ if error else None)
         outage = self.outages.get(metric_id)
+        given_back = self._given_back.pop(job_id, None)
         if error is None:
+            self._own_failures.discard(job_id)
             if outage is not None:
                 outage.succeeded()
             await self._write_score(job_id, conversation_id, version, metric_id, metric, service, agent,
@@ -207,7 +212,13 @@ class ScoringStage:
             self.processed += 1
             return
         message = f"{type(error).__name__}: {error}"
-        if outage is not None and isinstance(error, JudgeUnavailableError):
+        # an outage gives the attempt back, unless the judge answered other jobs since this one last failed:
+        # then the failure is this job's own (say it always times out), and from then on counts like any other
+        unavailable = outage is not None and isinstance(error, JudgeUnavailableError)
+        if unavailable and given_back is not None and given_back != outage.successes:
+            self._own_failures.add(job_id)
+        if unavailable and job_id not in self._own_failures:
+            self._given_back[job_id] = outage.successes
             retry_at = outage.failed(datetime.now(UTC))
             await self._sql("UPDATE eval_jobs SET status = 'pending', attempts = attempts - 1, lease_until = NULL, "
                             "not_before = ?, last_error = ?, updated_at = now() WHERE job_id = ? AND status = "
@@ -216,6 +227,7 @@ class ScoringStage:
                      consecutive=outage.streak, reason=message)
             return
         if attempts >= self.config.max_attempts:
+            self._own_failures.discard(job_id)
             await self._sql("UPDATE eval_jobs SET status = 'failed', lease_until = NULL, last_error = ?, "
                             "updated_at = now() WHERE job_id = ? AND status = 'running'", [message, job_id])
             self.log("error", "scoring job failed", job_id=job_id, metric=metric_id, attempts=attempts, reason=message)
@@ -267,10 +279,19 @@ class ScoringStage:
             started = await self.step()
             if self._running:
                 await asyncio.gather(*list(self._running), return_exceptions=True)
-            [(left,)] = await self._sql("SELECT count(*) FROM eval_jobs WHERE status = 'pending' AND "
-                                        "(not_before IS NULL OR not_before <= now())")
+            left = dict(await self._sql("SELECT metric, count(*) FROM eval_jobs WHERE status = 'pending' AND "
+                                        "(not_before IS NULL OR not_before <= now()) GROUP BY 1"))
             if not started and not left:
                 return self.processed - before
+            if not started:  # what is left belongs to metrics paused by a judge outage
+                now = datetime.now(UTC)
+                paused = [self.outages[m] for m in left if m in self.outages and self.outages[m].blocks(now)]
+                if not paused or len(paused) < len(left):
+                    continue
+                if all(o.streak >= OUTAGE_GIVE_UP_STREAK for o in paused):
+                    return self.processed - before  # the judge stays down: leave the jobs pending for later
+                until = min(o.until for o in paused if o.until is not None)
+                await asyncio.sleep(max(0.0, (until - now).total_seconds()))
 
     def describe(self) -> dict[str, Any]:
         return {"config": asdict(self.config), "waiting_for_judge": self.unavailable}

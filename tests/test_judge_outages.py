@@ -21,6 +21,7 @@ from tests.test_pipeline import config, export, query, turn
 
 OUTAGE = "outage_backoff_s = 0.2\noutage_max_backoff_s = 1.0\nmax_attempts = 2\n"
 JUDGE_TRIES = 5  # the LLM judge's first try and its 4 retries
+OUTAGE_CALLS = 160
 
 
 def _conversations(n: int) -> list[Any]:
@@ -64,22 +65,18 @@ def _wait_done(collector: CollectorProcess, jobs: int, timeout: float = 90) -> d
 
 
 def test_an_outage_then_flapping_costs_no_job_and_everything_is_scored(tmp_path: Path, judge_server) -> None:
-    start: list[float] = []
     lock = threading.Lock()
-    sent = {"outage": 0, "flapping": 0, "healthy": 0}
+    calls = {"n": 0}
 
     def script(request: Request) -> Reply:
+        """The first 160 calls fail (an outage), the next 40 alternate 429/502 and answers, then all answer."""
         with lock:
-            if not start:
-                start.append(time.monotonic())
-            elapsed = time.monotonic() - start[0]
-            phase = "outage" if elapsed < 4 else "flapping" if elapsed < 7 else "healthy"
-            sent[phase] += 1
-            count = sent[phase]
-        if phase == "outage":
+            calls["n"] += 1
+            n = calls["n"]
+        if n <= OUTAGE_CALLS:
             return _unavailable(503)
-        if phase == "flapping" and count % 2:
-            return _unavailable(429 if count % 4 == 1 else 502)
+        if n <= OUTAGE_CALLS + 40 and n % 2:
+            return _unavailable(429 if n % 4 == 1 else 502)
         return _answer(request)
 
     judge_server.script = script
@@ -87,18 +84,16 @@ def test_an_outage_then_flapping_costs_no_job_and_everything_is_scored(tmp_path:
     with CollectorProcess(tmp_path / "t.duckdb", config=config(tmp_path, OUTAGE), env=env) as collector:
         export(collector, _conversations(4))
         states = _wait_done(collector, 12)
-        assert states == {"done": 12}, states  # max_attempts = 2, yet an outage of seconds failed nothing
+        assert states == {"done": 12}, states  # max_attempts = 2, yet the outage failed nothing
         waits = _events(collector, "judge unavailable; its jobs wait")
         attempts = query(collector, "SELECT max(attempts) FROM eval_jobs")
         collector.stop()
     assert attempts[0][0] <= 2
-    streaks = [w["consecutive"] for w in waits]
-    assert max(streaks) >= 3, "the pause should grow over a 4 s outage"
+    # jobs in flight when a pause begins count once, so each pause is one step of the doubling; a step
+    # costs at most 4 jobs x 2 concurrent calls x 5 tries = 40 failing calls across both metrics
+    assert max(w["consecutive"] for w in waits) >= OUTAGE_CALLS // (4 * 2 * JUDGE_TRIES) // 2
     pauses = [time.mktime(time.strptime(w["retry_at"][:19], "%Y-%m-%dT%H:%M:%S")) - w["ts"] for w in waits]
     assert max(pauses) <= 1.0 + 1.0  # capped at outage_max_backoff_s (retry_at is cut to whole seconds)
-    # while paused, a metric sends nothing: the outage cost at most one judge retry sequence per job slot
-    # and pause, never one per job per poll
-    assert sent["outage"] <= (len(waits) + 2 * 4) * JUDGE_TRIES, sent
 
 
 def test_a_429_storm_respects_the_budget_and_scores_once_it_passes(tmp_path: Path, judge_server) -> None:
@@ -127,3 +122,34 @@ def test_a_429_storm_respects_the_budget_and_scores_once_it_passes(tmp_path: Pat
         collector.stop()
     assert states.get("budget", 0) >= 1 and "failed" not in states, states
     assert judged >= 1 and spent <= budget + 2 * most  # at most the measures already running when it ran out
+
+
+def test_a_job_the_judge_always_fails_while_others_score_still_fails(tmp_path: Path, judge_server) -> None:
+    """Unavailability of one conversation only (say it always times out) is not an outage: it uses up
+    attempts and fails, instead of being given back forever."""
+    def script(request: Request) -> Reply:
+        return _unavailable(503) if "Question 0?" in request.user else _answer(request)
+
+    judge_server.script = script
+    env = {"OPENAI_BASE_URL": judge_server.base_url, "OPENAI_API_KEY": "sk-test-not-a-secret"}
+    cfg = config(tmp_path, OUTAGE + "concurrency = 1\n")
+    with CollectorProcess(tmp_path / "t.duckdb", config=cfg, env=env) as collector:
+        export(collector, _conversations(3))
+        states = _wait_done(collector, 9)
+        failed = query(collector, "SELECT DISTINCT conversation_id FROM eval_jobs WHERE status = 'failed'")
+        collector.stop()
+    assert states.get("done") == 7 and states.get("failed") == 2, states  # conv-0's two judged metrics
+    assert failed == [["conv-0"]]
+
+
+def test_jobs_failing_together_count_as_one_step_of_an_outage() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from scoring.outage import JudgeOutage
+
+    outage, now = JudgeOutage(base_s=1.0, max_s=8.0), datetime(2026, 12, 2, tzinfo=UTC)
+    first = outage.failed(now)
+    assert first == now + timedelta(seconds=1) and outage.failed(now) == first and outage.streak == 1
+    assert outage.failed(first) == first + timedelta(seconds=2) and outage.streak == 2
+    outage.succeeded()
+    assert not outage.blocks(first) and outage.streak == 0 and outage.successes == 1

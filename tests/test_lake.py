@@ -165,6 +165,9 @@ def test_lake_queries_are_read_only_and_confined(tmp_path: Path, lake: LakeConfi
     for sql, expected in [("SELECT * FROM read_text('/etc/hostname')", "disabled"),
                           ("SELECT * FROM postgres_query('__ducklake_metadata_lake', 'SELECT 1')", "postgres_query"),
                           ("DELETE FROM scores", "only read-only SELECT"),
+                          ("SELECT * FROM json_execute_serialized_sql(json_serialize_sql("
+                           "'SELECT * FROM postgres_execute(''__ducklake_metadata_lake'', ''SELECT 1'')'))",
+                           "json_execute_serialized_sql"),
                           ("SELECT * FROM ducklake_expire_snapshots('lake', dry_run => true)", "ducklake_expire")]:
         done = _cli("query", "--lake", "--config", str(cfg), sql)
         assert done.returncode == 2 and expected in done.stderr, (sql, done.stderr)
@@ -176,3 +179,19 @@ def test_query_lake_without_a_lake_says_what_to_set(tmp_path: Path) -> None:
     (tmp_path / "tracejudge.toml").write_text("[server]\n")
     done = _cli("query", "--lake", "--config", str(tmp_path / "tracejudge.toml"), "SELECT 1")
     assert done.returncode == 2 and "[lake] catalog" in done.stderr
+
+
+def test_a_publishing_collector_needs_a_stable_replica_name(tmp_path: Path) -> None:
+    (tmp_path / "tracejudge.toml").write_text('[lake]\ncatalog = "postgres:dbname=x host=127.0.0.1"\n')
+    done = _cli("serve", "--config", str(tmp_path / "tracejudge.toml"), "--db", str(tmp_path / "t.duckdb"),
+                "--grpc-port", "0", "--http-port", "0", "--admin-port", "0")
+    assert done.returncode == 2 and "[lake] replica is required" in done.stderr
+
+
+def test_lake_errors_never_show_the_catalog_password(tmp_path: Path, postgres: PostgresServer) -> None:
+    from collector.lake import LakeError, open_lake
+
+    catalog = f"postgres:dbname=nosuchdb host=127.0.0.1 port={postgres.port} user=nobody password=hunter2-secret"
+    with pytest.raises(LakeError) as caught:
+        open_lake(LakeConfig(catalog, str(tmp_path) + "/", "r"))
+    assert "hunter2-secret" not in str(caught.value) and "password=***" in str(caught.value)

@@ -321,7 +321,10 @@ def test_a_conversation_waiting_at_a_restart_is_still_assembled(tmp_path, judge_
 def test_side_effecting_functions_are_refused_in_queries(tmp_path, judge_env) -> None:
     with CollectorProcess(tmp_path / "t.duckdb", config=config(tmp_path), env=judge_env) as collector:
         for sql in ("SELECT setval('eval_job_ids', 9223372036854775807)", "SELECT nextval('eval_job_ids')",
-                    "SELECT * FROM query('DELETE FROM scores')"):
+                    "SELECT * FROM query('DELETE FROM scores')",
+                    # a serialized statement hides its functions from the parse tree
+                    "SELECT * FROM json_execute_serialized_sql("
+                    "json_serialize_sql('SELECT nextval(''eval_job_ids'')'))"):
             reply = httpx.post(f"{collector.admin_url}/api/query", json={"sql": sql})
             assert reply.status_code == 403, sql
         export(collector, conversations(end=True))

@@ -43,12 +43,12 @@ class _StatusError(Exception):
         self.response = response
 
 
-def _detail(response: httpx.Response) -> tuple[str, str | None]:
-    """The server's explanation, and its `error_type` when it gives one."""
+def _detail(response: httpx.Response, secret: str | None) -> tuple[str, str | None]:
+    """The server's explanation (without our key, should it echo it), and its `error_type` when it gives one."""
     try:
         body = response.json()
     except ValueError:
-        return response.text[:300] or response.reason_phrase, None
+        return mask_secret(response.text, secret)[:300] or response.reason_phrase, None
     detail = body.get("detail", body.get("error", body)) if isinstance(body, dict) else body
     error_type = detail.get("error_type") if isinstance(detail, dict) else None
     if isinstance(detail, list):
@@ -187,7 +187,7 @@ class TypeSafeJudge:
         if isinstance(exc, _StatusError):
             response = exc.response
             status = response.status_code
-            message, error_type = _detail(response)
+            message, error_type = _detail(response, self._api_key)
             message = mask_secret(message, self._api_key)
             if status in (401, 403):
                 raise JudgeAuthenticationError(
