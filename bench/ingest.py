@@ -175,12 +175,17 @@ def main() -> None:
     parser.add_argument("--spans", type=int, default=512, help="spans per request")
     parser.add_argument("--in-flight", type=int, default=8)
     parser.add_argument("--phoenix-python", help="python of a venv with arize-phoenix: also run Phoenix")
+    parser.add_argument("--redaction", action="store_true", help="with [redaction] on (the builtin rules)")
     args = parser.parse_args()
     sizes = build_requests(1, args.spans)
     print(f"request: {args.spans} spans, {len(sizes[0])} bytes ({len(sizes[0]) / args.spans:.0f} B/span)")
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        collector = CollectorProcess(Path(tmp) / "bench.duckdb").start()
+        config = None
+        if args.redaction:
+            config = Path(tmp) / "tracejudge.toml"
+            config.write_text("[redaction]\nenabled = true\n")
+        collector = CollectorProcess(Path(tmp) / "bench.duckdb", config=config).start()
         try:
             channel = grpc.insecure_channel(collector.grpc_endpoint,
                                             options=[("grpc.max_send_message_length", 64 * 1024 * 1024)])
