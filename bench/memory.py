@@ -107,13 +107,15 @@ def _scrape(collector: CollectorProcess) -> dict[str, float]:
     return values
 
 
-def soak(seconds: float, conversations_per_s: float, judge_latency_s: float = 0.05) -> SoakResult:
+def soak(seconds: float, conversations_per_s: float, judge_latency_s: float = 0.05,
+         memory_limit: str | None = None) -> SoakResult:
     """Export at a fixed rate for `seconds` with scoring on; sample RSS, queue, commit time and jobs each second."""
     import grpc
 
     with JudgeStub(latency_s=judge_latency_s) as judge, tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "tracejudge.toml"
-        config.write_text('[scoring]\nmodel = "gpt-4o-mini"\nconcurrency = 16\n')
+        store = f'[store]\nmemory_limit = "{memory_limit}"\n' if memory_limit else ""
+        config.write_text('[scoring]\nmodel = "gpt-4o-mini"\nconcurrency = 16\n' + store)
         collector = CollectorProcess(Path(tmp) / "mem.duckdb", config=config,
                                      env={"OPENAI_BASE_URL": judge.base_url, "OPENAI_API_KEY": "sk-bench"}).start()
         try:
@@ -153,8 +155,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=int, default=120)
     parser.add_argument("--conversations-per-s", type=float, default=20)
+    parser.add_argument("--memory-limit", help="[store] memory_limit, e.g. 256MB")
     args = parser.parse_args()
-    print(soak(args.seconds, args.conversations_per_s).summary())
+    print(soak(args.seconds, args.conversations_per_s, memory_limit=args.memory_limit).summary())
 
 
 if __name__ == "__main__":

@@ -64,6 +64,8 @@ class StoreSettings(_Section):
     max_batch_spans: int = Field(50_000, ge=1, description="most spans committed in one transaction")
     max_queue_spans: int = Field(500_000, ge=1, description="spans waiting for a commit before receivers push back")
     retry_after_s: int = Field(1, ge=1, description="Retry-After given to exporters under backpressure")
+    memory_limit: str | None = Field(None, description="cap on DuckDB's buffer memory, like '1GB' (none: DuckDB's "
+                                     "default, 80% of RAM)")
 
 
 class ConversationSettings(_Section):
@@ -81,6 +83,11 @@ class SamplingSettings(_Section):
     exclude_services: list[str] = Field(default_factory=list, description="never these service names")
     include_agents: list[str] = Field(default_factory=list, description="only these agent names (empty: all)")
     exclude_agents: list[str] = Field(default_factory=list, description="never these agent names")
+    include_attributes: dict[str, list[str]] = Field(default_factory=dict, description="only conversations with "
+                                                     "one of these span or resource attribute values, e.g. "
+                                                     "{'deployment.environment' = ['prod']} (empty: all)")
+    exclude_attributes: dict[str, list[str]] = Field(default_factory=dict, description="never conversations with "
+                                                     "one of these attribute values, e.g. {'user.tier' = ['test']}")
 
 
     @field_validator("metric_rates")

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from collector.config import Settings
 from collector.log import Logger
-from collector.sampling import decide
+from collector.sampling import attribute_values, decide
 from mapping import Conversation, Span, build_conversations
 from mapping.conversation_key import KEY_PRECEDENCE
 
@@ -139,14 +139,18 @@ class ConversationAssembler:
         }) for r in rows]
         written = [c for c in build_conversations(spans) if c.conversation_id == conversation_id]
         for conversation in written:
-            self.write_version(conversation)
+            mine = set(conversation.trace_ids)
+            self.write_version(conversation, attribute_values(self.settings.sampling,
+                                                              (s for s in spans if s.trace_id in mine)))
         # the newest span assembled, not the clock: a span committed meanwhile is still newer after a restart
         newest = max((r[15] for r in rows), default=datetime.now(UTC))
         self.con.execute("INSERT OR REPLACE INTO assembled_traces SELECT unnest(?), ?, ?",
                          [traces, conversation_id, newest])
 
-    def write_version(self, conversation: Conversation) -> int | None:
-        """A new version when the content changed (with its jobs); None when this content is already stored."""
+    def write_version(self, conversation: Conversation,
+                      attributes: dict[str, set[str]] | None = None) -> int | None:
+        """A new version when the content changed (with its jobs); None when this content is already stored.
+        `attributes`: the values of the sampling filters' attribute keys in the conversation's spans."""
         cid = conversation.conversation_id
         latest = self.con.execute("SELECT version, content_hash FROM conversations WHERE conversation_id = ? "
                                   "ORDER BY version DESC LIMIT 1", [cid]).fetchone()
@@ -155,7 +159,7 @@ class ConversationAssembler:
         version = (latest[0] if latest else 0) + 1
         metrics = self.settings.scoring.metrics
         value, sampled = decide(self.settings.sampling, metrics, cid, conversation.service_name,
-                                conversation.agent_name)
+                                conversation.agent_name, attributes)
         now = datetime.now(UTC)
         self.con.execute("BEGIN TRANSACTION")
         try:

@@ -1,15 +1,18 @@
 """Which conversations the judged metrics score: a hash of the conversation id against each metric's rate.
 
 sha256(id) mapped to [0, 1) is the same on every restart and replica, and nested: a conversation sampled
-at 10% is also sampled at 50%. Filters on service and agent name apply first; `mcp_call_validity` is
-cheap and runs on every conversation unless a rate is given for it.
+at 10% is also sampled at 50%. Filters on service and agent name and on span or resource attribute values
+apply first; `mcp_call_validity` is cheap and runs on every conversation unless a rate is given for it.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
+from typing import Any
 
 from collector.config import SamplingSettings
+from mapping.spans import Span
 
 ALWAYS = "mcp_call_validity"
 
@@ -19,15 +22,39 @@ def sample_value(conversation_id: str) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
+def _text(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def attribute_values(settings: SamplingSettings, spans: Iterable[Span]) -> dict[str, set[str]]:
+    """The values (as text) the conversation's spans and resources hold for the filtered attribute keys."""
+    keys = set(settings.include_attributes) | set(settings.exclude_attributes)
+    found: dict[str, set[str]] = {}
+    if not keys:
+        return found
+    for span in spans:
+        for source in (span.attributes, span.resource):
+            for key in keys & source.keys():
+                found.setdefault(key, set()).add(_text(source[key]))
+    return found
+
+
+def _any_match(filters: dict[str, list[str]], values: dict[str, set[str]]) -> bool:
+    return any(values.get(key, set()) & set(wanted) for key, wanted in filters.items())
+
+
 def decide(settings: SamplingSettings, metrics: list[str], conversation_id: str, service_name: str | None,
-           agent_name: str | None) -> tuple[float, dict[str, bool]]:
-    """(sample value, metric -> scored?) for one conversation."""
+           agent_name: str | None, attributes: dict[str, set[str]] | None = None) -> tuple[float, dict[str, bool]]:
+    """(sample value, metric -> scored?) for one conversation; `attributes` from `attribute_values`."""
     value = sample_value(conversation_id)
+    attributes = attributes or {}
     allowed = (
         (not settings.include_services or service_name in settings.include_services)
         and service_name not in settings.exclude_services
         and (not settings.include_agents or agent_name in settings.include_agents)
         and agent_name not in settings.exclude_agents
+        and (not settings.include_attributes or _any_match(settings.include_attributes, attributes))
+        and not _any_match(settings.exclude_attributes, attributes)
     )
     decisions = {}
     for metric in metrics:

@@ -151,8 +151,10 @@ class StoreStats:
 
 class SpanStore:
     def __init__(self, path: Path, *, max_batch_spans: int = 50_000, max_queue_spans: int = 500_000,
-                 retry_after_s: int = 1, on_commit: Callable[[float, int], None] | None = None) -> None:
+                 retry_after_s: int = 1, on_commit: Callable[[float, int], None] | None = None,
+                 memory_limit: str | None = None) -> None:
         self.path = path
+        self.memory_limit = memory_limit
         self.on_commit = on_commit
         self.listeners: list[Callable[[pa.Table], None]] = []  # told of every committed table (writer thread)
         self.max_batch_spans = max_batch_spans
@@ -185,6 +187,14 @@ class SpanStore:
         # Fewer, larger checkpoints: each one stalls the writer, and at ingest rates the 16 MB default WAL
         # fills several times a second.
         self._con.execute("SET checkpoint_threshold = '256MB'")
+        if self.memory_limit:
+            try:
+                self._con.execute("SET memory_limit = ?", [self.memory_limit])
+            except duckdb.Error as exc:
+                self._con.close()
+                self._con = None
+                raise StoreOpenError(f"[store] memory_limit = {self.memory_limit!r} is not a size DuckDB accepts "
+                                     f"(like '1GB' or '512MB'): {exc}") from exc
         lock_down(self._con)
         self.healthy = True
         self._thread = threading.Thread(target=self._run, name="tracejudge-span-writer", daemon=True)

@@ -330,3 +330,28 @@ def test_side_effecting_functions_are_refused_in_queries(tmp_path, judge_env) ->
         export(collector, conversations(end=True))
         assert len(wait_for(collector, SCORES, 6)) == 6  # the pipeline still works
         collector.stop()
+
+
+def test_sampling_filters_on_resource_and_span_attributes(tmp_path, judge_env) -> None:
+    spans = []
+    for environment, conversation, tier in (("prod", "conv-prod", "paid"), ("staging", "conv-staging", "paid"),
+                                            ("prod", "conv-test-user", "test")):
+        memory = InMemorySpanExporter()
+        provider = TracerProvider(resource=Resource.create({"service.name": "weather-agent",
+                                                            "deployment.environment": environment}))
+        provider.add_span_processor(SimpleSpanProcessor(memory))
+        tracer = provider.get_tracer("agent")
+        with tracer.start_as_current_span("request", attributes={"user.tier": tier}):
+            turn(tracer, conversation, PARIS, "get-weather", {"city": "Paris"}, "Rainy", "Rainy.", end=True)
+        provider.shutdown()
+        spans += memory.get_finished_spans()
+    cfg = config(tmp_path, "[sampling]\ninclude_attributes = {'deployment.environment' = ['prod']}\n"
+                           "exclude_attributes = {'user.tier' = ['test']}\n")
+    with CollectorProcess(tmp_path / "t.duckdb", config=cfg, env=judge_env) as collector:
+        export(collector, spans)
+        rows = wait_for(collector, "SELECT conversation_id FROM conversations", 3)
+        assert len(rows) == 3
+        sampled = {c: json.loads(s) for c, s in query(collector, "SELECT conversation_id, sampled FROM conversations")}
+        collector.stop()
+    assert sampled["conv-prod"]["mcp_use"] is True
+    assert not any(sampled["conv-staging"].values()) and not any(sampled["conv-test-user"].values())
