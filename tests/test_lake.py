@@ -195,3 +195,31 @@ def test_lake_errors_never_show_the_catalog_password(tmp_path: Path, postgres: P
     with pytest.raises(LakeError) as caught:
         open_lake(LakeConfig(catalog, str(tmp_path) + "/", "r"))
     assert "hunter2-secret" not in str(caught.value) and "password=***" in str(caught.value)
+
+
+def test_a_catalog_crash_mid_run_loses_and_duplicates_nothing(tmp_path: Path, lake: LakeConfig,
+                                                              postgres: PostgresServer, judge_server) -> None:
+    judge_server.script = lambda r: completion({"reason": "final"} if r.judge == "final_reason"
+                                               else {"reason": "ok", "score": 0.5})
+    env = {"OPENAI_BASE_URL": judge_server.base_url, "OPENAI_API_KEY": "sk-test-not-a-secret"}
+    collector = CollectorProcess(tmp_path / "r.duckdb", config=_config(tmp_path, "replica-c", lake), env=env)
+    with collector:
+        export(collector, _spans("before"))
+        _wait_scores(collector, CONVERSATIONS * METRICS)
+        time.sleep(1.0)  # published
+        postgres.crash()
+        try:
+            export(collector, _spans("during"))
+            _wait_scores(collector, 2 * CONVERSATIONS * METRICS)
+            time.sleep(1.0)  # a few publish rounds fail while the catalog is down
+        finally:
+            postgres.resume()
+        time.sleep(2.0)  # the next rounds reconnect and publish the rest
+        assert collector.stop() == 0
+    failures = [line for line in collector.log_lines if "lake publish failed" in line]
+    assert failures, "the publisher should have met the dead catalog"
+    con = open_lake_for_query(lake)
+    rows = con.execute("SELECT count(*), count(DISTINCT (conversation_id, conversation_version, metric, "
+                       "metric_config)) FROM scores WHERE replica = 'replica-c'").fetchone()
+    con.close()
+    assert rows == (2 * CONVERSATIONS * METRICS, 2 * CONVERSATIONS * METRICS)

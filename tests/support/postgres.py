@@ -52,9 +52,17 @@ class PostgresServer:
         if os.geteuid() == 0:
             shutil.chown(self.root, "postgres")
         self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", self.user, "--no-sync")
+        self.resume()
+        return self
+
+    def resume(self) -> None:
+        """Start the server on its data directory (again, after `crash`)."""
         self._run("pg_ctl", "-D", str(self.data), "-w", "-l", str(self.root / "server.log"), "-o",
                   f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
-        return self
+
+    def crash(self) -> None:
+        """Stop the server the way a crash does: no shutdown checkpoint, connections cut."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "stop")
 
     def create_database(self, name: str) -> str:
         """A new database; its libpq connection string."""
