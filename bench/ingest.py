@@ -76,15 +76,25 @@ def build_requests(count: int, spans_per_request: int, offset: int = 0) -> list[
     return out
 
 
+def process_tree(pid: int) -> list[int]:
+    """The process and its children, whichever of its threads started them (the decode workers are
+    spawned from a worker thread, so /proc/PID/task/PID/children alone misses them)."""
+    children = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children += Path(task, "children").read_text().split()
+    return [pid, *map(int, children)]
+
+
+def status_mb(pid: int, field: str) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def peak_rss_mb(pid: int) -> float:
     """Peak RSS of the server and its decode workers (summed: an upper bound of the peak together)."""
-    total = 0.0
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    for proc in [pid, *map(int, children)]:
-        for line in Path(f"/proc/{proc}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                total += int(line.split()[1]) / 1024
-    return total
+    return sum(status_mb(proc, "VmHWM") for proc in process_tree(pid))
 
 
 def run(send, requests: list[bytes], in_flight: int, rate_spans_s: float | None, spans_per_request: int):

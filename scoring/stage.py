@@ -38,6 +38,7 @@ from scoring.test_case import load_test_case
 
 JUDGED = {"mcp_use": MultiTurnMCPUseMetric, "mcp_task_completion": MCPTaskCompletionMetric}
 OUTAGE_GIVE_UP_STREAK = 4  # `score --pending` stops waiting for a judge after this many failures in a row
+OWN_FAILURE_STRIKES = 3  # unavailable this often while the judge answered others: the job's own failure
 Log = Callable[..., None]
 
 
@@ -90,7 +91,8 @@ class ScoringStage:
         self._db = asyncio.Lock()
         self._running: set[asyncio.Task[None]] = set()
         self._active: set[int] = set()  # job ids this process is measuring: their leases never expire here
-        self._given_back: dict[int, int] = {}  # job id -> its metric's success count when an outage gave back
+        # job id -> (its metric's success count when an outage first gave its attempt back, failures since)
+        self._given_back: dict[int, tuple[int, int]] = {}
         self._own_failures: set[int] = set()  # jobs unavailable while their metric's judge answered others
         self.processed = 0
 
@@ -148,7 +150,8 @@ class ScoringStage:
         leased = await self._sql(
             "UPDATE eval_jobs SET status = 'running', attempts = attempts + 1, lease_until = ?, updated_at = ? "
             "WHERE job_id IN (SELECT job_id FROM eval_jobs WHERE status = 'pending' AND "
-            f"(not_before IS NULL OR not_before <= ?) {only} ORDER BY not_before NULLS FIRST, job_id LIMIT ?) "
+            f"(not_before IS NULL OR not_before <= ?) {only} "
+            "ORDER BY job_id LIMIT ?) "
             "RETURNING job_id, conversation_id, conversation_version, metric, metric_config, attempts",
             [now + timedelta(seconds=self.config.lease_s), now, now, *paused, free])
         for job in leased:
@@ -212,17 +215,24 @@ class ScoringStage:
             self.processed += 1
             return
         message = f"{type(error).__name__}: {error}"
-        # an outage gives the attempt back, unless the judge answered other jobs since this one last failed:
-        # then the failure is this job's own (say it always times out), and from then on counts like any other
+        # an outage gives the attempt back; but a job still unavailable after OWN_FAILURE_STRIKES tries,
+        # while the judge has answered other jobs since its first, fails by itself (say it always times
+        # out): from then on its failures count like any other. A flapping judge rarely fails one job so often.
         unavailable = outage is not None and isinstance(error, JudgeUnavailableError)
-        if unavailable and given_back is not None and given_back != outage.successes:
+        first_seen, failures = given_back if given_back is not None else (None, 0)
+        failures += 1
+        if unavailable and first_seen is not None and first_seen != outage.successes \
+                and failures >= OWN_FAILURE_STRIKES:
             self._own_failures.add(job_id)
         if unavailable and job_id not in self._own_failures:
-            self._given_back[job_id] = outage.successes
-            retry_at = outage.failed(datetime.now(UTC))
+            self._given_back[job_id] = (outage.successes if first_seen is None else first_seen, failures)
+            now = datetime.now(UTC)
+            retry_at = outage.failed(now)
+            # the metric resumes at retry_at with other jobs; this one waits as long again, so a job that
+            # only fails by itself cannot be first in line every time and hide that the judge is back
             await self._sql("UPDATE eval_jobs SET status = 'pending', attempts = attempts - 1, lease_until = NULL, "
                             "not_before = ?, last_error = ?, updated_at = now() WHERE job_id = ? AND status = "
-                            "'running'", [retry_at, message, job_id])
+                            "'running'", [retry_at + (retry_at - now), message, job_id])
             self.log("warning", "judge unavailable; its jobs wait", metric=metric_id, retry_at=retry_at.isoformat(),
                      consecutive=outage.streak, reason=message)
             return
