@@ -12,10 +12,12 @@ import asyncio
 import gc
 import multiprocessing
 import os
+import threading
 from concurrent.futures import Executor, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from multiprocessing.process import BaseProcess
 
 import pyarrow as pa
 
@@ -69,8 +71,23 @@ def decode_request(payload: bytes, content_type: str,
     return _to_ipc(table), table.num_rows, problems
 
 
+def _exit_with_parent(parent: BaseProcess) -> None:
+    """A worker whose collector died (kill -9 leaves no time to stop the pool) exits instead of living on:
+    the parent's sentinel pipe reads end-of-file once no process holds its other end."""
+    parent.join()
+    os._exit(0)
+
+
+def _ready() -> None:
+    """Submitted once per worker at start, so every worker exists before the first export."""
+
+
 def _worker_init() -> None:
     gc.set_threshold(100_000, 50, 100)
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(target=_exit_with_parent, args=(parent,), name="tracejudge-parent-watch",
+                         daemon=True).start()
 
 
 class DecodePool:
@@ -84,7 +101,7 @@ class DecodePool:
         if self.workers > 0:
             self._executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
                                                  initializer=_worker_init)
-            for future in [self._executor.submit(_worker_init) for _ in range(self.workers)]:
+            for future in [self._executor.submit(_ready) for _ in range(self.workers)]:
                 future.result()  # start every worker now, not on the first export
 
     async def decode(self, payload: bytes, content_type: str) -> DecodedBatch:

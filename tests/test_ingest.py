@@ -31,6 +31,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from bench.ingest import process_tree
 from mapping import decode_otlp
 from tests.support.collector_process import CollectorProcess
 from tests.support.otlp_json import request, span
@@ -221,7 +222,14 @@ def test_acknowledged_spans_survive_kill_9(db: Path) -> None:
         exporter = GrpcSpanExporter(endpoint=collector.grpc_endpoint, insecure=True)
         for spans in batches:
             assert exporter.export(spans) is SpanExportResult.SUCCESS
+        assert collector.proc is not None
+        workers = process_tree(collector.proc.pid)[1:]
+        assert workers, "the decode workers should be running"
         collector.kill()
+    deadline = time.monotonic() + 15  # orphaned decode workers notice and exit within a couple of seconds
+    while any(Path(f"/proc/{w}").exists() for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [w for w in workers if Path(f"/proc/{w}").exists()], "decode workers outlived a killed collector"
     with CollectorProcess(db) as collector:  # opens cleanly after the crash, recovering from the WAL
         assert collector.stop() == 0
     assert len(stored(db)) == sum(len(b) for b in batches)
