@@ -1,7 +1,7 @@
 """A bounded soak: several minutes of ingest with scoring on; RSS, queue depth and commit time stay flat.
 
 Not run in CI (marker `soak`, deselected by default). Run it with:
-    pytest -m soak -s tests/test_soak.py        # TRACEJUDGE_SOAK_S=300 (default), TRACEJUDGE_SOAK_RATE=10,
+    pytest -m soak -s tests/test_soak.py        # TRACEJUDGE_SOAK_S=300 (default), TRACEJUDGE_SOAK_RATE=6,
                                                 # TRACEJUDGE_SOAK_MEMORY_LIMIT=256MB ([store] memory_limit)
 It prints the per-third figures recorded in RELIABILITY.md.
 """
@@ -19,7 +19,7 @@ from bench.memory import soak
 @pytest.mark.soak
 def test_a_soak_keeps_memory_queue_and_commit_time_flat() -> None:
     seconds = float(os.environ.get("TRACEJUDGE_SOAK_S", "300"))
-    rate = float(os.environ.get("TRACEJUDGE_SOAK_RATE", "10"))
+    rate = float(os.environ.get("TRACEJUDGE_SOAK_RATE", "6"))
     result = soak(seconds, rate, memory_limit=os.environ.get("TRACEJUDGE_SOAK_MEMORY_LIMIT"))
     print("\n" + result.summary())
     warm = result.window(seconds / 3, 2 * seconds / 3)  # after start-up and the first checkpoints
