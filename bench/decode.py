@@ -19,7 +19,7 @@ import duckdb
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.ingest import build_requests  # noqa: E402
 from collector.schema import migrate  # noqa: E402
-from collector.span_store import spans_to_arrow  # noqa: E402
+from collector.span_rows import spans_to_arrow  # noqa: E402
 from mapping import decode_otlp  # noqa: E402
 
 

@@ -21,7 +21,7 @@ from multiprocessing.process import BaseProcess
 
 import pyarrow as pa
 
-from collector.span_store import spans_to_arrow
+from collector.span_rows import spans_to_arrow
 from mapping.otlp import SpanProblem, decode_otlp
 from mapping.redaction import Redactor
 from scoring.errors import TracejudgeError

@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import math
 import queue
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,19 +22,7 @@ import duckdb
 import pyarrow as pa
 
 from collector.schema import migrate
-from mapping.conversation_key import resource_conversation_key, span_own_conversation_key
-from mapping.spans import Span
 from scoring.errors import TracejudgeError
-
-_SCHEMA = pa.schema([
-    ("trace_id", pa.string()), ("span_id", pa.string()), ("parent_span_id", pa.string()), ("name", pa.string()),
-    ("kind", pa.int8()), ("start_ns", pa.int64()), ("end_ns", pa.int64()), ("status_code", pa.int8()),
-    ("status_message", pa.string()), ("service_name", pa.string()), ("scope_name", pa.string()),
-    ("scope_version", pa.string()), ("attributes", pa.string()), ("resource_attributes", pa.string()),
-    ("events", pa.string()), ("links", pa.string()), ("conversation_key", pa.string()),
-    ("conversation_key_source", pa.string()), ("received_at", pa.timestamp("us", tz="UTC")),
-])
-MAX_INT64 = 2**63 - 1
 
 
 class StoreError(TracejudgeError):
@@ -54,84 +39,6 @@ class Backpressure(StoreError):
     def __init__(self, message: str, retry_after_s: int) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
-
-
-_ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"), default=str)
-
-
-def to_json(value: Any) -> str:
-    """Strict JSON DuckDB's JSON type accepts: NaN and Infinity as strings, lone surrogates as U+FFFD."""
-    try:
-        text = _ENCODER.encode(value)
-    except ValueError:
-        text = _ENCODER.encode(_finite(value))
-    return _text(text)
-
-
-def _text(value: str) -> str:
-    if value.isascii():
-        return value
-    try:
-        value.encode("utf-8")
-        return value
-    except UnicodeEncodeError:
-        return value.encode("utf-8", "replace").decode("utf-8")
-
-
-def _clamp(ns: int) -> int:
-    return min(max(ns, 0), MAX_INT64)
-
-
-def spans_to_arrow(spans: list[Span], received_at: datetime) -> pa.Table:
-    """Columns of the spans table; one row per (trace_id, span_id), the last delivery winning in a batch."""
-    unique = {s.key: s for s in spans}
-    columns: dict[str, list[Any]] = {name: [] for name in _SCHEMA.names}
-    resources: dict[int, tuple[str, tuple[str, str] | None]] = {}  # spans of one request share their resource
-    c_trace, c_span, c_parent = columns["trace_id"], columns["span_id"], columns["parent_span_id"]
-    c_name, c_kind, c_start, c_end = columns["name"], columns["kind"], columns["start_ns"], columns["end_ns"]
-    c_code, c_message, c_service = columns["status_code"], columns["status_message"], columns["service_name"]
-    c_scope, c_version, c_attrs = columns["scope_name"], columns["scope_version"], columns["attributes"]
-    c_resource, c_events, c_links = columns["resource_attributes"], columns["events"], columns["links"]
-    c_key, c_source = columns["conversation_key"], columns["conversation_key_source"]
-    for s in unique.values():
-        cached = resources.get(id(s.resource))
-        if cached is None:
-            cached = resources[id(s.resource)] = (to_json(s.resource), resource_conversation_key(s.resource))
-        resource_json, resource_key = cached
-        key = span_own_conversation_key(s) or resource_key
-        c_trace.append(s.trace_id)
-        c_span.append(s.span_id)
-        c_parent.append(s.parent_span_id)
-        c_name.append(_text(s.name))
-        c_kind.append(s.kind if -128 <= s.kind <= 127 else 0)
-        c_start.append(_clamp(s.start_ns))
-        c_end.append(_clamp(s.end_ns))
-        c_code.append(s.status_code if -128 <= s.status_code <= 127 else 0)
-        c_message.append(_text(s.status_message))
-        service = s.resource.get("service.name")
-        c_service.append(_text(service) if isinstance(service, str) else None)
-        c_scope.append(_text(s.scope_name))
-        c_version.append(_text(s.scope_version))
-        c_attrs.append(to_json(s.attributes))
-        c_resource.append(resource_json)
-        c_events.append(to_json([{"name": e.name, "time_ns": e.time_ns, "attributes": e.attributes}
-                                 for e in s.events]) if s.events else "[]")
-        c_links.append(to_json([{"trace_id": lk.trace_id, "span_id": lk.span_id, "attributes": lk.attributes}
-                                for lk in s.links]) if s.links else "[]")
-        c_key.append(_text(key[1]) if key else None)
-        c_source.append(key[0] if key else None)
-    columns["received_at"] = [received_at] * len(unique)
-    return pa.table(columns, schema=_SCHEMA)
 
 
 @dataclass

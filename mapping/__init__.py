@@ -2,11 +2,34 @@
 
 `decode_otlp` turns an export request into normalized spans (reporting invalid spans one by one);
 `build_conversations` groups spans into conversations and rebuilds each as a ConversationalTestCase.
+The names are imported on first use (PEP 562): decoding alone does not load the test-case models.
 """
 
-from mapping.conversation import Conversation, build_conversations
-from mapping.otlp import DecodedRequest, OTLPDecodeError, SpanProblem, UnsupportedContentTypeError, decode_otlp
-from mapping.spans import Span, SpanEvent, SpanLink
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mapping.conversation import Conversation, build_conversations
+    from mapping.otlp import DecodedRequest, OTLPDecodeError, SpanProblem, UnsupportedContentTypeError, decode_otlp
+    from mapping.spans import Span, SpanEvent, SpanLink
+
+_WHERE = {
+    "Conversation": "mapping.conversation", "build_conversations": "mapping.conversation",
+    "DecodedRequest": "mapping.otlp", "OTLPDecodeError": "mapping.otlp", "SpanProblem": "mapping.otlp",
+    "UnsupportedContentTypeError": "mapping.otlp", "decode_otlp": "mapping.otlp",
+    "Span": "mapping.spans", "SpanEvent": "mapping.spans", "SpanLink": "mapping.spans",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'mapping' has no attribute {name!r}")
+
 
 __all__ = [
     "Conversation",

@@ -1,27 +1,59 @@
-"""tracejudge's evaluation library: the MCP metrics, their judges and `evaluate()`."""
+"""tracejudge's evaluation library: the MCP metrics, their judges and `evaluate()`.
 
-from scoring.call_validity import MCPCallValidityMetric
-from scoring.errors import (
-    EvalModeError,
-    InvalidTestCaseError,
-    JudgeAuthenticationError,
-    JudgeConfigurationError,
-    JudgeError,
-    JudgeOutputError,
-    JudgeRequestError,
-    JudgeUnavailableError,
-    NoTaskError,
-    TracejudgeError,
-)
-from scoring.evaluate import EvaluationResult, MetricResult, TestResult, a_evaluate, evaluate
-from scoring.judges import LLMJudge, RetryPolicy
-from scoring.mcp_use import MultiTurnMCPUseMetric
-from scoring.metric import BaseMetric
-from scoring.task_completion import MCPTaskCompletionMetric
+The names below are imported on first use (PEP 562), so a process that needs one module (a decode worker
+needs only `scoring.errors`) does not load the judges, the OpenAI client and the metrics.
+"""
 
-METRICS: dict[str, type[BaseMetric]] = {
-    m.metric_id: m for m in (MultiTurnMCPUseMetric, MCPTaskCompletionMetric, MCPCallValidityMetric)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from scoring.call_validity import MCPCallValidityMetric
+    from scoring.errors import (
+        EvalModeError,
+        InvalidTestCaseError,
+        JudgeAuthenticationError,
+        JudgeConfigurationError,
+        JudgeError,
+        JudgeOutputError,
+        JudgeRequestError,
+        JudgeUnavailableError,
+        NoTaskError,
+        TracejudgeError,
+    )
+    from scoring.evaluate import EvaluationResult, MetricResult, TestResult, a_evaluate, evaluate
+    from scoring.judges import LLMJudge, RetryPolicy
+    from scoring.mcp_use import MultiTurnMCPUseMetric
+    from scoring.metric import BaseMetric
+    from scoring.task_completion import MCPTaskCompletionMetric
+
+_WHERE = {
+    "MCPCallValidityMetric": "scoring.call_validity",
+    "EvaluationResult": "scoring.evaluate", "MetricResult": "scoring.evaluate", "TestResult": "scoring.evaluate",
+    "a_evaluate": "scoring.evaluate", "evaluate": "scoring.evaluate",
+    "LLMJudge": "scoring.judges", "RetryPolicy": "scoring.judges",
+    "MultiTurnMCPUseMetric": "scoring.mcp_use", "BaseMetric": "scoring.metric",
+    "MCPTaskCompletionMetric": "scoring.task_completion",
+    **{name: "scoring.errors" for name in (
+        "EvalModeError", "InvalidTestCaseError", "JudgeAuthenticationError", "JudgeConfigurationError", "JudgeError",
+        "JudgeOutputError", "JudgeRequestError", "JudgeUnavailableError", "NoTaskError", "TracejudgeError")},
 }
+
+
+def __getattr__(name: str) -> Any:
+    if name == "METRICS":
+        metrics = {m.metric_id: m for m in (__getattr__("MultiTurnMCPUseMetric"), __getattr__(
+            "MCPTaskCompletionMetric"), __getattr__("MCPCallValidityMetric"))}
+        globals()["METRICS"] = metrics
+        return metrics
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'scoring' has no attribute {name!r}")
+
 
 __all__ = [
     "METRICS",
