@@ -67,3 +67,20 @@ def wait_for_jobs(collector: CollectorProcess) -> list[list]:
         time.sleep(0.2)
     return _jobs(collector)
 
+
+
+def test_credentials_in_a_judge_url_are_masked_in_errors(judge_server) -> None:
+    import pytest
+
+    from scoring import LLMJudge, MCPTaskCompletionMetric
+    from scoring.errors import JudgeRequestError
+    from tests.support.cases import two_turn_case
+
+    judge_server.script = lambda r: error(404, "no such model")
+    url = judge_server.base_url.replace("http://", "http://alice:s3cr3t-pass@")  # a proxy with basic auth
+    judge = LLMJudge("gpt-4o-mini", base_url=url, api_key="sk-test-not-a-secret")
+    metric = MCPTaskCompletionMetric(model=judge)
+    with pytest.raises(JudgeRequestError) as caught:
+        metric.measure(two_turn_case())
+    shown = str(caught.value) + repr(judge)
+    assert "s3cr3t-pass" not in shown and "http://***@127.0.0.1" in shown, shown

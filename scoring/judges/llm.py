@@ -25,7 +25,7 @@ from scoring.errors import (
 from scoring.judges.loop_pool import LoopPool
 from scoring.judges.pricing import TokenPrice, known_price
 from scoring.judges.retry import Retry, RetryPolicy, call_with_retries, parse_retry_after, retryable_status
-from scoring.judges.secret_mask import mask_secret
+from scoring.judges.secret_mask import mask_secret, mask_url
 from scoring.judges.ssl_context import shared_ssl_context
 from scoring.judges.structured_output import parse_output
 from scoring.prompts import OutputSpec
@@ -101,7 +101,7 @@ class LLMJudge:
         )
 
     def __repr__(self) -> str:
-        return f"LLMJudge(model={self.model!r}, base_url={self.base_url!r})"
+        return f"LLMJudge(model={self.model!r}, base_url={mask_url(self.base_url) if self.base_url else None!r})"
 
     @property
     def id(self) -> str:
@@ -198,7 +198,7 @@ class LLMJudge:
         return mask_secret(_server_message(exc), self._api_key)
 
     def _where(self) -> str:
-        return self.base_url or "api.openai.com"
+        return mask_url(self.base_url) if self.base_url else "api.openai.com"
 
     def _unavailable(self, last: str, attempts: int) -> JudgeUnavailableError:
         return JudgeUnavailableError(

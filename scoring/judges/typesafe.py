@@ -27,7 +27,7 @@ from scoring.judges.budget import DEFAULT_BUDGET, Budget
 from scoring.judges.loop_pool import LoopPool
 from scoring.judges.questions import Question, parse_wire_answer
 from scoring.judges.retry import Retry, RetryPolicy, call_with_retries, parse_retry_after, retryable_status
-from scoring.judges.secret_mask import mask_secret
+from scoring.judges.secret_mask import mask_secret, mask_url
 from scoring.judges.ssl_context import shared_ssl_context
 from scoring.judges.system_one import Decision
 from scoring.task_group import gather_all
@@ -125,7 +125,7 @@ class TypeSafeJudge:
         )
 
     def __repr__(self) -> str:
-        return f"TypeSafeJudge(model={self.model!r}, base_url={self.base_url!r})"
+        return f"TypeSafeJudge(model={self.model!r}, base_url={mask_url(self.base_url)!r})"
 
     @property
     def id(self) -> str:
@@ -160,11 +160,11 @@ class TypeSafeJudge:
         try:
             payload = response.json()
         except ValueError as exc:
-            raise JudgeOutputError(f"System One at {self.base_url} answered with non-JSON: "
+            raise JudgeOutputError(f"System One at {mask_url(self.base_url)} answered with non-JSON: "
                                    f"{response.text[:200]!r}") from exc
         raw_answers = payload.get("answers") if isinstance(payload, dict) else None
         if not isinstance(raw_answers, dict):
-            raise JudgeOutputError(f"System One at {self.base_url} answered without an 'answers' map: "
+            raise JudgeOutputError(f"System One at {mask_url(self.base_url)} answered without an 'answers' map: "
                                    f"{str(payload)[:200]}")
         missing = [k for k in questions if k not in raw_answers]
         if missing:
@@ -191,7 +191,7 @@ class TypeSafeJudge:
             message = mask_secret(message, self._api_key)
             if status in (401, 403):
                 raise JudgeAuthenticationError(
-                    f"System One at {self.base_url} refused the credentials (HTTP {status}): {message}; "
+                    f"System One at {mask_url(self.base_url)} refused the credentials (HTTP {status}): {message}; "
                     "check TYPESAFE_API_KEY"
                 )
             if error_type == "max_tokens_exceeded":
@@ -199,10 +199,10 @@ class TypeSafeJudge:
                                          "score this conversation with eval_mode='llm'")
             if retryable_status(status):
                 return Retry(f"HTTP {status}: {message}", parse_retry_after(response.headers))
-            raise JudgeRequestError(f"System One at {self.base_url} rejected the request (HTTP {status}): {message}",
-                                    status=status)
+            raise JudgeRequestError(f"System One at {mask_url(self.base_url)} rejected the request "
+                                    f"(HTTP {status}): {message}", status=status)
         if isinstance(exc, httpx.UnsupportedProtocol | httpx.InvalidURL):
-            raise JudgeConfigurationError(f"the System One base URL {self.base_url!r} is not usable ({exc}); "
+            raise JudgeConfigurationError(f"the System One base URL {mask_url(self.base_url)!r} is not usable ({exc}); "
                                           "give a full URL such as http://127.0.0.1:8080")
         if isinstance(exc, httpx.TransportError):
             return Retry(f"{type(exc).__name__}: {exc}")
@@ -210,6 +210,6 @@ class TypeSafeJudge:
 
     def _unavailable(self, last: str, attempts: int) -> JudgeUnavailableError:
         return JudgeUnavailableError(
-            f"System One at {self.base_url} kept failing after {attempts} attempts (last: {last}); "
+            f"System One at {mask_url(self.base_url)} kept failing after {attempts} attempts (last: {last}); "
             "retry later, or use eval_mode='llm'"
         )
