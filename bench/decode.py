@@ -1,13 +1,16 @@
-"""Where ingest time goes, on one core: decode_otlp, the Arrow columns, and the DuckDB append.
+"""Where ingest time goes, on one core: decode_otlp, redaction, the Arrow columns, and the DuckDB append.
 
 Decoding is measured with Python's default GC thresholds, with the collector's (gen-0 100,000) and with GC
-off, on the same pre-built requests as bench/ingest.py. Run: `python bench/decode.py [--requests 40]`.
+off, on the same pre-built requests as bench/ingest.py; then the `[redaction]` step with the builtin rules,
+and the memory a decode worker process takes just to import its code. Run:
+`python bench/decode.py [--requests 40]`.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import subprocess
 import sys
 import tempfile
 import time
@@ -21,6 +24,17 @@ from bench.ingest import build_requests  # noqa: E402
 from collector.schema import migrate  # noqa: E402
 from collector.span_rows import spans_to_arrow  # noqa: E402
 from mapping import decode_otlp  # noqa: E402
+from mapping.redaction import BUILTIN_RULES, Redactor  # noqa: E402
+
+
+def import_footprint_mb(modules: str) -> float:
+    """RSS of a fresh interpreter that only imports `modules` (what a spawned worker pays at start); VmRSS,
+    since ru_maxrss would carry this process's peak over the fork."""
+    code = (f"import {modules}; print(next(line.split()[1] for line in open('/proc/self/status') "
+            "if line.startswith('VmRSS:')))")
+    root = str(Path(__file__).resolve().parent.parent)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
+    return int(out.stdout) / 1024
 
 
 def main() -> None:
@@ -41,6 +55,10 @@ def main() -> None:
         del decoded
     gc.set_threshold(100_000, 50, 100)
     spans = [s for r in requests for s in decode_otlp(r, "application/x-protobuf").spans]
+    redactor = Redactor.build(BUILTIN_RULES, {})
+    started = time.perf_counter()
+    redactor.spans(spans)
+    print(f"redaction (builtin rules): {n / (time.perf_counter() - started):,.0f} spans/s")
     started = time.perf_counter()
     table = spans_to_arrow(spans, datetime.now(UTC))
     print(f"spans_to_arrow: {n / (time.perf_counter() - started):,.0f} spans/s")
@@ -52,6 +70,9 @@ def main() -> None:
         con.execute("INSERT OR IGNORE INTO spans SELECT * FROM incoming")
         print(f"DuckDB INSERT OR IGNORE of the Arrow table: {n / (time.perf_counter() - started):,.0f} rows/s")
         con.close()
+    print(f"decode worker imports (collector.decode_pool): {import_footprint_mb('collector.decode_pool'):.0f} MB; "
+          f"the store and the scoring package, which workers imported before: "
+          f"{import_footprint_mb('collector.span_store, scoring.stage'):.0f} MB")
 
 
 if __name__ == "__main__":

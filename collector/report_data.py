@@ -76,7 +76,7 @@ class ReportData:
 def _has(con: duckdb.DuckDBPyConnection, name: str) -> bool:
     try:
         con.execute(f"SELECT 1 FROM {name} LIMIT 0")
-    except (duckdb.CatalogException, duckdb.BinderException):
+    except duckdb.CatalogException:
         return False
     return True
 
@@ -104,7 +104,7 @@ def collect(con: duckdb.DuckDBPyConnection, since: dt.date, until: dt.date) -> R
             "WHERE CAST(timezone('UTC', scored_at) AS DATE) BETWEEN ? AND ? GROUP BY 1", window).fetchall():
         data.cost[day] = cost or 0.0
     in_window = "CAST(timezone('UTC', s.scored_at) AS DATE) BETWEEN ? AND ?"
-    replica = _has(con, "(SELECT replica FROM scores)")
+    replica = "replica" in [column for column, *_ in con.execute("DESCRIBE scores").fetchall()]
     join = "AND c.replica = s.replica" if replica else ""
     for row in con.execute(
             "SELECT s.conversation_id, s.conversation_version, s.metric, s.service_name, s.score, s.reason, "

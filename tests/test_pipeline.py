@@ -77,16 +77,18 @@ def config(tmp_path: Path, extra: str = "") -> Path:
     return path
 
 
-def query(collector: CollectorProcess, sql: str) -> list[list[Any]]:
-    reply = httpx.post(f"{collector.admin_url}/api/query", json={"sql": sql}, timeout=30)
+def query(collector: CollectorProcess, sql: str, token: str | None = None) -> list[list[Any]]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    reply = httpx.post(f"{collector.admin_url}/api/query", json={"sql": sql}, headers=headers, timeout=30)
     assert reply.status_code == 200, reply.text
     return reply.json()["rows"]
 
 
-def wait_for(collector: CollectorProcess, sql: str, expected: int, timeout: float = 60) -> list[list[Any]]:
+def wait_for(collector: CollectorProcess, sql: str, expected: int, timeout: float = 60,
+             token: str | None = None) -> list[list[Any]]:
     deadline = time.monotonic() + timeout
     while True:
-        rows = query(collector, sql)
+        rows = query(collector, sql, token)
         if len(rows) >= expected or time.monotonic() > deadline:
             return rows
         time.sleep(0.2)

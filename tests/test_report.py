@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import duckdb
@@ -20,7 +19,7 @@ from collector.span_store import SpanStore
 from tests.support.browser import chromium_path, visit
 from tests.support.cases import two_turn_case
 from tests.support.collector_process import CollectorProcess
-from tests.test_pipeline import config, conversations, export, judge_script
+from tests.test_pipeline import config, conversations, export, judge_script, wait_for
 
 PAYLOAD = "<script>window.__pwned = 1</script><img src=x onerror='window.__pwned = 2'>"
 DAYS = 5
@@ -109,7 +108,7 @@ def test_collector_serves_the_report_and_the_cli_saves_it(tmp_path: Path, judge_
     with CollectorProcess(tmp_path / "t.duckdb", config=config(tmp_path), env=env) as collector:
         export(collector, conversations(end=True))
         headers = {"Authorization": "Bearer report-token-123"}
-        assert wait_for_scores(collector, headers) == 6
+        assert len(wait_for(collector, "SELECT * FROM scores", 6, token="report-token-123")) == 6
         assert httpx.get(f"{collector.admin_url}/report", timeout=30).status_code == 401
         reply = httpx.get(f"{collector.admin_url}/report", params={"since": "1d"}, headers=headers, timeout=60)
         assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/html")
@@ -124,18 +123,6 @@ def test_collector_serves_the_report_and_the_cli_saves_it(tmp_path: Path, judge_
         assert done.returncode == 0, done.stderr
         assert "mcp_task_completion · weather-agent" in out.read_text()
         collector.stop()
-
-
-def wait_for_scores(collector: CollectorProcess, headers: dict[str, str]) -> int:
-    def count() -> int:
-        reply = httpx.post(f"{collector.admin_url}/api/query", json={"sql": "SELECT count(*) FROM scores"},
-                           headers=headers, timeout=30)
-        return reply.json()["rows"][0][0]
-
-    deadline = time.monotonic() + 60
-    while count() < 6 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return count()
 
 
 def test_since_accepts_days_hours_weeks_and_dates() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import httpx
@@ -12,18 +11,11 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 
 from tests.support.collector_process import CollectorProcess
 from tests.support.scripted_server import error, system_one_answers
-from tests.test_pipeline import config, conversations
+from tests.test_pipeline import config, conversations, wait_for
 
 INGEST, QUERY = "ingest-tok-7f3a9c1e55d04b2b", "query-tok-0c8e4d2a91f7"
 OPENAI_KEY, TYPESAFE_KEY = "sk-live-SECRETKEY0123456789abcdef", "ts-live-SECRETKEY9876543210"
 GUESS = "guessed-token-55aa66bb"
-
-
-def _jobs(collector: CollectorProcess) -> list[list]:
-    reply = httpx.post(f"{collector.admin_url}/api/query", json={"sql": "SELECT status, last_error FROM eval_jobs"},
-                       headers={"Authorization": f"Bearer {QUERY}"}, timeout=30)
-    assert reply.status_code == 200, reply.text
-    return reply.json()["rows"]
 
 
 def test_secrets_stay_out_of_logs_errors_and_metrics(tmp_path: Path, judge_server, s1_server) -> None:
@@ -43,7 +35,8 @@ def test_secrets_stay_out_of_logs_errors_and_metrics(tmp_path: Path, judge_serve
         wrong_query = httpx.post(f"{collector.admin_url}/api/query", json={"sql": "SELECT 1"},
                                  headers={"Authorization": f"Bearer {GUESS}"}, timeout=10)
         assert wrong_query.status_code == 401 and GUESS not in wrong_query.text
-        tried = wait_for_jobs(collector)
+        tried = wait_for(collector, "SELECT status, last_error FROM eval_jobs WHERE last_error IS NOT NULL", 4,
+                         token=QUERY)
         assert tried and all(status != "done" for status, _ in tried)
         errors = " ".join(e or "" for _, e in tried)
         assert "refused the credentials (HTTP 401)" in errors and "…" + OPENAI_KEY[-4:] in errors
@@ -54,19 +47,6 @@ def test_secrets_stay_out_of_logs_errors_and_metrics(tmp_path: Path, judge_serve
     for where, text in seen.items():
         for secret in (INGEST, QUERY, OPENAI_KEY, TYPESAFE_KEY, GUESS):
             assert secret not in text, f"{secret[:8]}… appears in the {where}"
-
-
-def wait_for_jobs(collector: CollectorProcess) -> list[list]:
-    """The jobs once every one has been tried (the scripted judge refuses the key)."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        rows = _jobs(collector)
-        judged = [r for r in rows if r[1] is not None]
-        if len(judged) >= 4:
-            return judged
-        time.sleep(0.2)
-    return _jobs(collector)
-
 
 
 def test_credentials_in_a_judge_url_are_masked_in_errors(judge_server) -> None:
