@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from mapping.conversation_key import trace_conversation_key
 from mapping.dialects import DIALECTS, AgentRun, LLMCall, MCPOperation, ToolDefinition, ToolExecution
+from mapping.envelopes import unwrap_tool_result
 from mapping.messages import Message, final_assistant_text, last_user_text
 from mapping.results import prompt_result, resource_result, tool_result
 from mapping.spans import Span
@@ -44,6 +45,7 @@ class Conversation:
     first_span_ns: int
     last_span_ns: int
     content_hash: str
+    explanation: tuple[dict[str, Any], ...] = ()  # with build_conversations(explain=True): where each turn came from
 
 
 @dataclass
@@ -54,6 +56,11 @@ class _Facts:
     tool: ToolExecution | None = None
     op: MCPOperation | None = None
     definitions: list[ToolDefinition] = field(default_factory=list)
+    dialects: dict[str, str] = field(default_factory=dict)  # aspect -> the dialect that described it
+
+    def where(self, aspect: str) -> str:
+        """`span 'name' (id) via dialect`, for `inspect --explain`."""
+        return f"span '{self.span.name}' {self.span.span_id} via {self.dialects.get(aspect, '?')}"
 
 
 def _facts(span: Span) -> _Facts:
@@ -61,10 +68,13 @@ def _facts(span: Span) -> _Facts:
     for dialect in DIALECTS:
         if not dialect.applies(span):
             continue
-        facts.run = facts.run or dialect.agent_run(span)
-        facts.llm = facts.llm or dialect.llm_call(span)
-        facts.tool = facts.tool or dialect.tool_execution(span)
-        facts.op = facts.op or dialect.mcp_operation(span)
+        for aspect, ask in (("run", dialect.agent_run), ("llm", dialect.llm_call), ("tool", dialect.tool_execution),
+                            ("op", dialect.mcp_operation)):
+            if getattr(facts, aspect) is None:
+                answer = ask(span)
+                if answer is not None:
+                    setattr(facts, aspect, answer)
+                    facts.dialects[aspect] = dialect.name
         if not facts.definitions:
             facts.definitions = dialect.tool_definitions(span)
     return facts
@@ -82,6 +92,9 @@ class _Call:
     error_message: str | None = None
     mcp: bool = False
     server: str | None = None
+    executed: bool = True  # False for a call the model asked for that no span shows running
+    mcp_rule: str | None = None  # why the call counts as an MCP primitive
+    sources: list[str] = field(default_factory=list)
 
     def absorb(self, arguments: Any, result: Any, error: bool, error_message: str | None) -> None:
         """Fill what this record lacks from another view of the same call; an error on either side counts."""
@@ -91,6 +104,24 @@ class _Call:
             self.result = result
         self.error = self.error or error
         self.error_message = self.error_message or error_message
+
+    def absorb_request(self, arguments: Any) -> None:
+        """The model's own tool call: its named arguments win over a positional input the tool span recorded."""
+        if isinstance(arguments, dict) and arguments and _positional(self.arguments) or self.arguments is None:
+            self.arguments = arguments
+
+    def mark_mcp(self, rule: str) -> None:
+        self.mcp = True
+        self.mcp_rule = self.mcp_rule or rule
+
+
+def _positional(arguments: Any) -> bool:
+    """Arguments a framework recorded without their names: a bare value or LangChain's `{"input": ...}`."""
+    if arguments is None:
+        return True
+    if isinstance(arguments, dict):
+        return set(arguments) == {"input"}
+    return True
 
 
 @dataclass
@@ -107,6 +138,7 @@ class _Draft:
     calls: list[_Call] = field(default_factory=list)
     listed: list[tuple[str, str | None, dict[str, Any]]] = field(default_factory=list)  # (method, server, item)
     definitions: list[ToolDefinition] = field(default_factory=list)
+    sources: dict[str, str] = field(default_factory=dict)  # "user" / "assistant" -> where the text came from
 
 
 class _Trace:
@@ -143,24 +175,34 @@ class _Trace:
     def _draft(self, root: _Facts, run: AgentRun, members: list[_Facts]) -> _Draft:
         draft = _Draft(start_ns=root.span.start_ns, trace_id=root.span.trace_id, run_span_id=root.span.span_id,
                        service_name=root.span.service_name, agent_name=run.agent_name)
-        llms = [f.llm for f in members if f.llm is not None]
+        llm_facts = [f for f in members if f.llm is not None]
+        llms = [f.llm for f in llm_facts if f.llm is not None]
+        run_where = root.where("run")
         if run.history is not None:
             new = run.history[run.new_from or 0:]
             draft.user_text = "\n".join(m.text for m in new if m.is_user_text) or None
             draft.reply = final_assistant_text(new) or run.output_text
-            message_sources = [(new, True)]
+            draft.sources = {"user": f"{run_where}: the run's new messages",
+                             "assistant": f"{run_where}: the run's new messages"}
+            message_sources = [(new, True, run_where)]
         else:
             first_input = llms[0].input if llms else []
             draft.user_text = last_user_text(first_input) or run.input_text
-            draft.reply = (final_assistant_text(llms[-1].output) if llms else None) or run.output_text
+            draft.sources["user"] = (f"{llm_facts[0].where('llm')}: last user message of the first LLM input"
+                                     if last_user_text(first_input) else f"{run_where}: the run's input")
+            final = final_assistant_text(llms[-1].output) if llms else None
+            draft.reply = final or run.output_text
+            draft.sources["assistant"] = (f"{llm_facts[-1].where('llm')}: text of the last LLM output" if final
+                                          else f"{run_where}: the run's output")
             # inputs repeat the whole history: they may pair results with this run's calls, never add calls
-            message_sources = [pair for llm in llms for pair in ((llm.output, True), (llm.input, False))]
+            message_sources = [(messages, own, f.where("llm")) for f in llm_facts if f.llm is not None
+                               for messages, own in ((f.llm.output, True), (f.llm.input, False))]
         if draft.agent_name is None:
             names = ((f.run.agent_name if f.run else None) or f.span.str_attr("gen_ai.agent.name") for f in members)
             draft.agent_name = next((n for n in names if n), None)
         self._collect_calls(draft, members)
-        for messages, may_add in message_sources:
-            _pair_parts(draft.calls, messages, root.span.start_ns, may_add)
+        for messages, may_add, where in message_sources:
+            _pair_parts(draft.calls, messages, root.span.start_ns, may_add, where)
         for f in members:
             draft.definitions += f.definitions
             if f.op is not None and f.op.method.endswith("/list"):
@@ -191,12 +233,13 @@ class _Trace:
                 call = same
             else:
                 call = _Call(kind, name, span.start_ns, tool.call_id if tool else None, view.arguments, view.result,
-                             view.error, view.error_message, tool.mcp if tool else True, tool.server if tool else None)
+                             view.error, view.error_message, False, tool.server if tool else None)
                 draft.calls.append(call)
+            call.sources.append(f.where("tool" if tool is not None else "op"))
             if tool is not None and tool.mcp:
-                call.mcp = True
+                call.mark_mcp(f"the tool span says MCP ({f.where('tool')})")
             if op is not None:
-                call.mcp = True
+                call.mark_mcp(f"an MCP {op.side or 'client'} span ({f.where('op')})")
                 if op.server and (op.side == "server" or call.server is None):
                     call.server = op.server  # the server's own name beats the address the client dialled
             by_span[span.span_id] = call
@@ -207,47 +250,80 @@ class _Trace:
 _OP_KINDS = {"tools/call": "tool", "resources/read": "resource", "prompts/get": "prompt"}
 
 
-def _pair_parts(calls: list[_Call], messages: list[Message], start_ns: int, may_add: bool) -> None:
-    """Tool-call and tool-result parts of messages, paired by call id with the calls already known; a call
-    only parts describe is added when `may_add` (the messages are this run's own, not replayed history)."""
+def _same_tool(call: _Call, name: str | None) -> bool:
+    """A tool span may name the tool as the framework registered it (`weather__get_weather`, `mcp.get_weather`)."""
+    if call.kind != "tool" or not name:
+        return False
+    return call.name == name or call.name.endswith(("__" + name, "." + name, "_" + name)) \
+        or name.endswith(("__" + call.name, "." + call.name, "_" + call.name))
+
+
+def _unidentified_match(calls: list[_Call], part: Any) -> _Call | None:
+    """The executed call a requested call without a matching id is: same tool, and the same arguments when
+    two calls of the tool are open (two `get_weather` calls in one step), else the first in time."""
+    open_calls = [c for c in calls if c.call_id is None and _same_tool(c, part.name)]
+    same_args = [c for c in open_calls if c.arguments == part.arguments
+                 or (_positional(c.arguments) and c.arguments is not None and isinstance(part.arguments, dict)
+                     and (c.arguments.get("input") if isinstance(c.arguments, dict) else c.arguments)
+                     in part.arguments.values())]
+    return (same_args or open_calls or [None])[0]
+
+
+def _pair_parts(calls: list[_Call], messages: list[Message], start_ns: int, may_add: bool, where: str) -> None:
+    """Tool-call and tool-result parts of messages, joined with the calls spans showed running: by call id,
+    else by tool and arguments. A call only parts describe is added when `may_add` (the messages are this
+    run's own, not replayed history) and counts as executed only once a result for it is seen."""
     by_id = {c.call_id: c for c in calls if c.call_id}
     for message in messages:
         for part in message.tool_calls:
             call = by_id.get(part.id) if part.id else None
             if call is None:
-                call = next((c for c in calls if c.kind == "tool" and c.call_id is None and c.name == part.name), None)
+                call = _unidentified_match(calls, part)
                 if call is not None:
                     call.call_id = part.id
             if call is None:
                 if not may_add:
                     continue
-                call = _Call("tool", part.name or "unknown", start_ns, part.id)
+                call = _Call("tool", part.name or "unknown", start_ns, part.id, executed=False)
                 calls.append(call)
             if part.id:
                 by_id[part.id] = call
-            call.absorb(part.arguments, None, False, None)
+            call.absorb_request(part.arguments)
+            if may_add:
+                call.sources.append(f"{where}: the model's tool call")
         for part in message.tool_results:
             call = by_id.get(part.id) if part.id else None
             if call is not None:
                 call.absorb(None, part.result, False, None)
+                if not call.executed:
+                    call.executed = True
+                    call.sources.append(f"{where}: the tool's result message")
 
 
 # --- the MCP server inventory ---------------------------------------------------------------------------
 
 
 class _Inventory:
-    def __init__(self, given: Sequence[MCPServer]) -> None:
+    """The MCP servers' tools, resources and prompts, and for each tool where we learned it is MCP."""
+
+    def __init__(self, given: Sequence[MCPServer], named: Mapping[str, Sequence[str]]) -> None:
         self.servers: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
+        self.origin: dict[str, str] = {}  # tool name -> how it entered the inventory
         for server in given:
             data = server.model_dump(mode="json", exclude_none=True)
             entry = self._server(server.server_name)
             entry["meta"]["transport"] = {"transport": server.transport} if server.transport else {}
             for tool in data.get("available_tools", []):
                 entry["tools"][tool["name"]] = tool
+                self.origin.setdefault(tool["name"], f"listed for server '{server.server_name}' in the servers file")
             for res in data.get("available_resources", []):
                 entry["resources"][res["uri"]] = res
             for prompt in data.get("available_prompts", []):
                 entry["prompts"][prompt["name"]] = prompt
+        for server_name, tools in named.items():
+            for name in tools:
+                self._server(server_name)["tools"].setdefault(name, {"name": name})
+                self.origin.setdefault(name, f"named for server '{server_name}' in [mapping] mcp_tools")
 
     def _server(self, name: str) -> dict[str, dict[str, dict[str, Any]]]:
         return self.servers.setdefault(name, {"tools": {}, "resources": {}, "prompts": {}, "meta": {}})
@@ -258,6 +334,8 @@ class _Inventory:
         if section in ("tools", "resources", "prompts") and isinstance(item.get(key), str):
             existing = self._server(server or DEFAULT_SERVER)[section].setdefault(item[key], {})
             existing.update({k: v for k, v in item.items() if v is not None})
+            if section == "tools":
+                self.origin.setdefault(item[key], f"listed by an MCP {method} span")
 
     def server_of_tool(self, name: str) -> str | None:
         return next((s for s, entry in self.servers.items() if name in entry["tools"]), None)
@@ -266,7 +344,7 @@ class _Inventory:
         tool = self._server(server)["tools"].setdefault(definition.name, {"name": definition.name})
         if definition.description and not tool.get("description"):
             tool["description"] = definition.description
-        if definition.input_schema and not tool.get("inputSchema"):
+        if definition.input_schema and not _has_properties(tool.get("inputSchema")):
             tool["inputSchema"] = definition.input_schema
 
     def to_servers(self) -> list[MCPServer]:
@@ -283,6 +361,11 @@ class _Inventory:
         return out
 
 
+def _has_properties(schema: Any) -> bool:
+    """A schema that says more than `{"type": "object"}` (the default a bare tool name gets)."""
+    return isinstance(schema, dict) and any(k not in ("type", "$schema") for k in schema)
+
+
 def _args(value: Any, name: str, notes: list[str]) -> dict[str, Any]:
     if value is None:
         return {}
@@ -292,27 +375,55 @@ def _args(value: Any, name: str, notes: list[str]) -> dict[str, Any]:
     return {}
 
 
-def _assistant_turn(draft: _Draft, inventory: _Inventory) -> Turn | None:
+def _explain_call(call: _Call, verdict: str, envelope: str | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"kind": call.kind, "name": call.name, "call_id": call.call_id, "counted_as": verdict,
+                             "sources": call.sources}
+    if call.mcp_rule:
+        entry["mcp_rule"] = call.mcp_rule
+    if envelope:
+        entry["result_envelope"] = envelope
+    return entry
+
+
+def _assistant_turn(draft: _Draft, inventory: _Inventory, explain: list[dict[str, Any]] | None) -> Turn | None:
     tools, resources, prompts, functions = [], [], [], []
     notes: list[str] = []
+    not_executed: list[dict[str, Any]] = []
     for call in draft.calls:
-        if call.kind == "resource":
+        envelope = None
+        if not call.executed:  # asked for by the model, never run: visible, but never a made call
+            not_executed.append({"name": call.name, "args": call.arguments, "call_id": call.call_id})
+            verdict = "not executed"
+        elif call.kind == "resource":
             resources.append(MCPResourceCall(uri=call.name, result=resource_result(call.result, call.name)))
+            verdict = "MCP resource read"
         elif call.kind == "prompt":
             prompts.append(MCPPromptCall(name=call.name, args=_args(call.arguments, call.name, notes),
                                          result=prompt_result(call.result)))
+            verdict = "MCP prompt get"
         elif call.mcp or inventory.server_of_tool(call.name):
+            if not call.mcp:
+                call.mark_mcp(inventory.origin.get(call.name, "in the MCP inventory"))
+            unwrapped = unwrap_tool_result(call.result)
+            envelope = unwrapped.envelope
             tools.append(MCPToolCall(name=call.name, args=_args(call.arguments, call.name, notes),
-                                     result=tool_result(call.result, call.error, call.error_message)))
+                                     result=tool_result(unwrapped.value, call.error or unwrapped.error,
+                                                        call.error_message)))
+            verdict = "MCP tool call"
         else:
             params = call.arguments if isinstance(call.arguments, dict) or call.arguments is None \
                 else {"input": call.arguments}
             functions.append(ToolCall(name=call.name, input_parameters=params, output=call.result, type="function"))
-    if not (draft.reply or tools or resources or prompts or functions):
+            verdict = "function tool (no MCP span, tools/list or [mapping] mcp_tools names it)"
+        if explain is not None:
+            explain.append(_explain_call(call, verdict, envelope))
+    if not (draft.reply or tools or resources or prompts or functions or not_executed):
         return None
     metadata: dict[str, Any] = {"trace_id": draft.trace_id, "span_id": draft.run_span_id}
     if notes:
         metadata["mapping_notes"] = notes
+    if not_executed:
+        metadata["calls_not_executed"] = not_executed
     return Turn(role="assistant", content=draft.reply or "", mcp_tools_called=tools or None,
                 mcp_resources_called=resources or None, mcp_prompts_called=prompts or None,
                 tools_called=functions or None, metadata=metadata)
@@ -330,11 +441,15 @@ def _dedupe(spans: Iterable[Span | dict[str, Any]]) -> list[Span]:
 
 
 def build_conversations(spans: Iterable[Span | dict[str, Any]],
-                        servers: Sequence[MCPServer | dict[str, Any]] | None = None) -> list[Conversation]:
+                        servers: Sequence[MCPServer | dict[str, Any]] | None = None, *,
+                        mcp_tools: Mapping[str, Sequence[str]] | None = None,
+                        explain: bool = False) -> list[Conversation]:
     """Every conversation the spans describe, as test cases with the MCP servers' inventory.
 
     `servers` is a user-supplied inventory (MCPServer objects or dicts), merged by server name with what the
-    traces listed. Conversations with no turn (e.g. only MCP housekeeping) are left out.
+    traces listed. `mcp_tools` names, per MCP server, the tools that are MCP primitives for frameworks that
+    emit no MCP span. With `explain`, each conversation says which span and rule gave each turn and call.
+    Conversations with no turn (e.g. only MCP housekeeping) are left out.
     """
     given = [s if isinstance(s, MCPServer) else MCPServer.model_validate(s) for s in servers or []]
     by_trace: dict[str, list[Span]] = {}
@@ -346,35 +461,46 @@ def build_conversations(spans: Iterable[Span | dict[str, Any]],
         groups.setdefault(value, (key, []))[1].append(trace_spans)
     conversations = []
     for conversation_id, (key, traces) in groups.items():
-        conversation = _build_one(conversation_id, key, traces, given)
+        conversation = _build_one(conversation_id, key, traces, given, mcp_tools or {}, explain)
         if conversation is not None:
             conversations.append(conversation)
     return sorted(conversations, key=lambda c: (c.first_span_ns, c.conversation_id))
 
 
-def _build_one(conversation_id: str, key: str, traces: list[list[Span]],
-               given: list[MCPServer]) -> Conversation | None:
+def _build_one(conversation_id: str, key: str, traces: list[list[Span]], given: list[MCPServer],
+               mcp_tools: Mapping[str, Sequence[str]], explain: bool) -> Conversation | None:
     drafts = sorted((d for spans in traces for d in _Trace(spans).drafts()), key=lambda d: d.start_ns)
-    inventory = _Inventory(given)
+    inventory = _Inventory(given, mcp_tools)
     seen = {c.server for d in drafts for c in d.calls if c.server} | {srv for d in drafts for _, srv, _ in d.listed
                                                                       if srv} | set(inventory.servers)
     default_server = next(iter(seen)) if len(seen) == 1 else DEFAULT_SERVER
     for draft in drafts:
         for method, server, item in draft.listed:
             inventory.add_listed(method, server or default_server, item)
-    definitions = {d.name: d for draft in drafts for d in draft.definitions}
+    definitions: dict[str, ToolDefinition] = {}
+    for definition in (d for draft in drafts for d in draft.definitions):
+        kept = definitions.get(definition.name)
+        if kept is None or (not _has_properties(kept.input_schema) and _has_properties(definition.input_schema)):
+            definitions[definition.name] = definition
     for draft in drafts:
         for call in draft.calls:
             if call.kind == "tool" and (call.mcp or inventory.server_of_tool(call.name)):
                 server = call.server or inventory.server_of_tool(call.name) or default_server
                 inventory.add_definition(server, definitions.get(call.name) or ToolDefinition(call.name))
     turns: list[Turn] = []
+    explanation: list[dict[str, Any]] = []
     for draft in drafts:
         if draft.user_text:
             turns.append(Turn(role="user", content=draft.user_text))
-        assistant = _assistant_turn(draft, inventory)
+            if explain:
+                explanation.append({"turn": len(turns) - 1, "role": "user", "source": draft.sources.get("user")})
+        calls: list[dict[str, Any]] | None = [] if explain else None
+        assistant = _assistant_turn(draft, inventory, calls)
         if assistant is not None:
             turns.append(assistant)
+            if explain:
+                explanation.append({"turn": len(turns) - 1, "role": "assistant",
+                                    "source": draft.sources.get("assistant"), "calls": calls})
     if not turns:
         return None
     all_spans = [s for spans in traces for s in spans]
@@ -391,4 +517,5 @@ def _build_one(conversation_id: str, key: str, traces: list[list[Span]],
         first_span_ns=min(s.start_ns for s in all_spans),
         last_span_ns=max(max(s.end_ns, s.start_ns) for s in all_spans),
         content_hash=digest,
+        explanation=tuple(explanation),
     )

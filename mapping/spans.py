@@ -102,6 +102,21 @@ class Span:
             self._parsed[key] = parse_json_value(self.attributes.get(key))
         return self._parsed[key]
 
+    def genai_json(self, key: str) -> Any:
+        """A GenAI content attribute from the span's attributes, else from the first span event carrying it.
+
+        Instrumentations on the latest GenAI conventions (Strands, OTel GenAI event mode) put
+        `gen_ai.input.messages` and friends on an event such as `gen_ai.client.inference.operation.details`.
+        """
+        value = self.json_attr(key)
+        if value is not None:
+            return value
+        event_key = "event:" + key
+        if event_key not in self._parsed:
+            raw = next((e.attributes[key] for e in self.events if key in e.attributes), None)
+            self._parsed[event_key] = parse_json_value(raw)
+        return self._parsed[event_key]
+
     def prefixed(self, prefix: str) -> dict[str, Any]:
         """Attributes under `prefix` with the prefix removed (for flattened, indexed keys)."""
         return {k[len(prefix):]: v for k, v in self.attributes.items() if k.startswith(prefix)}

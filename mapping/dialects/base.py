@@ -93,9 +93,9 @@ class Dialect:
 
 
 def span_error(span: Span) -> tuple[bool, str | None]:
-    """Failed if the status is ERROR or error.type says so (`tool_error` included)."""
+    """Failed if the status is ERROR, error.type says so (`tool_error` included) or `gen_ai.tool.status` is error."""
     error_type = span.str_attr("error.type")
-    failed = span.is_error or error_type is not None
+    failed = span.is_error or error_type is not None or span.str_attr("gen_ai.tool.status") == "error"
     message = span.status_message or (error_type if error_type not in (None, "tool_error") else None)
     return failed, message or None
 

@@ -1,5 +1,7 @@
-"""OTel GenAI semantic conventions: invoke_agent, chat and execute_tool spans, message attributes, the
-deprecated per-message span events, and tool definitions."""
+"""OTel GenAI semantic conventions: invoke_agent, chat and execute_tool spans; messages as attributes or on a
+span event (`gen_ai.client.inference.operation.details`, as Strands and event-mode instrumentations write
+them); the deprecated per-message events and the older `gen_ai.prompt` / `gen_ai.completion` events; tool
+definitions."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from mapping.dialects.base import AgentRun, Dialect, LLMCall, ToolDefinition, To
 from mapping.messages import Message, Part, final_assistant_text, last_user_text, parse_messages
 from mapping.spans import Span, as_list, parse_json_value
 
+ADK_MERGED = "(merged tools)"  # ADK's span for merging parallel tool responses: no call of its own
 LLM_OPERATIONS = frozenset({"chat", "generate_content", "text_completion"})
 EVENT_ROLES = {"gen_ai.system.message": "system", "gen_ai.user.message": "user",
                "gen_ai.assistant.message": "assistant", "gen_ai.tool.message": "tool"}
@@ -41,6 +44,22 @@ def _s(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
+def _legacy_messages(value: Any, role: str) -> list[Message]:
+    """`gen_ai.prompt` / `gen_ai.completion` event values: a message list, or plain text of one role."""
+    messages = parse_messages(value)
+    if messages:
+        return messages
+    return [Message(role, [Part("text", text=value)])] if isinstance(value, str) and value else []
+
+
+def _messages(span: Span, key: str) -> list[Message]:
+    return parse_messages(span.genai_json(key))
+
+
+def _tool_part(messages: list[Message], kind: str) -> Part | None:
+    return next((p for m in messages for p in m.parts if p.type == kind), None)
+
+
 class OTelGenAI(Dialect):
     name = "otel_genai"
 
@@ -54,16 +73,19 @@ class OTelGenAI(Dialect):
             return None
         return AgentRun(
             agent_name=span.str_attr("gen_ai.agent.name"),
-            input_text=last_user_text(parse_messages(span.json_attr("gen_ai.input.messages"))),
-            output_text=final_assistant_text(parse_messages(span.json_attr("gen_ai.output.messages"))),
+            input_text=last_user_text(_messages(span, "gen_ai.input.messages")),
+            output_text=final_assistant_text(_messages(span, "gen_ai.output.messages")),
         )
 
     def llm_call(self, span: Span) -> LLMCall | None:
         operation = span.str_attr("gen_ai.operation.name")
         if operation in ("invoke_agent", "execute_tool"):
             return None
-        inputs = parse_messages(span.json_attr("gen_ai.input.messages"))
-        outputs = parse_messages(span.json_attr("gen_ai.output.messages"))
+        inputs = _messages(span, "gen_ai.input.messages")
+        outputs = _messages(span, "gen_ai.output.messages")
+        if not inputs and not outputs:
+            inputs = _legacy_messages(span.genai_json("gen_ai.prompt"), "user")
+            outputs = _legacy_messages(span.genai_json("gen_ai.completion"), "assistant")
         if not inputs and not outputs:
             events = [(e.name, _event_message(e.name, e.attributes)) for e in span.events]
             inputs = [m for name, m in events if m is not None and name != "gen_ai.choice"]
@@ -75,29 +97,47 @@ class OTelGenAI(Dialect):
     def tool_execution(self, span: Span) -> ToolExecution | None:
         if span.str_attr("gen_ai.operation.name") != "execute_tool":
             return None
-        failed, message = span_error(span)
         name = span.str_attr("gen_ai.tool.name") or span.name.removeprefix("execute_tool").strip() or "unknown"
+        if name == ADK_MERGED:
+            return None
+        failed, message = span_error(span)
+        arguments = span.genai_json("gen_ai.tool.call.arguments")
+        result = span.genai_json("gen_ai.tool.call.result")
+        if arguments is None or result is None:  # event mode: the call and its result as messages
+            call = _tool_part(_messages(span, "gen_ai.input.messages"), "tool_call")
+            response = _tool_part(_messages(span, "gen_ai.output.messages"), "tool_call_response")
+            arguments = arguments if arguments is not None or call is None else call.arguments
+            result = result if result is not None or response is None else response.result
         return ToolExecution(
             name=name,
             call_id=span.str_attr("gen_ai.tool.call.id"),
-            arguments=span.json_attr("gen_ai.tool.call.arguments"),
-            result=span.json_attr("gen_ai.tool.call.result"),
+            arguments=arguments,
+            result=result,
             error=failed,
             error_message=message,
-            mcp=span.str_attr("mcp.method.name") == "tools/call",
+            mcp=span.str_attr("mcp.method.name") == "tools/call"
+            or "mcp" in (span.str_attr("gen_ai.tool.type") or "").lower(),  # ADK: McpTool
             server=span.str_attr("server.address"),
         )
 
     def tool_definitions(self, span: Span) -> list[ToolDefinition]:
-        definitions = span.json_attr("gen_ai.tool.definitions")
-        if not isinstance(definitions, list):
-            return []
         out = []
-        for item in definitions:
+        for item in as_list(span.json_attr("gen_ai.tool.definitions")):
             if isinstance(item, dict):
                 function = item.get("function") if isinstance(item.get("function"), dict) else item
                 if isinstance(function.get("name"), str):
-                    schema = function.get("parameters", function.get("input_schema"))
-                    out.append(ToolDefinition(function["name"], function.get("description"),
-                                              schema if isinstance(schema, dict) else None))
+                    schema = _schema(function.get("parameters", function.get("input_schema",
+                                                                             function.get("inputSchema"))))
+                    out.append(ToolDefinition(function["name"], function.get("description"), schema))
+        own = _schema(span.json_attr("gen_ai.tool.json_schema"))
+        name = span.str_attr("gen_ai.tool.name")
+        if own is not None and name:
+            out.append(ToolDefinition(name, span.str_attr("gen_ai.tool.description"), own))
         return out
+
+
+def _schema(value: Any) -> dict[str, Any] | None:
+    """A tool's JSON schema, also in the Bedrock form Strands records (`{"json": {...}}`)."""
+    if isinstance(value, dict) and set(value) == {"json"} and isinstance(value["json"], dict):
+        return value["json"]
+    return value if isinstance(value, dict) else None
