@@ -184,6 +184,9 @@ def _describe(conversation: Conversation) -> str:
             lines.append(f"      MCP prompt {prompt.name} {json.dumps(prompt.args, ensure_ascii=False)}")
         for tool in turn.tools_called or []:
             lines.append(f"      function {tool.name} {json.dumps(tool.input_parameters, ensure_ascii=False)}")
+        for asked in (turn.metadata or {}).get("calls_not_executed", []):
+            lines.append(f"      requested, never executed: {asked['name']} "
+                         f"{json.dumps(asked['args'], ensure_ascii=False)}")
     for server in tc.mcp_servers or []:
         names = ", ".join(t.name for t in server.available_tools) or "-"
         lines.append(f"  server {server.server_name}: tools {names}; {len(server.available_resources)} resource(s), "
@@ -191,24 +194,44 @@ def _describe(conversation: Conversation) -> str:
     return "\n".join(lines)
 
 
+def _explain(conversation: Conversation) -> str:
+    """Where each turn and call came from: the span, the dialect that read it, and the MCP rule that decided."""
+    lines = [f"conversation {conversation.conversation_id}: where each turn and call came from"]
+    for entry in conversation.explanation:
+        lines.append(f"  [{entry['turn']}] {entry['role']}: {entry.get('source') or '(no text)'}")
+        for call in entry.get("calls") or []:
+            lines.append(f"      {call['kind']} {call['name']} (call id {call.get('call_id') or '-'}): "
+                         f"{call['counted_as']}")
+            if call.get("mcp_rule"):
+                lines.append(f"        MCP because: {call['mcp_rule']}")
+            if call.get("result_envelope"):
+                lines.append(f"        result unwrapped from: {call['result_envelope']}")
+            lines.extend(f"        from {source}" for source in call["sources"])
+    return "\n".join(lines)
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     try:
         spans = read_trace_file(Path(args.file))
         servers = read_server_file(Path(args.servers)) if args.servers else None
-        redactor = load_settings().redaction.redactor()
+        settings = load_settings()
+        redactor = settings.redaction.redactor()
     except (InputFileError, ServerFileError, ConfigError) as exc:
         print(f"tracejudge inspect: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    conversations = build_conversations(redactor.spans(spans) if redactor is not None else spans, servers)
+    conversations = build_conversations(redactor.spans(spans) if redactor is not None else spans, servers,
+                                        mcp_tools=settings.mapping.mcp_tools, explain=args.explain)
     if args.format == "json":
         print(json.dumps([{
             "conversation_id": c.conversation_id, "key": c.key, "service_name": c.service_name,
             "agent_name": c.agent_name, "trace_ids": list(c.trace_ids), "first_span_ns": c.first_span_ns,
             "last_span_ns": c.last_span_ns, "content_hash": c.content_hash,
             "test_case": c.test_case.model_dump(mode="json", exclude_none=True),
+            **({"explanation": list(c.explanation)} if args.explain else {}),
         } for c in conversations], indent=2, ensure_ascii=False))
     else:
-        print("\n\n".join(_describe(c) for c in conversations) or f"no conversation in {len(spans)} span(s)")
+        texts = [_describe(c) + ("\n" + _explain(c) if args.explain else "") for c in conversations]
+        print("\n\n".join(texts) or f"no conversation in {len(spans)} span(s)")
     return EXIT_PASS
 
 
@@ -488,6 +511,10 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("file", metavar="FILE", help="OTLP/JSON (.json, .jsonl) or protobuf (.pb) trace file")
     inspect.add_argument("--servers", metavar="FILE", help="MCP server inventory (JSON or TOML) to merge in")
     inspect.add_argument("--format", choices=["text", "json"], default="text", help="output format")
+    inspect.add_argument("--explain", action="store_true",
+                         help="also show, for each turn and call, the span and dialect it came from, why a tool "
+                         "counts as MCP ([mapping] mcp_tools in tracejudge.toml names tools for frameworks "
+                         "without MCP spans) and which result envelope was removed")
     inspect.set_defaults(func=cmd_inspect)
 
     rp = sub.add_parser(

@@ -74,6 +74,20 @@ class ConversationSettings(_Section):
     poll_s: float = Field(1.0, gt=0, description="how often completed conversations are looked for")
 
 
+class MappingSettings(_Section):
+    mcp_tools: dict[str, list[str]] = Field(default_factory=dict, description="per MCP server, the tools that are "
+                                            "MCP primitives, for frameworks whose traces carry no MCP span, e.g. "
+                                            "{weather = ['get_weather', 'book_umbrella']}")
+
+    @field_validator("mcp_tools")
+    @classmethod
+    def _names(cls, servers: dict[str, list[str]]) -> dict[str, list[str]]:
+        empty = sorted(name for name, tools in servers.items() if not name.strip() or not tools)
+        if empty:
+            raise ValueError(f"give each MCP server a name and at least one tool: {', '.join(empty) or '(blank)'}")
+        return servers
+
+
 class SamplingSettings(_Section):
     rate: float = Field(1.0, ge=0, le=1, description="share of conversations the judged metrics score "
                         "(decided by a hash of the conversation id)")
@@ -189,6 +203,7 @@ class Settings(_Section):
     server: ServerSettings = Field(default_factory=ServerSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
     conversations: ConversationSettings = Field(default_factory=ConversationSettings)
+    mapping: MappingSettings = Field(default_factory=MappingSettings)
     sampling: SamplingSettings = Field(default_factory=SamplingSettings)
     scoring: ScoringSettings = Field(default_factory=ScoringSettings)
     redaction: RedactionSettings = Field(default_factory=RedactionSettings)
@@ -263,8 +278,9 @@ def settings_help() -> str:
     env_flags = {(s, k): (e, f) for s, k, e, f in ENV_AND_FLAGS}
     lines = []
     for section, model in (("server", ServerSettings), ("store", StoreSettings),
-                           ("conversations", ConversationSettings), ("sampling", SamplingSettings),
-                           ("scoring", ScoringSettings), ("redaction", RedactionSettings),
+                           ("conversations", ConversationSettings), ("mapping", MappingSettings),
+                           ("sampling", SamplingSettings), ("scoring", ScoringSettings),
+                           ("redaction", RedactionSettings),
                            ("lake", LakeSettings), ("log", LogSettings)):
         lines.append(f"[{section}]")
         for key, field in model.model_fields.items():

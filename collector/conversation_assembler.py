@@ -137,7 +137,8 @@ class ConversationAssembler:
             "scope_version": r[10], "attributes": json.loads(r[11]), "resource": json.loads(r[12]),
             "events": json.loads(r[13]), "links": json.loads(r[14]),
         }) for r in rows]
-        written = [c for c in build_conversations(spans) if c.conversation_id == conversation_id]
+        written = [c for c in build_conversations(spans, mcp_tools=self.settings.mapping.mcp_tools)
+                   if c.conversation_id == conversation_id]
         for conversation in written:
             mine = set(conversation.trace_ids)
             self.write_version(conversation, attribute_values(self.settings.sampling,

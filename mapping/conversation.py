@@ -186,10 +186,12 @@ class _Trace:
                              "assistant": f"{run_where}: the run's new messages"}
             message_sources = [(new, True, run_where)]
         else:
-            first_input = llms[0].input if llms else []
-            draft.user_text = last_user_text(first_input) or run.input_text
-            draft.sources["user"] = (f"{llm_facts[0].where('llm')}: last user message of the first LLM input"
-                                     if last_user_text(first_input) else f"{run_where}: the run's input")
+            # the run's own input is what the user typed; LLM inputs may wrap it in a template ("New task: ...")
+            first_input = last_user_text(llms[0].input) if llms else None
+            draft.user_text = run.input_text or first_input
+            draft.sources["user"] = (f"{run_where}: the run's input" if run.input_text else
+                                     f"{llm_facts[0].where('llm')}: last user message of the first LLM input"
+                                     if first_input else "(none)")
             final = final_assistant_text(llms[-1].output) if llms else None
             draft.reply = final or run.output_text
             draft.sources["assistant"] = (f"{llm_facts[-1].where('llm')}: text of the last LLM output" if final
@@ -216,6 +218,8 @@ class _Trace:
         for f in members:
             span, tool, op = f.span, f.tool, f.op
             if op is not None and op.method.endswith("/list"):
+                continue
+            if tool is not None and op is None and tool.name in ANSWER_TOOLS and not tool.mcp:
                 continue
             kind = "tool" if tool is not None else _OP_KINDS.get(op.method) if op is not None else None
             if kind is None:
@@ -248,6 +252,8 @@ class _Trace:
 
 
 _OP_KINDS = {"tools/call": "tool", "resources/read": "resource", "prompts/get": "prompt"}
+# Tools whose call is how the agent gives its answer, not an action (smolagents' ToolCallingAgent)
+ANSWER_TOOLS = frozenset({"final_answer"})
 
 
 def _same_tool(call: _Call, name: str | None) -> bool:
@@ -276,6 +282,8 @@ def _pair_parts(calls: list[_Call], messages: list[Message], start_ns: int, may_
     by_id = {c.call_id: c for c in calls if c.call_id}
     for message in messages:
         for part in message.tool_calls:
+            if part.name in ANSWER_TOOLS:
+                continue
             call = by_id.get(part.id) if part.id else None
             if call is None:
                 call = _unidentified_match(calls, part)

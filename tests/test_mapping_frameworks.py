@@ -25,6 +25,12 @@ FRAMEWORKS = sorted(p.name.removesuffix(".expected.json") for p in REAL.glob("*.
 NOT_RECORDED: dict[str, set[str]] = {
     "strands": {"resource_uri", "resource_text", "prompt_args", "prompt_text"},
     "adk": {"resource_uri", "resource_text", "prompt_args", "prompt_text"},
+    "openai_agents": {"resource_uri", "resource_text", "prompt_args", "prompt_text"},
+    "smolagents": {"tool_error"},  # no MCP span, and no status or flag marks the failed call
+}
+# frameworks whose traces have no MCP span: the user names the MCP server's tools ([mapping] mcp_tools)
+MCP_TOOLS: dict[str, dict[str, list[str]]] = {
+    "smolagents": {"weather": ["book_umbrella", "get_weather"]},
 }
 
 
@@ -37,7 +43,7 @@ def mapped_turns(name: str) -> tuple[list[dict[str, Any]], dict[str, Any], Any]:
     decoded = decode_otlp((REAL / f"{name}.otlp.json").read_bytes(), "application/json")
     assert decoded.problems == []
     expected = json.loads((REAL / f"{name}.expected.json").read_text())
-    conversations = build_conversations(decoded.spans)
+    conversations = build_conversations(decoded.spans, mcp_tools=MCP_TOOLS.get(name))
     if expected.get("conversation_id"):
         conversations = [c for c in conversations if c.conversation_id == expected["conversation_id"]]
     assert len(conversations) == 1, [c.conversation_id for c in conversations]
@@ -83,8 +89,9 @@ def expected_turns(name: str, expected: dict[str, Any]) -> list[dict[str, Any]]:
                       "text": None if "resource_text" in gaps else r["text"]} for r in turn["mcp_resources_called"]]
         prompts = [{"name": p["name"], "args": {} if "prompt_args" in gaps else p["args"],
                     "text": None if "prompt_text" in gaps else p["text"]} for p in turn["mcp_prompts_called"]]
-        out.append({**turn, "mcp_resources_called": resources, "mcp_prompts_called": prompts,
-                    "function_tools": [], "not_executed": []})
+        tools = [{**c, "is_error": False} if "tool_error" in gaps else c for c in turn["mcp_tools_called"]]
+        out.append({**turn, "mcp_tools_called": tools, "mcp_resources_called": resources,
+                    "mcp_prompts_called": prompts, "function_tools": [], "not_executed": []})
     return out
 
 

@@ -55,10 +55,19 @@ def _text_value(value: Any) -> str | None:
     if isinstance(parsed, list):
         return last_user_text(parse_messages(parsed))
     if isinstance(parsed, dict):
-        for key in ("input", "output", "content", "text", "final_output"):
+        for key in ("input", "output", "content", "text", "final_output", "task"):  # task: smolagents' run()
             if isinstance(parsed.get(key), str):
                 return parsed[key]
     return None
+
+
+def _call_arguments(value: Any) -> Any:
+    """A tool span's input as the tool's named arguments: smolagents records the Python call,
+    `{"args": [], "sanitize_inputs_outputs": true, "kwargs": {...}}`."""
+    if isinstance(value, dict) and isinstance(value.get("kwargs"), dict) and not value.get("args") \
+            and set(value) <= {"args", "kwargs", "sanitize_inputs_outputs"}:
+        return value["kwargs"]
+    return value
 
 
 class OpenInference(Dialect):
@@ -84,7 +93,7 @@ class OpenInference(Dialect):
     def tool_execution(self, span: Span) -> ToolExecution | None:
         if span.str_attr(KIND) != "TOOL":
             return None
-        arguments = span.json_attr("input.value")
+        arguments = _call_arguments(span.json_attr("input.value"))
         if arguments is None:
             parameters = span.json_attr("tool.parameters")
             arguments = None if schema_like(parameters) else parameters
@@ -102,6 +111,10 @@ class OpenInference(Dialect):
 
     def tool_definitions(self, span: Span) -> list[ToolDefinition]:
         out = []
+        parameters = span.json_attr("tool.parameters")
+        if span.str_attr(KIND) == "TOOL" and schema_like(parameters):
+            out.append(ToolDefinition(span.str_attr("tool.name") or span.name, span.str_attr("tool.description"),
+                                      parameters))
         for record in group_indexed(span.prefixed("llm.tools.")):
             schema = parse_json_value(record.get("tool.json_schema"))
             if isinstance(schema, dict):
