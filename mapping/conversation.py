@@ -93,6 +93,7 @@ class _Call:
     mcp: bool = False
     server: str | None = None
     executed: bool = True  # False for a call the model asked for that no span shows running
+    order: tuple[int, int] | None = None  # (start of the LLM call that asked for it, position in its answer)
     mcp_rule: str | None = None  # why the call counts as an MCP primitive
     sources: list[str] = field(default_factory=list)
 
@@ -184,7 +185,7 @@ class _Trace:
             draft.reply = final_assistant_text(new) or run.output_text
             draft.sources = {"user": f"{run_where}: the run's new messages",
                              "assistant": f"{run_where}: the run's new messages"}
-            message_sources = [(new, True, run_where)]
+            message_sources = [(new, True, run_where, root.span.start_ns)]
         else:
             # the run's own input is what the user typed; LLM inputs may wrap it in a template ("New task: ...")
             first_input = last_user_text(llms[0].input) if llms else None
@@ -197,19 +198,19 @@ class _Trace:
             draft.sources["assistant"] = (f"{llm_facts[-1].where('llm')}: text of the last LLM output" if final
                                           else f"{run_where}: the run's output")
             # inputs repeat the whole history: they may pair results with this run's calls, never add calls
-            message_sources = [(messages, own, f.where("llm")) for f in llm_facts if f.llm is not None
+            message_sources = [(messages, own, f.where("llm"), f.span.start_ns) for f in llm_facts if f.llm is not None
                                for messages, own in ((f.llm.output, True), (f.llm.input, False))]
         if draft.agent_name is None:
             names = ((f.run.agent_name if f.run else None) or f.span.str_attr("gen_ai.agent.name") for f in members)
             draft.agent_name = next((n for n in names if n), None)
         self._collect_calls(draft, members)
-        for messages, may_add, where in message_sources:
-            _pair_parts(draft.calls, messages, root.span.start_ns, may_add, where)
+        for messages, may_add, where, asked_ns in message_sources:
+            _pair_parts(draft.calls, messages, asked_ns, may_add, where)
         for f in members:
             draft.definitions += f.definitions
             if f.op is not None and f.op.method.endswith("/list"):
                 draft.listed += [(f.op.method, f.op.server, item) for item in f.op.listed]
-        draft.calls.sort(key=lambda c: c.start_ns)
+        draft.calls.sort(key=lambda c: c.order or (c.start_ns, 0))
         return draft
 
     def _collect_calls(self, draft: _Draft, members: list[_Facts]) -> None:
@@ -275,15 +276,17 @@ def _unidentified_match(calls: list[_Call], part: Any) -> _Call | None:
     return (same_args or open_calls or [None])[0]
 
 
-def _pair_parts(calls: list[_Call], messages: list[Message], start_ns: int, may_add: bool, where: str) -> None:
+def _pair_parts(calls: list[_Call], messages: list[Message], asked_ns: int, may_add: bool, where: str) -> None:
     """Tool-call and tool-result parts of messages, joined with the calls spans showed running: by call id,
     else by tool and arguments. A call only parts describe is added when `may_add` (the messages are this
     run's own, not replayed history) and counts as executed only once a result for it is seen."""
     by_id = {c.call_id: c for c in calls if c.call_id}
+    position = 0
     for message in messages:
         for part in message.tool_calls:
             if part.name in ANSWER_TOOLS:
                 continue
+            position += 1
             call = by_id.get(part.id) if part.id else None
             if call is None:
                 call = _unidentified_match(calls, part)
@@ -292,12 +295,13 @@ def _pair_parts(calls: list[_Call], messages: list[Message], start_ns: int, may_
             if call is None:
                 if not may_add:
                     continue
-                call = _Call("tool", part.name or "unknown", start_ns, part.id, executed=False)
+                call = _Call("tool", part.name or "unknown", asked_ns, part.id, executed=False)
                 calls.append(call)
             if part.id:
                 by_id[part.id] = call
             call.absorb_request(part.arguments)
-            if may_add:
+            if may_add:  # parallel calls run in any order: keep the order the model asked in
+                call.order = call.order or (asked_ns, position)
                 call.sources.append(f"{where}: the model's tool call")
         for part in message.tool_results:
             call = by_id.get(part.id) if part.id else None

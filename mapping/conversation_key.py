@@ -12,6 +12,8 @@ KEY_PRECEDENCE = (
     "traceloop.association.properties.session_id",
     "gcp.vertex.agent.session_id",
     "langsmith.trace.session_id",
+    "ai.settings.context.sessionId",  # Vercel AI SDK 7 (runtimeContext: {sessionId})
+    "ai.telemetry.metadata.sessionId",  # Vercel AI SDK <= 6 (experimental_telemetry.metadata)
     "mcp.session.id",
 )
 TRACE_KEY = "trace_id"

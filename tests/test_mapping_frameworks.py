@@ -27,10 +27,12 @@ NOT_RECORDED: dict[str, set[str]] = {
     "adk": {"resource_uri", "resource_text", "prompt_args", "prompt_text"},
     "openai_agents": {"resource_uri", "resource_text", "prompt_args", "prompt_text"},
     "smolagents": {"tool_error"},  # no MCP span, and no status or flag marks the failed call
+    "vercel_ai": {"resource_read", "prompt_get"},  # its MCP client makes no span and sends no traceparent
 }
 # frameworks whose traces have no MCP span: the user names the MCP server's tools ([mapping] mcp_tools)
 MCP_TOOLS: dict[str, dict[str, list[str]]] = {
     "smolagents": {"weather": ["book_umbrella", "get_weather"]},
+    "vercel_ai": {"weather": ["book_umbrella", "get_weather"]},
 }
 
 
@@ -86,9 +88,11 @@ def expected_turns(name: str, expected: dict[str, Any]) -> list[dict[str, Any]]:
             out.append(turn)
             continue
         resources = [{"uri": "unknown" if "resource_uri" in gaps else r["uri"],
-                      "text": None if "resource_text" in gaps else r["text"]} for r in turn["mcp_resources_called"]]
+                      "text": None if "resource_text" in gaps else r["text"]} for r in turn["mcp_resources_called"]
+                     if "resource_read" not in gaps]
         prompts = [{"name": p["name"], "args": {} if "prompt_args" in gaps else p["args"],
-                    "text": None if "prompt_text" in gaps else p["text"]} for p in turn["mcp_prompts_called"]]
+                    "text": None if "prompt_text" in gaps else p["text"]} for p in turn["mcp_prompts_called"]
+                   if "prompt_get" not in gaps]
         tools = [{**c, "is_error": False} if "tool_error" in gaps else c for c in turn["mcp_tools_called"]]
         out.append({**turn, "mcp_tools_called": tools, "mcp_resources_called": resources,
                     "mcp_prompts_called": prompts, "function_tools": [], "not_executed": []})
