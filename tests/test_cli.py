@@ -151,6 +151,28 @@ def test_inspect_prints_the_conversations_a_trace_file_maps_to(tmp_path) -> None
     assert conversation["conversation_id"] == "conv_42" and len(conversation["test_case"]["turns"]) == 4
 
 
+def test_inspect_explain_names_the_span_and_the_mcp_rule_of_each_call(tmp_path) -> None:
+    """A smolagents trace has no MCP span: [mapping] mcp_tools in tracejudge.toml makes its tools MCP calls,
+    and --explain says which span each turn and call came from and which rule decided."""
+    trace = Path(__file__).parent / "fixtures" / "real" / "smolagents.otlp.json"
+    proc = run(["inspect", str(trace)], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "      function get_weather {\"city\": \"Paris\"}" in proc.stdout.splitlines()
+    (tmp_path / "tracejudge.toml").write_text('[mapping]\nmcp_tools = {weather = ["get_weather", "book_umbrella"]}\n')
+    proc = run(["inspect", str(trace), "--explain"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "      MCP tool get_weather {\"city\": \"Paris\"} -> Paris: 18°C, light rain, wind 12 km/h from the " \
+           "south-west." in lines
+    assert "        MCP because: named for server 'weather' in [mapping] mcp_tools" in lines
+    assert any(line.startswith("        from span 'MCPAdaptTool' ") and line.endswith("via openinference")
+               for line in lines)
+    assert any(line.startswith("  [0] user: span 'weather_agent.run' ") for line in lines)
+    (tmp_path / "tracejudge.toml").write_text('[mapping]\nmcp_tools = {weather = []}\n')
+    proc = run(["inspect", str(trace)], cwd=tmp_path)
+    assert proc.returncode == 2 and "[mapping] mcp_tools" in proc.stderr and "at least one tool" in proc.stderr
+
+
 def test_inspect_merges_a_server_file_and_reports_bad_input(tmp_path) -> None:
     from tests.fixtures import semconv_scenarios
 

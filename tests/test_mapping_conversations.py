@@ -280,3 +280,100 @@ def test_resource_attributes_give_the_key_when_spans_do_not() -> None:
     c = one(request(({"session.id": "from-resource"}, [
         span(13, 1, "chat", attributes={"gen_ai.operation.name": "chat", "gen_ai.input.messages": user})])))
     assert (c.key, c.conversation_id) == ("session.id", "from-resource")
+
+
+# --- requested vs executed calls, positional arguments, legacy events, [mapping] mcp_tools -----------------
+
+
+def _chat(trace: int, span_id: int, parent: int, start: int, inputs: list, outputs: list) -> dict[str, Any]:
+    return span(trace, span_id, "chat m", parent, kind=3, start=start, attributes={
+        "gen_ai.operation.name": "chat", "gen_ai.input.messages": inputs, "gen_ai.output.messages": outputs})
+
+
+def _agent(trace: int, user: str) -> dict[str, Any]:
+    return span(trace, 1, "invoke_agent a", start=0, end=100, attributes={
+        "gen_ai.operation.name": "invoke_agent", "gen_ai.conversation.id": "c1",
+        "gen_ai.input.messages": [{"role": "user", "parts": [{"type": "text", "content": user}]}]})
+
+
+def _parts(*parts: dict[str, Any], role: str = "assistant") -> list[dict[str, Any]]:
+    return [{"role": role, "parts": list(parts)}]
+
+
+def _call(call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "tool_call", "id": call_id, "name": name, "arguments": args}
+
+
+def test_a_requested_call_that_never_ran_is_kept_apart_and_never_scored() -> None:
+    asked = _call("c9", "delete_repo", {"name": "x"})
+    body = request(({"service.name": "a"}, [
+        _agent(1, "Delete it"),
+        _chat(1, 2, 1, 1, _parts({"type": "text", "content": "Delete it"}, role="user"), _parts(asked)),
+        _chat(1, 3, 1, 50, _parts({"type": "text", "content": "Delete it"}, role="user"),
+              _parts({"type": "text", "content": "I stopped before deleting."})),
+    ]))
+    [conversation] = build_conversations(spans_of(body), mcp_tools={"github": ["delete_repo"]})
+    assistant = conversation.test_case.turns[1]
+    assert assistant.mcp_tools_called is None and assistant.tools_called is None
+    assert assistant.metadata["calls_not_executed"] == [{"name": "delete_repo", "args": {"name": "x"},
+                                                         "call_id": "c9"}]
+    from scoring import MCPCallValidityMetric
+    metric = MCPCallValidityMetric()
+    metric.measure(conversation.test_case)
+    assert metric.applicable is False  # no MCP call was made, so there is nothing to judge
+
+
+def test_a_request_and_its_execution_without_an_id_are_one_call_with_the_named_arguments() -> None:
+    """LangChain-style: the tool span has no call id and only a positional input; the model named the argument."""
+    paris, london = _call("c1", "get_weather", {"city": "Paris"}), _call("c2", "get_weather", {"city": "London"})
+    tool = {"type": "tool_call_response"}
+    body = request(({"service.name": "a"}, [
+        _agent(1, "Weather?"),
+        _chat(1, 2, 1, 1, _parts({"type": "text", "content": "Weather?"}, role="user"), _parts(paris, london)),
+        span(1, 3, "get_weather", 1, start=10, attributes={
+            "openinference.span.kind": "TOOL", "tool.name": "get_weather", "input.value": "London",
+            "output.value": "London: 15°C"}),
+        span(1, 4, "get_weather", 1, start=11, attributes={
+            "openinference.span.kind": "TOOL", "tool.name": "get_weather", "input.value": '{"input": "Paris"}',
+            "output.value": "Paris: 18°C"}),
+        _chat(1, 5, 1, 20, _parts({**tool, "id": "c1", "response": "Paris: 18°C"},
+                                  {**tool, "id": "c2", "response": "London: 15°C"}, role="tool"),
+              _parts({"type": "text", "content": "Done."})),
+    ]))
+    [conversation] = build_conversations(spans_of(body), mcp_tools={"weather": ["get_weather"]})
+    calls = conversation.test_case.turns[1].mcp_tools_called
+    assert [(c.name, c.args, c.result.content[0].text) for c in calls] == [
+        ("get_weather", {"city": "Paris"}, "Paris: 18°C"), ("get_weather", {"city": "London"}, "London: 15°C")]
+    assert conversation.test_case.turns[1].metadata.get("calls_not_executed") is None
+
+
+def test_turns_from_the_older_gen_ai_prompt_and_completion_events() -> None:
+    body = request(({"service.name": "a"}, [span(1, 1, "openai.chat", kind=3, attributes={
+        "gen_ai.operation.name": "chat", "gen_ai.conversation.id": "c2"}, events=[
+        {"name": "gen_ai.content.prompt", "attributes": {"gen_ai.prompt": "Hello there"}},
+        {"name": "gen_ai.content.completion", "attributes": {"gen_ai.completion": "Hi!"}}])]))
+    [conversation] = build_conversations(spans_of(body))
+    assert [(t.role, t.content) for t in conversation.test_case.turns] == [("user", "Hello there"),
+                                                                           ("assistant", "Hi!")]
+
+
+def test_mcp_tools_setting_decides_and_explain_says_why() -> None:
+    call = _call("c1", "lookup", {"q": "x"})
+    body = request(({"service.name": "a"}, [
+        _agent(1, "Find x"),
+        _chat(1, 2, 1, 1, _parts({"type": "text", "content": "Find x"}, role="user"), _parts(call)),
+        span(1, 3, "execute_tool lookup", 1, start=5, attributes={
+            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup", "gen_ai.tool.call.id": "c1",
+            "gen_ai.tool.call.arguments": {"q": "x"}, "gen_ai.tool.call.result": "found",
+            "gen_ai.tool.status": "error"}),
+    ]))
+    [plain] = build_conversations(spans_of(body))
+    assert [t.name for t in plain.test_case.turns[1].tools_called] == ["lookup"]  # no MCP evidence: a function
+    [named] = build_conversations(spans_of(body), mcp_tools={"search": ["lookup"]}, explain=True)
+    [tool] = named.test_case.turns[1].mcp_tools_called
+    assert tool.result.is_error  # gen_ai.tool.status = error
+    [server] = named.test_case.mcp_servers
+    assert server.server_name == "search" and [t.name for t in server.available_tools] == ["lookup"]
+    calls = named.explanation[1]["calls"]
+    assert calls[0]["mcp_rule"] == "named for server 'search' in [mapping] mcp_tools"
+    assert any("execute_tool lookup" in s for s in calls[0]["sources"])
