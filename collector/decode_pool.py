@@ -18,11 +18,13 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from multiprocessing.process import BaseProcess
+from typing import Literal
 
 import pyarrow as pa
 
 from collector.span_rows import spans_to_arrow
 from mapping.otlp import SpanProblem, decode_otlp
+from mapping.otlp_logs import decode_otlp_logs
 from mapping.redaction import Redactor
 from scoring.errors import TracejudgeError
 
@@ -57,17 +59,21 @@ def _from_ipc(data: bytes) -> pa.Table:
     return pa.ipc.open_stream(data).read_all()
 
 
-def _decode_to_arrow(payload: bytes, content_type: str, redactor: Redactor | None) -> tuple[pa.Table,
-                                                                                          list[SpanProblem]]:
-    decoded = decode_otlp(payload, content_type)
+Signal = Literal["traces", "logs"]
+_DECODERS = {"traces": decode_otlp, "logs": decode_otlp_logs}  # logs: GenAI events as carrier spans
+
+
+def _decode_to_arrow(payload: bytes, content_type: str, redactor: Redactor | None,
+                     signal: Signal = "traces") -> tuple[pa.Table, list[SpanProblem]]:
+    decoded = _DECODERS[signal](payload, content_type)
     spans = redactor.spans(decoded.spans) if redactor is not None else decoded.spans
     return spans_to_arrow(spans, datetime.now(UTC)), decoded.problems
 
 
-def decode_request(payload: bytes, content_type: str,
-                   redactor: Redactor | None = None) -> tuple[bytes, int, list[SpanProblem]]:
+def decode_request(payload: bytes, content_type: str, redactor: Redactor | None = None,
+                   signal: Signal = "traces") -> tuple[bytes, int, list[SpanProblem]]:
     """Run in a worker: OTLPDecodeError propagates to the caller as itself."""
-    table, problems = _decode_to_arrow(payload, content_type, redactor)
+    table, problems = _decode_to_arrow(payload, content_type, redactor, signal)
     return _to_ipc(table), table.num_rows, problems
 
 
@@ -104,16 +110,16 @@ class DecodePool:
             for future in [self._executor.submit(_ready) for _ in range(self.workers)]:
                 future.result()  # start every worker now, not on the first export
 
-    async def decode(self, payload: bytes, content_type: str) -> DecodedBatch:
+    async def decode(self, payload: bytes, content_type: str, signal: Signal = "traces") -> DecodedBatch:
         """The request's spans; OTLPDecodeError for a bad request, DecoderUnavailable when a worker died."""
         if self._executor is None:
-            table, problems = _decode_to_arrow(payload, content_type, self.redactor)
+            table, problems = _decode_to_arrow(payload, content_type, self.redactor, signal)
             return DecodedBatch(table, table.num_rows, problems)
         loop = asyncio.get_running_loop()
         executor = self._executor
         try:
             data, rows, problems = await loop.run_in_executor(executor, decode_request, payload, content_type,
-                                                             self.redactor)
+                                                             self.redactor, signal)
         except BrokenProcessPool as exc:
             if self._executor is executor:  # the first to notice replaces the pool; the export is retried
                 await asyncio.to_thread(self._replace, executor)

@@ -11,7 +11,7 @@ import hmac
 from dataclasses import dataclass
 from enum import Enum
 
-from collector.decode_pool import DecodePool, DecoderUnavailable
+from collector.decode_pool import DecodePool, DecoderUnavailable, Signal
 from collector.metrics import CollectorMetrics
 from collector.span_store import Backpressure, SpanStore, StoreError
 from mapping.otlp import OTLPDecodeError, UnsupportedContentTypeError
@@ -59,12 +59,15 @@ class Ingest:
         """Constant-time check of the `authorization` header or metadata; always true without a token."""
         return bearer_matches(authorization, self._token)
 
-    async def export(self, payload: bytes, content_type: str, authorization: str | None, protocol: str) -> Outcome:
-        outcome = await self._export(payload, content_type, authorization)
+    async def export(self, payload: bytes, content_type: str, authorization: str | None, protocol: str,
+                     signal: Signal = "traces") -> Outcome:
+        """One export request of `signal` (traces, or logs carrying GenAI events) from a receiver."""
+        outcome = await self._export(payload, content_type, authorization, signal)
         self.metrics.requests.labels(protocol, outcome.answer.value).inc()
         return outcome
 
-    async def _export(self, payload: bytes, content_type: str, authorization: str | None) -> Outcome:
+    async def _export(self, payload: bytes, content_type: str, authorization: str | None,
+                      signal: Signal) -> Outcome:
         if not self.authorized(authorization):
             return Outcome(Answer.UNAUTHENTICATED, message="missing or wrong bearer token")
         if self._inflight_bytes + len(payload) > self.max_inflight_bytes and self._inflight_bytes > 0:
@@ -72,13 +75,13 @@ class Ingest:
                            "decoded; retry shortly", retry_after_s=self.store.retry_after_s)
         self._inflight_bytes += len(payload)
         try:
-            return await self._store(payload, content_type)
+            return await self._store(payload, content_type, signal)
         finally:
             self._inflight_bytes -= len(payload)
 
-    async def _store(self, payload: bytes, content_type: str) -> Outcome:
+    async def _store(self, payload: bytes, content_type: str, signal: Signal) -> Outcome:
         try:
-            decoded = await self.decoder.decode(payload, content_type)
+            decoded = await self.decoder.decode(payload, content_type, signal)
         except UnsupportedContentTypeError as exc:
             return Outcome(Answer.UNSUPPORTED_TYPE, message=str(exc))
         except OTLPDecodeError as exc:
@@ -104,7 +107,8 @@ class Ingest:
         self.metrics.spans_rejected.labels("invalid_span").inc(len(decoded.problems))
         named = "; ".join(str(p) for p in decoded.problems[:MAX_PROBLEMS_NAMED])
         more = len(decoded.problems) - MAX_PROBLEMS_NAMED
-        message = f"{len(decoded.problems)} invalid span(s) rejected: {named}" + (f"; and {more} more" if more > 0
+        what = "span(s)" if signal == "traces" else "log record(s)"
+        message = f"{len(decoded.problems)} invalid {what} rejected: {named}" + (f"; and {more} more" if more > 0
                                                                                   else "")
         return Outcome(Answer.OK, accepted=accepted, rejected=len(decoded.problems),
                        message=message[:MAX_MESSAGE_CHARS])

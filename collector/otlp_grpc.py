@@ -1,4 +1,5 @@
-"""OTLP/gRPC receiver: `opentelemetry.proto.collector.trace.v1.TraceService/Export` on grpc.aio.
+"""OTLP/gRPC receiver: `opentelemetry.proto.collector.trace.v1.TraceService/Export` on grpc.aio, and
+`...logs.v1.LogsService/Export` for GenAI events sent as log records.
 
 The request arrives as raw bytes (no generated deserializer) so a malformed message gets a precise
 INVALID_ARGUMENT instead of a generic error. Backpressure answers UNAVAILABLE with a google.rpc.RetryInfo,
@@ -12,15 +13,21 @@ from pathlib import Path
 import grpc
 from google.protobuf.duration_pb2 import Duration
 from google.rpc import code_pb2, error_details_pb2, status_pb2
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+    ExportLogsPartialSuccess,
+    ExportLogsServiceResponse,
+)
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTracePartialSuccess,
     ExportTraceServiceResponse,
 )
 
 from collector.config import ServerSettings
-from collector.ingest import Answer, Ingest
+from collector.decode_pool import Signal
+from collector.ingest import Answer, Ingest, Outcome
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+LOGS_SERVICE = "opentelemetry.proto.collector.logs.v1.LogsService"
 
 
 def _status_details(code: int, message: str, retry_after_s: int | None) -> tuple[tuple[str, bytes], ...]:
@@ -43,7 +50,12 @@ class GrpcReceiver:
                 self._export, request_deserializer=None,
                 response_serializer=ExportTraceServiceResponse.SerializeToString),
         })
-        self._server.add_generic_rpc_handlers((handler,))
+        logs = grpc.method_handlers_generic_handler(LOGS_SERVICE, {
+            "Export": grpc.unary_unary_rpc_method_handler(
+                self._export_logs, request_deserializer=None,
+                response_serializer=ExportLogsServiceResponse.SerializeToString),
+        })
+        self._server.add_generic_rpc_handlers((handler, logs))
 
     async def start(self) -> int:
         s = self.settings
@@ -67,13 +79,26 @@ class GrpcReceiver:
         await self._server.stop(grace_s)
 
     async def _export(self, request: bytes, context: grpc.aio.ServicerContext) -> ExportTraceServiceResponse:
+        outcome = await self._outcome(request, context, "traces")
+        if outcome.rejected:
+            return ExportTraceServiceResponse(partial_success=ExportTracePartialSuccess(
+                rejected_spans=outcome.rejected, error_message=outcome.message))
+        return ExportTraceServiceResponse()
+
+    async def _export_logs(self, request: bytes, context: grpc.aio.ServicerContext) -> ExportLogsServiceResponse:
+        outcome = await self._outcome(request, context, "logs")
+        if outcome.rejected:
+            return ExportLogsServiceResponse(partial_success=ExportLogsPartialSuccess(
+                rejected_log_records=outcome.rejected, error_message=outcome.message))
+        return ExportLogsServiceResponse()
+
+    async def _outcome(self, request: bytes, context: grpc.aio.ServicerContext, signal: Signal) -> Outcome:
+        """The accepted outcome, or the RPC aborted with the matching status."""
         metadata = dict(context.invocation_metadata() or ())
-        outcome = await self.ingest.export(request, "application/x-protobuf", metadata.get("authorization"), "grpc")
+        outcome = await self.ingest.export(request, "application/x-protobuf", metadata.get("authorization"), "grpc",
+                                           signal)
         if outcome.answer is Answer.OK:
-            if outcome.rejected:
-                return ExportTraceServiceResponse(partial_success=ExportTracePartialSuccess(
-                    rejected_spans=outcome.rejected, error_message=outcome.message))
-            return ExportTraceServiceResponse()
+            return outcome
         if outcome.answer is Answer.UNAUTHENTICATED:
             code, grpc_code, retry = code_pb2.UNAUTHENTICATED, grpc.StatusCode.UNAUTHENTICATED, None
         elif outcome.answer is Answer.UNAVAILABLE:

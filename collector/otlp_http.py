@@ -1,4 +1,5 @@
-"""OTLP/HTTP receiver: `POST /v1/traces` with protobuf or JSON bodies, gzip or deflate encoded.
+"""OTLP/HTTP receiver: `POST /v1/traces` (and `/v1/logs`, for GenAI events sent as log records) with protobuf or
+JSON bodies, gzip or deflate encoded.
 
 Answers follow the OTLP/HTTP spec: 200 with an ExportTraceServiceResponse (partial success included) in
 the request's content type; 400 with a google.rpc.Status for an undecodable body; 401 without the right
@@ -15,15 +16,21 @@ from pathlib import Path
 
 from aiohttp import web
 from google.rpc import code_pb2, status_pb2
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+    ExportLogsPartialSuccess,
+    ExportLogsServiceResponse,
+)
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTracePartialSuccess,
     ExportTraceServiceResponse,
 )
 
 from collector.config import ServerSettings
+from collector.decode_pool import Signal
 from collector.ingest import Answer, Ingest, Outcome
 
 TRACES_PATH = "/v1/traces"
+LOGS_PATH = "/v1/logs"
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -73,6 +80,7 @@ class HttpReceiver:
         # the raw (still compressed) body may be at most the limit too; decompression is bounded separately
         self.app = web.Application(client_max_size=settings.max_message_bytes)
         self.app.router.add_post(TRACES_PATH, self._traces)
+        self.app.router.add_post(LOGS_PATH, self._logs)
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> int:
@@ -101,6 +109,12 @@ class HttpReceiver:
         return context
 
     async def _traces(self, request: web.Request) -> web.Response:
+        return await self._export(request, "traces")
+
+    async def _logs(self, request: web.Request) -> web.Response:
+        return await self._export(request, "logs")
+
+    async def _export(self, request: web.Request, signal: Signal) -> web.Response:
         media = _media(request.headers.get("Content-Type", ""))
         if media == "application/protobuf":
             media = PROTOBUF
@@ -124,20 +138,28 @@ class HttpReceiver:
         except ValueError as exc:
             self.ingest.metrics.requests.labels("http", "invalid").inc()
             return self._status(400, code_pb2.INVALID_ARGUMENT, str(exc), reply_type)
-        outcome = await self.ingest.export(body, media, request.headers.get("Authorization"), "http")
-        return self._answer(outcome, reply_type)
+        outcome = await self.ingest.export(body, media, request.headers.get("Authorization"), "http", signal)
+        return self._answer(outcome, reply_type, signal)
 
-    def _answer(self, outcome: Outcome, reply_type: str) -> web.Response:
+    def _answer(self, outcome: Outcome, reply_type: str, signal: Signal) -> web.Response:
         if outcome.answer is Answer.OK:
-            response = ExportTraceServiceResponse()
-            if outcome.rejected:
-                response.partial_success.CopyFrom(ExportTracePartialSuccess(rejected_spans=outcome.rejected,
-                                                                            error_message=outcome.message))
+            response: ExportTraceServiceResponse | ExportLogsServiceResponse
+            if signal == "logs":
+                response = ExportLogsServiceResponse()
+                if outcome.rejected:
+                    response.partial_success.CopyFrom(ExportLogsPartialSuccess(
+                        rejected_log_records=outcome.rejected, error_message=outcome.message))
+            else:
+                response = ExportTraceServiceResponse()
+                if outcome.rejected:
+                    response.partial_success.CopyFrom(ExportTracePartialSuccess(
+                        rejected_spans=outcome.rejected, error_message=outcome.message))
             if reply_type == PROTOBUF:
                 return web.Response(status=200, body=response.SerializeToString(), content_type=PROTOBUF)
             body: dict = {}
             if outcome.rejected:
-                body["partialSuccess"] = {"rejectedSpans": str(outcome.rejected), "errorMessage": outcome.message}
+                rejected = "rejectedLogRecords" if signal == "logs" else "rejectedSpans"
+                body["partialSuccess"] = {rejected: str(outcome.rejected), "errorMessage": outcome.message}
             return web.Response(status=200, text=json.dumps(body), content_type=JSON)
         if outcome.answer is Answer.UNAVAILABLE:
             return self._status(503, code_pb2.UNAVAILABLE, outcome.message, reply_type,

@@ -13,12 +13,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from mapping.conversation import Conversation, build_conversations
     from mapping.otlp import DecodedRequest, OTLPDecodeError, SpanProblem, UnsupportedContentTypeError, decode_otlp
+    from mapping.otlp_logs import decode_otlp_logs
     from mapping.spans import Span, SpanEvent, SpanLink
 
 _WHERE = {
     "Conversation": "mapping.conversation", "build_conversations": "mapping.conversation",
     "DecodedRequest": "mapping.otlp", "OTLPDecodeError": "mapping.otlp", "SpanProblem": "mapping.otlp",
     "UnsupportedContentTypeError": "mapping.otlp", "decode_otlp": "mapping.otlp",
+    "decode_otlp_logs": "mapping.otlp_logs",
     "Span": "mapping.spans", "SpanEvent": "mapping.spans", "SpanLink": "mapping.spans",
 }
 
@@ -42,4 +44,5 @@ __all__ = [
     "UnsupportedContentTypeError",
     "build_conversations",
     "decode_otlp",
+    "decode_otlp_logs",
 ]

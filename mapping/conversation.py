@@ -19,6 +19,7 @@ from mapping.conversation_key import trace_conversation_key
 from mapping.dialects import DIALECTS, AgentRun, LLMCall, MCPOperation, ToolDefinition, ToolExecution
 from mapping.envelopes import unwrap_tool_result
 from mapping.messages import Message, final_assistant_text, last_user_text
+from mapping.otlp_logs import fold_log_events
 from mapping.results import prompt_result, resource_result, tool_result
 from mapping.spans import Span
 from scoring.test_case import (
@@ -465,7 +466,7 @@ def build_conversations(spans: Iterable[Span | dict[str, Any]],
     """
     given = [s if isinstance(s, MCPServer) else MCPServer.model_validate(s) for s in servers or []]
     by_trace: dict[str, list[Span]] = {}
-    for span in _dedupe(spans):
+    for span in fold_log_events(_dedupe(spans)):
         by_trace.setdefault(span.trace_id, []).append(span)
     groups: dict[str, tuple[str, list[list[Span]]]] = {}
     for trace_spans in by_trace.values():

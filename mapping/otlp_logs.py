@@ -1,0 +1,163 @@
+"""GenAI events sent as OTLP log records (ExportLogsServiceRequest, protobuf or OTLP/JSON), kept with the span
+they belong to.
+
+Instrumentations in event mode (OTel's GenAI instrumentations with content capture to events, ADK with
+`OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true`) log each message as a record named
+`gen_ai.user.message`, `gen_ai.choice`, `gen_ai.client.inference.operation.details` ... with the trace and span
+id of the LLM span. Each such record becomes a *carrier span*: a child of that span, in scope
+`tracejudge.log_event`, holding the record as its one event (attributes plus the body's fields). Carriers go
+through the same store as spans (so they are durable and redelivery-safe: their id hashes the record), and
+`fold_log_events` puts their events back on the span they name before a conversation is built. Records that
+are no GenAI event, or name no span, are accepted and dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+
+from mapping.otlp import (
+    JSON_TYPES,
+    PROTOBUF_TYPES,
+    DecodedRequest,
+    OTLPDecodeError,
+    SpanProblem,
+    UnsupportedContentTypeError,
+    _get,
+    _id_from_bytes,
+    _id_from_text,
+    _InvalidSpan,
+    _json_any,
+    _json_attrs,
+    _pb_any,
+    _pb_attrs,
+    _time,
+)
+from mapping.spans import Span, SpanEvent
+
+LOG_EVENT_SCOPE = "tracejudge.log_event"
+EVENT_PREFIX = "gen_ai."
+
+
+def decode_otlp_logs(payload: bytes | str, content_type: str) -> DecodedRequest:
+    """Carrier spans for the GenAI events of one logs export request; bad records are `problems`."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media in PROTOBUF_TYPES:
+        if isinstance(payload, str):
+            raise OTLPDecodeError("a protobuf request must be bytes")
+        return _decode_protobuf(payload)
+    if media in JSON_TYPES:
+        return _decode_json(payload)
+    raise UnsupportedContentTypeError(
+        f"unsupported content type {content_type!r}: send application/x-protobuf or application/json")
+
+
+def _carrier(trace_id: str | None, span_id: str | None, event_name: str, time_ns: int, attributes: dict[str, Any],
+             body: Any, resource: dict[str, Any]) -> Span | None:
+    if not event_name.startswith(EVENT_PREFIX) or trace_id is None or span_id is None:
+        return None
+    fields = {k: v for k, v in attributes.items() if k != "event.name"}
+    if isinstance(body, dict):
+        fields = {**body, **fields}
+    elif body is not None:
+        fields.setdefault("content", body)
+    digest = hashlib.sha256(json.dumps([trace_id, span_id, event_name, time_ns, fields], sort_keys=True,
+                                       default=str, ensure_ascii=False).encode()).hexdigest()
+    carrier_id = digest[:16] if digest[:16] != "0" * 16 else "1" * 16
+    return Span(trace_id=trace_id, span_id=carrier_id, parent_span_id=span_id, name=event_name, kind=0,
+                start_ns=time_ns, end_ns=time_ns, events=[SpanEvent(event_name, time_ns, fields)],
+                resource=resource, scope_name=LOG_EVENT_SCOPE)
+
+
+def _decode_protobuf(payload: bytes) -> DecodedRequest:
+    request = ExportLogsServiceRequest()
+    try:
+        request.ParseFromString(payload)
+    except (DecodeError, ValueError, RuntimeError) as exc:
+        raise OTLPDecodeError(f"the body is not a valid OTLP protobuf ExportLogsServiceRequest: {exc}") from None
+    out = DecodedRequest()
+    for r, rl in enumerate(request.resource_logs):
+        try:
+            resource = _pb_attrs(rl.resource.attributes)
+        except _InvalidSpan as exc:
+            out.problems.append(SpanProblem(f"resource_logs[{r}].resource", str(exc)))
+            continue
+        for s, sl in enumerate(rl.scope_logs):
+            for i, record in enumerate(sl.log_records):
+                try:
+                    attributes = _pb_attrs(record.attributes)
+                    name = record.event_name or str(attributes.get("event.name") or "")
+                    carrier = _carrier(
+                        _id_from_bytes(record.trace_id, 16, "trace_id", required=False),
+                        _id_from_bytes(record.span_id, 8, "span_id", required=False),
+                        name, record.time_unix_nano or record.observed_time_unix_nano, attributes,
+                        _pb_any(record.body) if record.HasField("body") else None, resource)
+                except _InvalidSpan as exc:
+                    out.problems.append(SpanProblem(f"resource_logs[{r}].scope_logs[{s}].log_records[{i}]",
+                                                    str(exc)))
+                    continue
+                if carrier is not None:
+                    out.spans.append(carrier)
+    return out
+
+
+def _decode_json(payload: bytes | str) -> DecodedRequest:
+    try:
+        body = json.loads(payload)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise OTLPDecodeError(f"the body is not valid JSON: {str(exc)[:300]}") from exc
+    resource_logs = _get(body, "resourceLogs", "resource_logs") if isinstance(body, dict) else None
+    if not isinstance(resource_logs, list | None):
+        raise OTLPDecodeError("'resourceLogs' must be a list")
+    if not isinstance(body, dict):
+        raise OTLPDecodeError("an OTLP/JSON logs request must be an object with 'resourceLogs'")
+    out = DecodedRequest()
+    for r, rl in enumerate(resource_logs or []):
+        for s, sl in enumerate(_get(rl, "scopeLogs", "scope_logs") or [] if isinstance(rl, dict) else []):
+            records = _get(sl, "logRecords", "log_records") if isinstance(sl, dict) else None
+            for i, record in enumerate(records if isinstance(records, list) else []):
+                where = f"resourceLogs[{r}].scopeLogs[{s}].logRecords[{i}]"
+                try:
+                    if not isinstance(record, dict):
+                        raise _InvalidSpan("must be an object")
+                    resource = _json_attrs((rl.get("resource") or {}).get("attributes") or [])
+                    attributes = _json_attrs(record.get("attributes") or [])
+                    name = _get(record, "eventName", "event_name") or attributes.get("event.name") or ""
+                    carrier = _carrier(
+                        _id_from_text(_get(record, "traceId", "trace_id"), 16, "trace_id", required=False),
+                        _id_from_text(_get(record, "spanId", "span_id"), 8, "span_id", required=False),
+                        str(name), _time(_get(record, "timeUnixNano", "time_unix_nano")
+                                         or _get(record, "observedTimeUnixNano", "observed_time_unix_nano"),
+                                         "timeUnixNano"),
+                        attributes, _json_any(record["body"]) if record.get("body") else None, resource)
+                except (_InvalidSpan, TypeError, AttributeError, OverflowError, RecursionError) as exc:
+                    out.problems.append(SpanProblem(where, str(exc)))
+                    continue
+                if carrier is not None:
+                    out.spans.append(carrier)
+    return out
+
+
+def fold_log_events(spans: Iterable[Span]) -> list[Span]:
+    """Spans with the events their carriers hold put back on them; carriers whose span has not arrived wait
+    out of the conversation (they join it when the span comes)."""
+    plain: dict[tuple[str, str], Span] = {}
+    carried: dict[tuple[str, str], list[SpanEvent]] = {}
+    for span in spans:
+        if span.scope_name == LOG_EVENT_SCOPE and span.parent_span_id:
+            carried.setdefault((span.trace_id, span.parent_span_id), []).extend(span.events)
+        else:
+            plain[span.key] = span
+    if not carried:
+        return list(plain.values())
+    for key, events in carried.items():
+        span = plain.get(key)
+        if span is not None:
+            plain[key] = replace(span, events=sorted([*span.events, *events], key=lambda e: e.time_ns), _parsed={})
+    return list(plain.values())
