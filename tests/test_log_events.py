@@ -69,7 +69,8 @@ def test_log_events_become_the_turns_of_their_span(tmp_path, protocol) -> None:
 def test_redelivered_log_records_are_stored_once_and_bad_ones_are_named() -> None:
     body = {"resourceLogs": [{"resource": {"attributes": []}, "scopeLogs": [{"logRecords": [
         {"eventName": "gen_ai.user.message", "traceId": "0" * 31 + "1", "spanId": "0" * 15 + "2",
-         "timeUnixNano": "5", "body": {"kvlistValue": {"values": [{"key": "content", "value": {"stringValue": "hi"}}]}}},
+         "timeUnixNano": "5",
+         "body": {"kvlistValue": {"values": [{"key": "content", "value": {"stringValue": "hi"}}]}}},
         {"eventName": "gen_ai.user.message", "traceId": "xyz", "spanId": "0" * 15 + "2"},
         {"eventName": "gen_ai.user.message", "body": {"stringValue": "no span"}},
     ]}]}]}
