@@ -331,6 +331,8 @@ class _Inventory:
                 self.origin.setdefault(tool["name"], f"listed for server '{server.server_name}' in the servers file")
             for res in data.get("available_resources", []):
                 entry["resources"][res["uri"]] = res
+            for template in data.get("available_resource_templates", []):
+                entry["resource_templates"][template["uriTemplate"]] = template
             for prompt in data.get("available_prompts", []):
                 entry["prompts"][prompt["name"]] = prompt
         for server_name, tools in named.items():
@@ -339,12 +341,13 @@ class _Inventory:
                 self.origin.setdefault(name, f"named for server '{server_name}' in [mapping] mcp_tools")
 
     def _server(self, name: str) -> dict[str, dict[str, dict[str, Any]]]:
-        return self.servers.setdefault(name, {"tools": {}, "resources": {}, "prompts": {}, "meta": {}})
+        return self.servers.setdefault(name, {"tools": {}, "resources": {}, "resource_templates": {},
+                                              "prompts": {}, "meta": {}})
 
     def add_listed(self, method: str, server: str | None, item: dict[str, Any]) -> None:
-        section = method.split("/", 1)[0]
-        key = "uri" if section == "resources" else "name"
-        if section in ("tools", "resources", "prompts") and isinstance(item.get(key), str):
+        section = "resource_templates" if method == "resources/templates/list" else method.split("/", 1)[0]
+        key = {"resources": "uri", "resource_templates": "uriTemplate"}.get(section, "name")
+        if section in ("tools", "resources", "resource_templates", "prompts") and isinstance(item.get(key), str):
             existing = self._server(server or DEFAULT_SERVER)[section].setdefault(item[key], {})
             existing.update({k: v for k, v in item.items() if v is not None})
             if section == "tools":
@@ -369,6 +372,8 @@ class _Inventory:
                 **entry["meta"].get("transport", {}),
                 "available_tools": [entry["tools"][k] for k in sorted(entry["tools"])],
                 "available_resources": [entry["resources"][k] for k in sorted(entry["resources"])],
+                "available_resource_templates": [entry["resource_templates"][k]
+                                                 for k in sorted(entry["resource_templates"])],
                 "available_prompts": [entry["prompts"][k] for k in sorted(entry["prompts"])],
             }))
         return out

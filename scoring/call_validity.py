@@ -1,7 +1,7 @@
 """MCP Call Validity: deterministic checks of every MCP call, cheap enough to run on every conversation.
 
-A call is valid when its primitive is advertised by some server (checked only when the test case lists
-servers), its arguments validate against the tool's `inputSchema` (or the prompt's declared
+A call is valid when its primitive is advertised by some server (checked per kind, only when some server
+lists that kind: traces often hold a `tools/list` and nothing about resources or prompts), its arguments validate against the tool's `inputSchema` (or the prompt's declared
 arguments), its result is not an error, and it does not repeat an identical call of the same task.
 Score = valid calls / calls; a conversation without MCP calls is not applicable (score None).
 """
@@ -9,6 +9,7 @@ Score = valid calls / calls; a conversation without MCP calls is not applicable 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,18 +34,38 @@ class _Call:
     notes: list[str] = field(default_factory=list)
 
 
+def _template_pattern(template: str) -> re.Pattern[str]:
+    """An RFC 6570 URI template as a regex: `{var}` matches one path segment, `{+var}` / `{/var*}` more."""
+    parts, pos = [], 0
+    for match in re.finditer(r"\{([^}]*)\}", template):
+        parts.append(re.escape(template[pos:match.start()]))
+        expression = match.group(1)
+        parts.append(".*" if expression[:1] in ("+", "#", "/") or expression.endswith("*") else "[^/?#]*")
+        pos = match.end()
+    parts.append(re.escape(template[pos:]))
+    return re.compile("".join(parts))
+
+
 class _Inventory:
+    """What the servers advertise, and for each kind (tools, resources, prompts) whether any list was seen."""
+
     def __init__(self, servers: list[MCPServer]) -> None:
-        self.known = bool(servers)
         self.tools: dict[str, Tool] = {}
         self.resources: set[str] = set()
+        self.templates: list[re.Pattern[str]] = []
         self.prompts: dict[str, Prompt] = {}
         for server in servers:
             for tool in server.available_tools:
                 self.tools.setdefault(tool.name, tool)
             self.resources.update(r.uri for r in server.available_resources)
+            self.templates += [_template_pattern(t.uri_template) for t in server.available_resource_templates]
             for prompt in server.available_prompts:
                 self.prompts.setdefault(prompt.name, prompt)
+        self.known = {"tools": bool(self.tools), "resources": bool(self.resources or self.templates),
+                      "prompts": bool(self.prompts)}
+
+    def has_resource(self, uri: str) -> bool:
+        return uri in self.resources or any(p.fullmatch(uri) for p in self.templates)
 
 
 def _schema_violations(args: dict[str, Any], schema: dict[str, Any], call: _Call) -> None:
@@ -85,8 +106,8 @@ def _prompt_violations(args: dict[str, Any], prompt: Prompt, call: _Call) -> Non
         call.violations.append(f"arguments the prompt does not declare: {', '.join(unexpected)}")
 
 
-def check_calls(test_case: ConversationalTestCase) -> tuple[list[_Call], bool]:
-    """Every MCP call with its violations, in conversation order, and whether an inventory was known."""
+def check_calls(test_case: ConversationalTestCase) -> tuple[list[_Call], dict[str, bool]]:
+    """Every MCP call with its violations, in conversation order, and which kinds' lists were known."""
     inventory = _Inventory(test_case.mcp_servers or [])
     calls: list[_Call] = []
     seen: dict[tuple[int, str, str, str], int] = {}
@@ -94,7 +115,7 @@ def check_calls(test_case: ConversationalTestCase) -> tuple[list[_Call], bool]:
         for tool in turn.mcp_tools_called or []:
             call = _Call(turn_index, unit, "tool", tool.name, tool.args)
             advertised = inventory.tools.get(tool.name)
-            if inventory.known and advertised is None:
+            if inventory.known["tools"] and advertised is None:
                 call.violations.append("tool not advertised by any MCP server")
             if advertised is not None:
                 _schema_violations(tool.args, advertised.input_schema, call)
@@ -103,13 +124,13 @@ def check_calls(test_case: ConversationalTestCase) -> tuple[list[_Call], bool]:
             calls.append(call)
         for resource in turn.mcp_resources_called or []:
             call = _Call(turn_index, unit, "resource", resource.uri, None)
-            if inventory.known and resource.uri not in inventory.resources:
+            if inventory.known["resources"] and not inventory.has_resource(resource.uri):
                 call.violations.append("resource not advertised by any MCP server")
             calls.append(call)
         for prompt in turn.mcp_prompts_called or []:
             call = _Call(turn_index, unit, "prompt", prompt.name, prompt.args)
             declared = inventory.prompts.get(prompt.name)
-            if inventory.known and declared is None:
+            if inventory.known["prompts"] and declared is None:
                 call.violations.append("prompt not advertised by any MCP server")
             if declared is not None:
                 _prompt_violations(prompt.args, declared, call)
@@ -135,13 +156,18 @@ class MCPCallValidityMetric(BaseMetric):
             for c in calls
         ]
         breakdown: dict[str, Any] = {"calls": rows, "inventory_known": inventory_known,
+                                     "lists_seen": [kind for kind, seen in inventory_known.items() if seen],
                                      "equation": "valid calls / calls"}
         if not calls:
             return Scored(None, breakdown, reason="No MCP calls in the conversation: not applicable.")
         valid = sum(1 for c in calls if not c.violations)
         lines = [f"{valid} of {len(calls)} MCP calls are valid."]
-        if not inventory_known:
+        unknown = [kind for kind, seen in inventory_known.items() if not seen]
+        if len(unknown) == len(inventory_known):
             lines.append("No MCP server inventory was given, so advertisement and schemas were not checked.")
+        elif unknown:
+            lines.append(f"No server listed its {' or '.join(unknown)}, so those calls were not checked against "
+                         "a list.")
         for c in calls:
             lines.extend(f"- turn {c.turn}, {c.kind} {c.name}: {v}" for v in c.violations)
         return Scored(valid / len(calls), breakdown, reason="\n".join(lines))

@@ -147,6 +147,13 @@ class Resource(_ProtocolModel):
     mime_type: str | None = None
 
 
+class ResourceTemplate(_ProtocolModel):
+    uri_template: str
+    name: str | None = None
+    description: str | None = None
+    mime_type: str | None = None
+
+
 class PromptArgument(_ProtocolModel):
     name: str
     description: str | None = None
@@ -169,6 +176,7 @@ class MCPServer(_CaseModel):
     transport: Literal["stdio", "sse", "streamable-http"] | None = None
     available_tools: list[Tool] = Field(default_factory=list)
     available_resources: list[Resource] = Field(default_factory=list)
+    available_resource_templates: list[ResourceTemplate] = Field(default_factory=list)
     available_prompts: list[Prompt] = Field(default_factory=list)
 
 

@@ -5,6 +5,7 @@ import copy
 import pytest
 
 from scoring import MCPCallValidityMetric
+from scoring.test_case import ConversationalTestCase
 from tests.support.cases import FLIGHTS_SERVER, search_call, three_task_case, two_turn_case
 
 
@@ -80,7 +81,7 @@ def test_resources_and_prompts_are_checked_against_the_inventory() -> None:
 def test_without_an_inventory_only_results_and_repeats_are_checked() -> None:
     metric = _measure(_case({"role": "assistant", "content": "",
                              "mcp_tools_called": [{"name": "anything", "args": {"x": 1}}]}, servers=[]))
-    assert metric.score == 1.0 and metric.score_breakdown["inventory_known"] is False
+    assert metric.score == 1.0 and metric.score_breakdown["lists_seen"] == []
     assert "No MCP server inventory was given" in metric.reason
 
 
@@ -106,3 +107,35 @@ def test_an_invalid_server_schema_is_noted_not_blamed_on_the_call() -> None:
                             servers=[server]))
     assert metric.score == 1.0
     assert "inputSchema is itself invalid" in metric.score_breakdown["calls"][0]["notes"][0]
+
+
+def test_a_kind_whose_list_was_never_seen_cannot_make_a_call_not_advertised() -> None:
+    """The shipped pydantic-ai trace holds a tools/list only: its resource read and prompt get are not flagged,
+    and the only invalid call is the one the server failed."""
+    from pathlib import Path
+
+    from mapping import build_conversations, decode_otlp
+
+    trace = Path(__file__).parent / "fixtures" / "real" / "pydantic_ai_mcp.otlp.json"
+    [conversation] = [c for c in build_conversations(decode_otlp(trace.read_bytes(), "application/json").spans)
+                      if c.conversation_id == "conv-weather-0001"]
+    metric = MCPCallValidityMetric()
+    metric.measure(conversation.test_case)
+    assert metric.score == 0.75
+    assert metric.score_breakdown["lists_seen"] == ["tools"]
+    invalid = [(c["kind"], c["name"]) for c in metric.score_breakdown["calls"] if not c["valid"]]
+    assert invalid == [("tool", "book_umbrella")]
+    assert "resources or prompts" in metric.reason
+
+
+def test_a_resource_matching_an_advertised_template_is_advertised() -> None:
+    case = ConversationalTestCase.model_validate({
+        "turns": [{"role": "user", "content": "read"},
+                  {"role": "assistant", "content": "ok", "mcp_resources_called": [
+                      {"uri": "weather://cities/Paris"}, {"uri": "weather://other"}]}],
+        "mcp_servers": [{"server_name": "w", "available_resource_templates": [
+            {"uriTemplate": "weather://cities/{city}", "name": "city"}]}]})
+    metric = MCPCallValidityMetric()
+    metric.measure(case)
+    assert [c["valid"] for c in metric.score_breakdown["calls"]] == [True, False]
+    assert metric.score_breakdown["inventory_known"] == {"tools": False, "resources": True, "prompts": False}
