@@ -29,7 +29,7 @@ def copies(text: str, n: int) -> list[bytes]:
         copy = text
         for t in traces:
             copy = copy.replace(t, f"{i:08x}{t[8:]}")
-        copy = copy.replace("conv-weather-", f"conv-{i:06d}-")
+        copy = copy.replace("conv-weather-", f"conv-{i:06d}-").replace("conv-fw-", f"conv-fw-{i:06d}-")
         out.append(copy.encode())
     return out
 

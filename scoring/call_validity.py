@@ -1,8 +1,9 @@
 """MCP Call Validity: deterministic checks of every MCP call, cheap enough to run on every conversation.
 
 A call is valid when its primitive is advertised by some server (checked per kind, only when some server
-lists that kind: traces often hold a `tools/list` and nothing about resources or prompts), its arguments validate against the tool's `inputSchema` (or the prompt's declared
-arguments), its result is not an error, and it does not repeat an identical call of the same task.
+lists that kind: traces often hold a `tools/list` and nothing about resources or prompts), its arguments
+validate against the tool's `inputSchema` (or the prompt's declared arguments), its result is not an
+error, and it does not repeat an identical call of the same task.
 Score = valid calls / calls; a conversation without MCP calls is not applicable (score None).
 """
 
