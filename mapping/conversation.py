@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mapping.conversation_key import trace_conversation_key
@@ -253,17 +254,27 @@ class _Trace:
                 by_request[request_key] = call
 
 
+_NOT_WORD = re.compile(r"[^0-9A-Za-z]+")
 _OP_KINDS = {"tools/call": "tool", "resources/read": "resource", "prompts/get": "prompt"}
 # Tools whose call is how the agent gives its answer, not an action (smolagents' ToolCallingAgent)
 ANSWER_TOOLS = frozenset({"final_answer"})
 
 
+def _tool_key(name: str) -> str:
+    return _NOT_WORD.sub("_", name).lower()
+
+
+def same_tool_name(a: str, b: str) -> bool:
+    """Frameworks name an MCP tool as they registered it: `weather__get_weather`, `mcp.get_weather`, CrewAI's
+    `server.py_get_weather` on its tool span and `server_py_get_weather` in the model's call."""
+    if a == b:
+        return True
+    ka, kb = _tool_key(a), _tool_key(b)
+    return ka == kb or ka.endswith("_" + kb) or kb.endswith("_" + ka)
+
+
 def _same_tool(call: _Call, name: str | None) -> bool:
-    """A tool span may name the tool as the framework registered it (`weather__get_weather`, `mcp.get_weather`)."""
-    if call.kind != "tool" or not name:
-        return False
-    return call.name == name or call.name.endswith(("__" + name, "." + name, "_" + name)) \
-        or name.endswith(("__" + call.name, "." + call.name, "_" + call.name))
+    return call.kind == "tool" and bool(name) and same_tool_name(call.name, name or "")
 
 
 def _unidentified_match(calls: list[_Call], part: Any) -> _Call | None:
@@ -355,6 +366,13 @@ class _Inventory:
 
     def server_of_tool(self, name: str) -> str | None:
         return next((s for s, entry in self.servers.items() if name in entry["tools"]), None)
+
+    def canonical_tool(self, name: str) -> str | None:
+        """The inventory's name for a tool the framework renamed (prefixed with its server), if exactly one fits."""
+        if self.server_of_tool(name) is not None:
+            return name
+        matches = {tool for entry in self.servers.values() for tool in entry["tools"] if same_tool_name(tool, name)}
+        return matches.pop() if len(matches) == 1 else None
 
     def add_definition(self, server: str, definition: ToolDefinition) -> None:
         tool = self._server(server)["tools"].setdefault(definition.name, {"name": definition.name})
@@ -502,9 +520,16 @@ def _build_one(conversation_id: str, key: str, traces: list[list[Span]], given: 
             definitions[definition.name] = definition
     for draft in drafts:
         for call in draft.calls:
+            canonical = inventory.canonical_tool(call.name) if call.kind == "tool" else None
+            if canonical is not None and canonical != call.name:
+                call.sources.append(f"the framework named it '{call.name}'; the MCP inventory calls it '{canonical}'")
+                call.name = canonical
             if call.kind == "tool" and (call.mcp or inventory.server_of_tool(call.name)):
                 server = call.server or inventory.server_of_tool(call.name) or default_server
-                inventory.add_definition(server, definitions.get(call.name) or ToolDefinition(call.name))
+                definition = definitions.get(call.name) or next(
+                    (d for d in definitions.values() if same_tool_name(d.name, call.name)), None)
+                inventory.add_definition(server, replace(definition, name=call.name) if definition
+                                         else ToolDefinition(call.name))
     turns: list[Turn] = []
     explanation: list[dict[str, Any]] = []
     for draft in drafts:

@@ -3,9 +3,9 @@ unwraps the known envelopes back to the MCP `content` the server sent, and reads
 status (often the only place a failed call is marked).
 
 Known envelopes: Strands' ToolResult (`{"toolUseId", "status", "content": [{"text": ...}]}`) and its bare
-content list, LangChain's ToolMessage (serialized `{"lc": 1, "type": "constructor", ...}` or as a dict with
-`"type": "tool"`), and the OpenAI Agents SDK's MCP output strings (one content block, or a list of them,
-as JSON).
+content list, LangChain's ToolMessage (serialized `{"lc": 1, "type": "constructor", ...}`, as a message dict
+`{"type": "tool", "data": {...}}`, or flat), CrewAI's tool failure (`{"message", "reason": "mcp_error", ...}`),
+and the OpenAI Agents SDK's MCP output strings (one content block, or a list of them, as JSON).
 """
 
 from __future__ import annotations
@@ -32,9 +32,14 @@ def _langchain_fields(value: dict[str, Any]) -> dict[str, Any] | None:
         if tuple(value.get("id") or ()) in (_LANGCHAIN_TOOL_MESSAGE, _LANGCHAIN_TOOL_MESSAGE_CORE):
             return value["kwargs"]
         return None
+    if value.get("type") == "tool" and isinstance(value.get("data"), dict) and "content" in value["data"]:
+        return value["data"]  # langchain_core.messages.message_to_dict
     if value.get("type") == "tool" and "content" in value and "tool_call_id" in value:
         return value
     return None
+
+
+_CREWAI_FAILURE_KEYS = frozenset({"message", "reason", "code", "retryable", "details"})
 
 
 def _bare_text_blocks(value: Any) -> list[dict[str, Any]] | None:
@@ -58,6 +63,8 @@ def unwrap_tool_result(raw: Any) -> Unwrapped:
                 content = {"content": content if isinstance(content, list) else [{"type": "text", "text": content}],
                            "structuredContent": artifact["structured_content"]}
             return Unwrapped(content, fields.get("status") == "error", "langchain.ToolMessage")
+        if set(value) == _CREWAI_FAILURE_KEYS and isinstance(value.get("message"), str):
+            return Unwrapped([{"type": "text", "text": value["message"]}], True, "crewai tool failure")
         if "toolUseId" in value and isinstance(value.get("content"), list):
             blocks = _bare_text_blocks(value["content"]) or value["content"]
             return Unwrapped(blocks, value.get("status") == "error", "strands.ToolResult")

@@ -28,11 +28,16 @@ NOT_RECORDED: dict[str, set[str]] = {
     "openai_agents": {"resource_uri", "resource_text", "prompt_args", "prompt_text"},
     "smolagents": {"tool_error"},  # no MCP span, and no status or flag marks the failed call
     "vercel_ai": {"resource_read", "prompt_get"},  # its MCP client makes no span and sends no traceparent
+    # mcp 1.x (which these frameworks require) makes no span; the app's resource read and prompt get leave none
+    "langgraph": {"resource_read", "prompt_get"},
+    "crewai": {"resource_read", "prompt_get"},
 }
 # frameworks whose traces have no MCP span: the user names the MCP server's tools ([mapping] mcp_tools)
 MCP_TOOLS: dict[str, dict[str, list[str]]] = {
     "smolagents": {"weather": ["book_umbrella", "get_weather"]},
     "vercel_ai": {"weather": ["book_umbrella", "get_weather"]},
+    "langgraph": {"weather": ["book_umbrella", "get_weather"]},
+    "crewai": {"weather": ["book_umbrella", "get_weather"]},
 }
 
 

@@ -55,6 +55,8 @@ def _text_value(value: Any) -> str | None:
     if isinstance(parsed, list):
         return last_user_text(parse_messages(parsed))
     if isinstance(parsed, dict):
+        if isinstance(parsed.get("messages"), list):  # LangGraph state, CrewAI kickoff(messages)
+            return last_user_text(parse_messages(parsed["messages"]))
         for key in ("input", "output", "content", "text", "final_output", "task"):  # task: smolagents' run()
             if isinstance(parsed.get(key), str):
                 return parsed[key]
@@ -79,7 +81,8 @@ class OpenInference(Dialect):
     def agent_run(self, span: Span) -> AgentRun | None:
         kind = span.str_attr(KIND)
         if kind == "AGENT" or (kind == "CHAIN" and span.parent_span_id is None):
-            return AgentRun(agent_name=span.str_attr("agent.name"), input_text=_text_value(span.attr("input.value")),
+            return AgentRun(agent_name=span.str_attr("agent.name") or span.str_attr("graph.node.id"),
+                            input_text=_text_value(span.attr("input.value")),
                             output_text=_text_value(span.attr("output.value")))
         return None
 
