@@ -1,5 +1,5 @@
-"""Admin HTTP API on port 4319: liveness, readiness, Prometheus metrics, read-only SQL (`/api/query`) and the
-HTML score report (`/report?since=7d`)."""
+"""Admin HTTP API on port 4319: liveness, readiness, Prometheus metrics, read-only SQL (`/api/query`), the
+HTML score report (`/report?since=7d`) and re-queueing waiting and failed jobs (`/api/score-pending`)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ class AdminServer:
         self.app.router.add_get("/metrics", self._metrics)
         self.app.router.add_post("/api/query", self._query)
         self.app.router.add_get("/report", self._report)
+        self.app.router.add_post("/api/score-pending", self._score_pending)
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> int:
@@ -117,6 +118,17 @@ class AdminServer:
             return _error(400, str(exc))
         return web.Response(text=page, content_type="text/html", charset="utf-8",
                             headers={"Content-Security-Policy": CSP})
+
+
+    async def _score_pending(self, request: web.Request) -> web.Response:
+        """`tracejudge score --pending` against a running collector: its own scoring stage takes the jobs."""
+        if not bearer_matches(request.headers.get("Authorization"), self._query_token):
+            return _error(401, "missing or wrong bearer token (TRACEJUDGE_QUERY_TOKEN)")
+        if self.stage is None:
+            return _error(503, "the scoring stage is not running yet; retry shortly")
+        job_ids = await self.stage.requeue()
+        body = {"requeued": len(job_ids), "job_ids": job_ids, "waiting_for_judge": self.stage.unavailable}
+        return web.Response(text=json.dumps(body), content_type="application/json")
 
 
 def _error(status: int, message: str) -> web.Response:

@@ -9,14 +9,16 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-from collector.lake import LakeConfig
 from mapping.redaction import BUILTIN_RULES, RedactionRuleError, Redactor
-from scoring import METRICS
 from scoring.errors import TracejudgeError
+from scoring.metric_ids import METRIC_IDS
+
+if TYPE_CHECKING:
+    from collector.lake import LakeConfig
 
 MiB = 1024 * 1024
 
@@ -107,7 +109,7 @@ class SamplingSettings(_Section):
     @field_validator("metric_rates")
     @classmethod
     def _rates(cls, rates: dict[str, float]) -> dict[str, float]:
-        _only_known(rates, METRICS, "metric")
+        _only_known(rates, METRIC_IDS, "metric")
         bad = sorted(k for k, v in rates.items() if not 0.0 <= v <= 1.0)
         if bad:
             raise ValueError(f"rates must be between 0 and 1: {', '.join(bad)}")
@@ -135,7 +137,7 @@ class ScoringSettings(_Section):
     @field_validator("metrics")
     @classmethod
     def _known_metrics(cls, metrics: list[str]) -> list[str]:
-        _only_known(metrics, METRICS, "metric")
+        _only_known(metrics, METRIC_IDS, "metric")
         return metrics
 
 
@@ -192,6 +194,8 @@ class LakeSettings(_Section):
         """The lake to publish to and query, or None when none is configured."""
         if not self.catalog:
             return None
+        from collector.lake import LakeConfig  # DuckDB and pyarrow: only for a collector that publishes
+
         return LakeConfig(self.catalog, self.data_path, self.replica or "")
 
 
@@ -209,6 +213,11 @@ class Settings(_Section):
     redaction: RedactionSettings = Field(default_factory=RedactionSettings)
     lake: LakeSettings = Field(default_factory=LakeSettings)
     log: LogSettings = Field(default_factory=LogSettings)
+    _config_file: Path | None = PrivateAttr(default=None)  # the tracejudge.toml these came from, if any
+
+    @property
+    def config_file(self) -> Path | None:
+        return self._config_file
 
     def model_post_init(self, _: Any) -> None:
         if (self.server.tls_cert is None) != (self.server.tls_key is None):
@@ -227,6 +236,8 @@ ENV_AND_FLAGS: tuple[tuple[str, str, str | None, str | None], ...] = (
     ("server", "ingest_token", "TRACEJUDGE_INGEST_TOKEN", None),
     ("server", "query_token", "TRACEJUDGE_QUERY_TOKEN", None),
     ("store", "db", "TRACEJUDGE_DB", "--db"),
+    ("scoring", "model", "TRACEJUDGE_JUDGE_MODEL", "--judge-model"),
+    ("scoring", "system_one_model", "TRACEJUDGE_SYSTEM_ONE_MODEL", "--system-one-model"),
     ("redaction", "salt", "TRACEJUDGE_REDACTION_SALT", None),
     ("lake", "catalog", "TRACEJUDGE_LAKE_CATALOG", None),
     ("lake", "data_path", "TRACEJUDGE_LAKE_DATA_PATH", None),
@@ -261,7 +272,9 @@ def load_settings(config_file: Path | None = None, flags: dict[str, Any] | None 
             data.setdefault(section, {})[key] = flags[key]
             sources[(section, key)] = f"flag {flag}"
     try:
-        return Settings.model_validate(data)
+        settings = Settings.model_validate(data)
+        settings._config_file = path
+        return settings
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = tuple(str(x) for x in err["loc"])

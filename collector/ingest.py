@@ -101,7 +101,6 @@ class Ingest:
         except StoreError as exc:
             self.metrics.spans_rejected.labels("store_error").inc(received)
             return Outcome(Answer.UNAVAILABLE, message=str(exc), retry_after_s=self.store.retry_after_s)
-        self.metrics.spans_accepted.inc(accepted)
         if not decoded.problems:
             return Outcome(Answer.OK, accepted=accepted)
         self.metrics.spans_rejected.labels("invalid_span").inc(len(decoded.problems))

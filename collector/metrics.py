@@ -11,8 +11,10 @@ class CollectorMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.spans_received = Counter("tracejudge_spans_received", "Spans in export requests", registry=self.registry)
-        self.spans_accepted = Counter("tracejudge_spans_accepted", "Spans committed to the store",
+        self.spans_accepted = Counter("tracejudge_spans_accepted", "Spans committed to the store (new ones only)",
                                       registry=self.registry)
+        self.spans_duplicate = Counter("tracejudge_spans_duplicate", "Redelivered spans already stored (ignored)",
+                                       registry=self.registry)
         self.spans_rejected = Counter("tracejudge_spans_rejected", "Spans not stored, by reason", ["reason"],
                                       registry=self.registry)
         self.requests = Counter("tracejudge_export_requests", "Export requests by protocol and answer",
@@ -34,9 +36,12 @@ class CollectorMetrics:
         self.store_bytes = Gauge("tracejudge_store_bytes", "Size of the database file and its WAL",
                                  registry=self.registry)
 
-    def on_commit(self, seconds: float, spans: int) -> None:
+    def on_commit(self, seconds: float, spans: int, duplicates: int = 0) -> None:
+        """One group commit: `spans` newly stored, `duplicates` redelivered and ignored."""
         self.commit_seconds.observe(seconds)
-        self.commit_spans.observe(spans)
+        self.commit_spans.observe(spans + duplicates)
+        self.spans_accepted.inc(spans)
+        self.spans_duplicate.inc(duplicates)
 
     def on_measured(self, metric: str, seconds: float, error_kind: str | None) -> None:
         self.measure_seconds.labels(metric).observe(seconds)

@@ -6,16 +6,13 @@ a row limit and a query running past the timeout is interrupted.
 
 from __future__ import annotations
 
-import datetime as dt
-import decimal
 import json
 import threading
-import uuid
-from dataclasses import dataclass
 from typing import Any
 
 import duckdb
 
+from collector.query_result import QueryResult
 from scoring.errors import TracejudgeError
 
 DEFAULT_LIMIT = 10_000
@@ -28,31 +25,6 @@ class QueryRefused(TracejudgeError):
 
 class QueryFailed(TracejudgeError):
     """DuckDB rejected or interrupted the query."""
-
-
-@dataclass
-class QueryResult:
-    columns: list[str]
-    rows: list[list[Any]]
-    truncated: bool
-
-    def to_json(self) -> dict[str, Any]:
-        return {"columns": self.columns, "rows": [[_plain(v) for v in row] for row in self.rows],
-                "truncated": self.truncated}
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dt.datetime | dt.date | dt.time):
-        return value.isoformat()
-    if isinstance(value, decimal.Decimal | uuid.UUID):
-        return str(value)
-    if isinstance(value, bytes):
-        return value.hex()
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    return value
 
 
 # Functions a SELECT can call that change state or run other SQL.

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import grpc
 import httpx
@@ -21,6 +22,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from collector.input_files import InputFileError, trace_requests
 from scoring.errors import TracejudgeError
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
@@ -42,23 +44,23 @@ class ReplayReport:
 def requests_in(path: Path) -> Iterator[tuple[bytes, str]]:
     """(payload, content type) of each export request in a file: .pb protobuf, else OTLP/JSON or JSON Lines."""
     try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ReplayError(f"cannot read {path}: {exc}") from exc
-    if path.suffix in (".pb", ".bin", ".protobuf"):
-        yield raw, "application/x-protobuf"
-        return
-    try:
-        json.loads(raw)
-        yield raw, "application/json"
-    except ValueError:
-        for number, line in enumerate(raw.splitlines(), start=1):
-            if line.strip():
-                try:
-                    json.loads(line)
-                except ValueError as exc:
-                    raise ReplayError(f"{path}:{number}: not valid JSON ({exc})") from exc
-                yield line, "application/json"
+        for _, payload, content_type in trace_requests(path):
+            yield payload, content_type
+    except InputFileError as exc:
+        raise ReplayError(str(exc)) from exc
+
+
+def http_traces_url(endpoint: str) -> str:
+    """OTel exporters take the base URL (`http://host:4318`) and add `/v1/traces`; so does replay."""
+    parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+    if parts.path in ("", "/"):
+        parts = parts._replace(path="/v1/traces")
+    return urlunsplit(parts)
+
+
+def grpc_target(endpoint: str) -> str:
+    """`host:port` from `http://host:port` or `host:port` (the form OTEL_EXPORTER_OTLP_ENDPOINT uses)."""
+    return urlsplit(endpoint).netloc if "://" in endpoint else endpoint
 
 
 def _hex_ids_to_base64(value: Any) -> Any:
@@ -82,6 +84,7 @@ def replay(files: list[Path], protocol: str, endpoint: str, token: str | None, t
     report = ReplayReport()
     headers = {"authorization": f"Bearer {token}"} if token else {}
     if protocol == "http":
+        endpoint = http_traces_url(endpoint)
         with httpx.Client(timeout=timeout) as client:
             for path in files:
                 for payload, content_type in requests_in(path):
@@ -101,7 +104,7 @@ def replay(files: list[Path], protocol: str, endpoint: str, token: str | None, t
                     if message:
                         report.messages.append(f"{path}: {message}")
         return report
-    with grpc.insecure_channel(endpoint) as channel:
+    with grpc.insecure_channel(grpc_target(endpoint)) as channel:
         export = channel.unary_unary(EXPORT, request_serializer=None,
                                      response_deserializer=ExportTraceServiceResponse.FromString)
         for path in files:

@@ -24,6 +24,10 @@ from collector.otlp_http import HttpReceiver
 from collector.span_store import SpanStore
 from scoring.stage import ScoringStage, StageConfig
 
+JUDGE_ADVICE = ("export OPENAI_API_KEY=... (or OPENAI_BASE_URL=http://127.0.0.1:8000/v1 for a local OpenAI-compatible "
+                "server, with --judge-model NAME) and restart `tracejudge serve`: waiting jobs then run. Or run "
+                "`tracejudge score --pending` with the key set, against this collector.")
+
 
 def stage_config(settings: Settings) -> StageConfig:
     sc = settings.scoring
@@ -78,10 +82,16 @@ class Collector:
         http_port = await self.http.start()
         admin_port = await self.admin.start()
         scheme = "https" if s.tls_cert else "http"
-        self.log.info("listening", otlp_grpc=f"{s.host}:{grpc_port}", otlp_http=f"{scheme}://{s.host}:{http_port}/v1/traces",
+        config_file = self.settings.config_file
+        self.log.info("listening", otlp_grpc=f"{s.host}:{grpc_port}",
+                      otlp_http=f"{scheme}://{s.host}:{http_port}/v1/traces",
                       admin=f"http://{s.host}:{admin_port}", db=str(self.settings.store.db.resolve()),
+                      config=str(config_file.resolve()) if config_file else None,
                       tls=bool(s.tls_cert), auth=bool(s.ingest_token), metrics=list(sc.metrics),
-                      waiting_for_judge=self.stage.unavailable)
+                      quiet_period_s=self.settings.conversations.quiet_period_s, **self.stage.judges(),
+                      waiting_for_judge=self.stage.unavailable, resumed_jobs=self.stage.resumed)
+        if self.stage.unavailable:
+            self.log.warning("judged metrics wait for a judge", advice=JUDGE_ADVICE)
         self._pipeline = [asyncio.create_task(self.assembler.run(self._stop_pipeline)),
                           asyncio.create_task(self.stage.run(self._stop_pipeline))]
         lake = self.settings.lake.lake_config()
@@ -105,7 +115,8 @@ class Collector:
         await asyncio.to_thread(self.store.close)
         await asyncio.to_thread(self.decoder.stop)
         await self.admin.stop()
-        self.log.info("stopped", spans_committed=self.store.stats.spans_committed)
+        self.log.info("stopped", spans_committed=self.store.stats.spans_committed,
+                      spans_duplicate=self.store.stats.duplicates)
 
 
 async def serve(settings: Settings, logger: Logger) -> None:

@@ -51,14 +51,15 @@ class _Pending:
 @dataclass
 class StoreStats:
     commits: int = 0
-    spans_committed: int = 0
+    spans_committed: int = 0  # newly stored; redelivered spans are counted apart
+    duplicates: int = 0
     last_commit_s: float = 0.0
     last_error: str | None = None
 
 
 class SpanStore:
     def __init__(self, path: Path, *, max_batch_spans: int = 50_000, max_queue_spans: int = 500_000,
-                 retry_after_s: int = 1, on_commit: Callable[[float, int], None] | None = None,
+                 retry_after_s: int = 1, on_commit: Callable[[float, int, int], None] | None = None,
                  memory_limit: str | None = None) -> None:
         self.path = path
         self.memory_limit = memory_limit
@@ -176,12 +177,14 @@ class SpanStore:
         assert self._con is not None
         started = time.perf_counter()
         error: BaseException | None = None
+        inserted = 0
         table = pa.concat_tables([p.table for p in batch]) if len(batch) > 1 else batch[0].table
         try:
             self._con.execute("BEGIN TRANSACTION")
             self._con.register("incoming_spans", table)
             try:
-                self._con.execute("INSERT OR IGNORE INTO spans SELECT * FROM incoming_spans")
+                row = self._con.execute("INSERT OR IGNORE INTO spans SELECT * FROM incoming_spans").fetchone()
+                inserted = int(row[0]) if row else count
             finally:
                 self._con.unregister("incoming_spans")
             self._con.execute("COMMIT")
@@ -197,10 +200,11 @@ class SpanStore:
         if error is None:
             self.healthy = True
             self.stats.commits += 1
-            self.stats.spans_committed += count
+            self.stats.spans_committed += inserted
+            self.stats.duplicates += count - inserted
             self.stats.last_commit_s = elapsed
             if self.on_commit is not None:
-                self.on_commit(elapsed, count)
+                self.on_commit(elapsed, inserted, count - inserted)
             for listener in self.listeners:
                 with contextlib.suppress(Exception):  # a listener must never fail a commit already made
                     listener(table)

@@ -44,6 +44,13 @@ class TestResult(BaseModel):
     def passed(self) -> bool:
         return all(m.passed for m in self.metrics)
 
+    @property
+    def status(self) -> str:
+        """passed, failed, or not scored (every metric was not applicable): n/a is no pass."""
+        if not self.passed:
+            return "failed"
+        return "passed" if any(m.score is not None for m in self.metrics) else "not scored"
+
 
 class EvaluationResult(BaseModel):
     test_results: list[TestResult]
@@ -134,21 +141,29 @@ def _verdict(m: MetricResult) -> str:
     return "PASS" if m.success else "FAIL"
 
 
+def _short(text: str | None, width: int = 70) -> str:
+    """The first line of a reason, cut to fit a table cell."""
+    line = " ".join((text or "").split("\n", 1)[0].split())
+    return line if len(line) <= width else line[:width - 3] + "..."
+
+
 def format_summary(result: EvaluationResult) -> str:
     """A compact table: one line per case and metric, then totals."""
-    header = ("case", "metric", "score", "result", "cost_usd")
+    header = ("case", "metric", "score", "result", "cost_usd", "reason")
     lines: list[tuple[str, ...]] = [header]
     for t in result.test_results:
         label = t.name or f"#{t.index}"
         for m in t.metrics:
             score = "-" if m.score is None else f"{m.score:.3f}"
             cost = "-" if m.evaluation_cost is None else f"{m.evaluation_cost:.6f}"
-            lines.append((label, m.metric, score, _verdict(m), cost))
+            lines.append((label, m.metric, score, _verdict(m), cost, _short(m.error or m.reason)))
     widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
     text = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in lines]
     total = result.total_cost
-    passed = sum(t.passed for t in result.test_results)
-    text.append(f"{passed}/{len(result.test_results)} test cases passed; total cost "
+    statuses = [t.status for t in result.test_results]
+    counts = ", ".join(f"{statuses.count(s)} {s}" for s in ("failed", "not scored") if statuses.count(s))
+    text.append(f"{statuses.count('passed')}/{len(statuses)} test cases passed"
+                + (f" ({counts})" if counts else "") + "; total cost "
                 + ("unknown" if total is None else f"${total:.6f}"))
     errors = [(t, m) for t in result.test_results for m in t.metrics if m.error]
     text.extend(f"error in {t.name or f'#{t.index}'} {m.metric}: {m.error}" for t, m in errors)

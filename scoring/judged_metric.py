@@ -17,6 +17,7 @@ from typing import Any, ClassVar, TypeVar
 from scoring.errors import (
     ContextBudgetError,
     JudgeAuthenticationError,
+    JudgeConfigurationError,
     JudgeError,
     JudgeUnavailableError,
     NoTaskError,
@@ -80,8 +81,15 @@ class JudgedMetric(BaseMetric):
         super().__init__(threshold, include_reason, strict_mode, async_mode, verbose_mode, flaky)
         self.eval_mode = resolve_eval_mode(eval_mode)
         self.model = resolve_llm_judge(model) if self.eval_mode is not EvalMode.SYSTEM_ONE else None
-        self.system_one = (resolve_system_one_judge(system_one_model)
-                           if self.eval_mode is not EvalMode.LLM else None)
+        self.system_one_missing: str | None = None  # hybrid without a System One judge: why the LLM decides
+        try:
+            self.system_one = (resolve_system_one_judge(system_one_model)
+                               if self.eval_mode is not EvalMode.LLM else None)
+        except JudgeConfigurationError as exc:
+            if self.eval_mode is not EvalMode.HYBRID:
+                raise
+            self.system_one = None  # hybrid promises the LLM decides what System One cannot
+            self.system_one_missing = f"no System One judge ({exc}); the LLM decided"
         self.system_one_model = system_one_model
         self._prefetched: Decision | BaseException | None = None
 
@@ -118,8 +126,10 @@ class JudgedMetric(BaseMetric):
 
     async def _decide(self, asks: list[Ask], usage: Usage, shared: dict[str, Any]) -> dict[str, Verdict]:
         """Every ask decided: by the LLM in llm mode, else by System One with per-decision LLM fallback."""
-        if self.eval_mode is EvalMode.LLM:
-            verdicts = await self._gather([self._ask_llm(a, usage) for a in asks])
+        if self.eval_mode is EvalMode.LLM or self.system_one is None:
+            if self.system_one_missing is not None:
+                self.system_one_fallback_reason = self.system_one_missing
+            verdicts = await self._gather([self._ask_llm(a, usage, self.system_one_missing) for a in asks])
             return {a.key: v for a, v in zip(asks, verdicts, strict=True)}
         decided: dict[str, Verdict] = {}
         fallbacks: list[tuple[Ask, str]] = []

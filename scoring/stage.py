@@ -30,6 +30,7 @@ from scoring.errors import (
     NoTaskError,
 )
 from scoring.judged_metric import JudgedMetric
+from scoring.judges.secret_mask import mask_url
 from scoring.mcp_use import MultiTurnMCPUseMetric
 from scoring.metric import BaseMetric
 from scoring.outage import JudgeOutage
@@ -95,6 +96,7 @@ class ScoringStage:
         self._given_back: dict[int, tuple[int, int]] = {}
         self._own_failures: set[int] = set()  # jobs unavailable while their metric's judge answered others
         self.processed = 0
+        self.resumed = 0  # jobs recover() took out of waiting_for_judge
 
     def _build(self, metric: str) -> BaseMetric:
         c = self.config
@@ -118,7 +120,28 @@ class ScoringStage:
                          "WHERE status = 'running' AND attempts >= ?", [self.config.max_attempts])
         rows = self.con.execute("UPDATE eval_jobs SET status = 'pending', lease_until = NULL, updated_at = now() "
                                 "WHERE status = 'running' RETURNING job_id").fetchall()
+        self.resumed = self._match_judges()
         return len(rows)
+
+    def _match_judges(self) -> int:
+        """Jobs that waited for a judge run now that their metric has one (and wait when it lost it)."""
+        available = [m for m in self.config.metrics if m not in self.unavailable]
+        resumed = self.con.execute(
+            "UPDATE eval_jobs SET status = 'pending', not_before = NULL, updated_at = now() "
+            "WHERE status = 'waiting_for_judge' AND metric IN (SELECT unnest(?)) RETURNING job_id",
+            [available]).fetchall()
+        self.con.execute("UPDATE eval_jobs SET status = 'waiting_for_judge', updated_at = now() "
+                         "WHERE status = 'pending' AND metric IN (SELECT unnest(?))", [list(self.unavailable)])
+        return len(resumed)
+
+    async def requeue(self, include_failed: bool = True) -> list[int]:
+        """Waiting (judge, budget) and failed jobs back to pending with fresh attempts; their ids."""
+        statuses = ["waiting_for_judge", "budget"] + (["failed"] if include_failed else [])
+        metrics = [m for m in self.config.metrics if m not in self.unavailable]
+        rows = await self._sql("UPDATE eval_jobs SET status = 'pending', attempts = 0, not_before = NULL, "
+                               "updated_at = now() WHERE status IN (SELECT unnest(?)) "
+                               "AND metric IN (SELECT unnest(?)) RETURNING job_id", [statuses, metrics])
+        return [job_id for (job_id,) in rows]
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -258,7 +281,7 @@ class ScoringStage:
             conversation_id, version, metric_id, self.configs[metric_id],
             metric.eval_mode.value if judged else None, metric.score,
             metric.success, metric.threshold, metric.strict_mode, metric.reason, metric.confidence,
-            metric.model.model if judged and metric.model else None,
+            (metric.model.answered_model or metric.model.model) if judged and metric.model else None,
             metric.system_one.id if judged and metric.system_one else None, metric.evaluation_cost,
             metric.usage.input_tokens, metric.usage.output_tokens, metric.usage.calls, latency_ms,
             json.dumps(breakdown, default=str), getattr(metric, "system_one_fallback_reason", None), metric.error,
@@ -281,9 +304,7 @@ class ScoringStage:
 
     async def score_pending(self, include_failed: bool = True) -> int:
         """`tracejudge score --pending`: retry waiting and failed jobs now, with the current settings."""
-        statuses = ["waiting_for_judge", "budget"] + (["failed"] if include_failed else [])
-        await self._sql("UPDATE eval_jobs SET status = 'pending', attempts = 0, not_before = NULL, updated_at = now() "
-                        "WHERE status IN (SELECT unnest(?))", [statuses])
+        await self.requeue(include_failed)
         before = self.processed
         while True:
             started = await self.step()
@@ -302,6 +323,17 @@ class ScoringStage:
                     return self.processed - before  # the judge stays down: leave the jobs pending for later
                 until = min(o.until for o in paused if o.until is not None)
                 await asyncio.sleep(max(0.0, (until - now).total_seconds()))
+
+    def judges(self) -> dict[str, Any]:
+        """The judge model, its base URL (credentials masked) and the System One model, for the start line."""
+        judged = next((m for m in self.metrics.values() if isinstance(m, JudgedMetric)), None)
+        llm = judged.model if judged is not None else None
+        system_one = judged.system_one if judged is not None else None
+        return {"eval_mode": self.config.eval_mode or "llm",
+                "judge_model": llm.model if llm is not None else None,
+                "judge_base_url": (mask_url(llm.base_url) if llm.base_url else "https://api.openai.com/v1")
+                if llm is not None else None,
+                "system_one": system_one.id if system_one is not None else None}
 
     def describe(self) -> dict[str, Any]:
         return {"config": asdict(self.config), "waiting_for_judge": self.unavailable}

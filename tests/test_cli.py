@@ -69,11 +69,82 @@ def test_bad_input_exits_two_with_a_precise_message(tmp_path, content, message) 
     assert message in proc.stderr
 
 
-def test_missing_judge_settings_and_missing_file_exit_two(tmp_path) -> None:
+def test_without_a_judge_validity_still_runs_and_judged_metrics_are_skipped(tmp_path) -> None:
     path = tmp_path / "case.json"
     path.write_text(json.dumps(two_turn_case()))
     proc = run(["evaluate", str(path)])
+    assert proc.returncode == 0, proc.stderr
+    assert "tracejudge evaluate: mcp_use skipped: no API key for the LLM judge; set OPENAI_API_KEY" in proc.stderr
+    assert [line.split()[1] for line in proc.stdout.splitlines()[1:-1]] == ["mcp_call_validity"]
+    proc = run(["evaluate", str(path), "--metric", "mcp_use"])  # named: it must run, so no judge is an error
     assert proc.returncode == 2 and "set OPENAI_API_KEY" in proc.stderr
+
+
+def test_a_case_that_is_not_applicable_is_not_counted_as_passed(tmp_path) -> None:
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps({"name": "chat-only", "turns": [{"role": "user", "content": "hi"},
+                                                                {"role": "assistant", "content": "hello"}]}))
+    proc = run(["evaluate", str(path), "--metric", "mcp_call_validity"])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "0/1 test cases passed (1 not scored); total cost $0.000000"
+    assert "n/a" in proc.stdout.splitlines()[1] and "No MCP calls" in proc.stdout.splitlines()[1]
+
+
+def test_hybrid_without_a_system_one_key_falls_back_to_the_llm(tmp_path, judge_env) -> None:
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps(two_turn_case()))
+    proc = run(["evaluate", str(path), "--metric", "mcp_task_completion", "--eval-mode", "hybrid", "--format",
+                "json"], judge_env)
+    assert proc.returncode == 0, proc.stderr
+    [metric] = json.loads(proc.stdout)["test_results"][0]["metrics"]
+    assert metric["score"] is not None and "no System One judge" in metric["system_one_fallback_reason"]
+
+
+def test_evaluate_takes_trace_files_and_inspect_output_and_names_every_bad_line(tmp_path) -> None:
+    trace = Path(__file__).parent / "fixtures" / "real" / "pydantic_ai_mcp.otlp.json"
+    proc = run(["evaluate", str(trace), "--metric", "mcp_call_validity"])
+    assert proc.returncode == 0, proc.stderr
+    # mapped first, then scored: 3 of 4 calls valid (the server failed book_umbrella)
+    assert any(line.split()[:4] == ["conv-weather-0001", "mcp_call_validity", "0.750", "PASS"]
+               for line in proc.stdout.splitlines())
+    inspected = tmp_path / "inspected.json"
+    inspected.write_text(run(["inspect", str(trace), "--format", "json"]).stdout)
+    again = run(["evaluate", str(inspected), "--metric", "mcp_call_validity"])
+    assert again.stdout.splitlines()[1:] == proc.stdout.splitlines()[1:]
+    bad = tmp_path / "cases.jsonl"
+    bad.write_text("\n".join([json.dumps(two_turn_case()), "not json", '{"turns": [{"role": "bot"}]}',
+                              "{also not json"]) + "\n")
+    proc = run(["evaluate", str(bad), "--metric", "mcp_call_validity"])
+    assert proc.returncode == 2
+    assert "3 bad record(s)" in proc.stderr
+    for where in ("cases.jsonl:2: not valid JSON", "cases.jsonl:3: ", "cases.jsonl:4: not valid JSON"):
+        assert where in proc.stderr
+
+
+def test_trace_commands_say_what_a_test_case_file_is(tmp_path) -> None:
+    path = tmp_path / "cases.jsonl"
+    path.write_text(json.dumps(two_turn_case()) + "\n")
+    for command in (["inspect", str(path)], ["replay", str(path)]):
+        proc = run(command)
+        assert proc.returncode == 2, command
+        assert f"is a test-case file (it has turns, not OTLP spans): score it with `tracejudge evaluate {path}`" \
+            in proc.stderr
+
+
+def test_inspect_into_a_closed_pipe_exits_quietly() -> None:
+    trace = Path(__file__).parent / "fixtures" / "real" / "strands.otlp.json"
+    inspect = subprocess.Popen([sys.executable, "-m", "collector.cli", "inspect", str(trace), "--explain"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert inspect.stdout is not None
+    inspect.stdout.readline()
+    inspect.stdout.close()  # what `| head -1` does
+    _, err = inspect.communicate(timeout=60)
+    assert b"Traceback" not in err and b"BrokenPipeError" not in err
+
+
+def test_missing_file_and_bad_threshold_exit_two(tmp_path) -> None:
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps(two_turn_case()))
     proc = run(["evaluate", str(tmp_path / "missing.json")])
     assert proc.returncode == 2 and "cannot read" in proc.stderr
     proc = run(["evaluate", str(path), "--threshold", "7"])

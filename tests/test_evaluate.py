@@ -27,7 +27,7 @@ def test_evaluate_runs_every_metric_on_every_case_and_prints_a_summary(server, j
     assert result.passed
     assert metrics[0].score is None  # the caller's metric objects are templates, left untouched
     table = out.getvalue().splitlines()
-    assert table[0].split() == ["case", "metric", "score", "result", "cost_usd"]
+    assert table[0].split() == ["case", "metric", "score", "result", "cost_usd", "reason"]
     assert any(line.split()[:4] == ["three-tasks", "mcp_use", "0.667", "PASS"] for line in table)
     assert table[-1].startswith("2/2 test cases passed; total cost $")
     assert len(server.calls()) == (3 + 6) + (2 + 4)

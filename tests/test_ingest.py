@@ -99,8 +99,13 @@ def test_redelivered_spans_are_stored_once(db: Path) -> None:
             assert exporter.export(spans) is SpanExportResult.SUCCESS
         http = HttpSpanExporter(endpoint=collector.http_url)
         assert http.export(spans) is SpanExportResult.SUCCESS
+        # what was stored is counted as accepted, the three redeliveries apart
+        assert collector.metric("tracejudge_spans_accepted_total") == len(spans)
+        assert collector.metric("tracejudge_spans_duplicate_total") == 3 * len(spans)
         collector.stop()
     assert len(stored(db)) == len(spans)
+    stopped = next(json.loads(line) for line in collector.log_lines if '"stopped"' in line)
+    assert (stopped["spans_committed"], stopped["spans_duplicate"]) == (len(spans), 3 * len(spans))
 
 
 def test_ingest_token_is_required_when_configured(db: Path) -> None:

@@ -357,3 +357,59 @@ def test_sampling_filters_on_resource_and_span_attributes(tmp_path, judge_env) -
         collector.stop()
     assert sampled["conv-prod"]["mcp_use"] is True
     assert not any(sampled["conv-staging"].values()) and not any(sampled["conv-test-user"].values())
+
+
+def test_waiting_jobs_resume_when_the_collector_restarts_with_a_judge(tmp_path, judge_env) -> None:
+    db, cfg = tmp_path / "t.duckdb", config(tmp_path)
+    with CollectorProcess(db, config=cfg) as collector:
+        assert "judge_model" in collector.start_line and collector.start_line["config"] == str(cfg.resolve())
+        export(collector, conversations(end=True))
+        wait_for(collector, "SELECT 1 FROM eval_jobs WHERE status = 'waiting_for_judge'", 4)
+        assert any('"advice"' in line and "tracejudge score --pending" in line for line in collector.log_lines)
+        collector.stop()
+    with CollectorProcess(db, config=cfg, env=judge_env) as collector:
+        assert collector.start_line["resumed_jobs"] == 4 and collector.start_line["waiting_for_judge"] == {}
+        rows = wait_for(collector, "SELECT metric FROM scores WHERE score IS NOT NULL", 6)
+        assert sorted(r[0] for r in rows).count("mcp_use") == 2
+        collector.stop()
+
+
+def test_score_pending_runs_on_a_running_collector(tmp_path, judge_server, judge_env) -> None:
+    """Jobs that failed while the judge answered garbage are re-run by `score --pending` through the admin API,
+    while the collector holds the file."""
+    judge_server.script = lambda request: completion("not json at all")
+    cfg = config(tmp_path, "max_attempts = 1\n")
+    with CollectorProcess(tmp_path / "t.duckdb", config=cfg, env=judge_env) as collector:
+        export(collector, conversations(end=True))
+        wait_for(collector, "SELECT 1 FROM eval_jobs WHERE status = 'failed'", 4)
+        judge_server.script = judge_script
+        proc = subprocess.run([sys.executable, "-m", "collector.cli", "score", "--pending", "--url",
+                               collector.admin_url, "--wait", "60"], capture_output=True, text=True,
+                              env=_clean_env(), timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert "is scoring 4 job(s)" in proc.stderr
+        assert "scored 4 job(s); 0 failed, 0 still waiting" in proc.stdout
+        assert query(collector, "SELECT count(*) FROM scores WHERE metric = 'mcp_use' AND score IS NOT NULL") == [[2]]
+        collector.stop()
+
+
+def test_the_model_that_answered_is_recorded_and_only_known_models_are_priced(tmp_path, judge_server,
+                                                                              judge_env) -> None:
+    """A local server asked for the default model answers as its own model: that name is kept, cost is NULL
+    (no list price), tokens stay; --judge-model sets what is asked for."""
+    judge_server.script = lambda request: (completion({"reason": "final"}, model="qwen2.5-1.5b-instruct")
+                                           if request.judge == "final_reason" else
+                                           completion({"reason": "r", "score": 0.5}, model="qwen2.5-1.5b-instruct"))
+    cfg = tmp_path / "tracejudge.toml"
+    cfg.write_text("[conversations]\nquiet_period_s = 1\npoll_s = 0.1\n")
+    env = {"OPENAI_BASE_URL": judge_env["OPENAI_BASE_URL"], "TRACEJUDGE_JUDGE_MODEL": "qwen2.5"}
+    with CollectorProcess(tmp_path / "t.duckdb", config=cfg, env=env) as collector:
+        assert collector.start_line["judge_model"] == "qwen2.5"
+        assert collector.start_line["judge_base_url"] == judge_env["OPENAI_BASE_URL"]
+        export(collector, conversations(end=True))
+        rows = wait_for(collector, "SELECT judge_model, evaluation_cost, input_tokens FROM scores "
+                                   "WHERE metric = 'mcp_use'", 2)
+        assert [(model, cost) for model, cost, _ in rows] == [("qwen2.5-1.5b-instruct", None)] * 2
+        assert all(tokens > 0 for _, _, tokens in rows)
+        collector.stop()
+    assert {r.body["model"] for r in judge_server.calls()} == {"qwen2.5"}

@@ -286,7 +286,7 @@ def test_logprob_judge_reads_letter_probabilities(judge_server) -> None:
     assert sum("A. yes" in r.user for r in requests) == 2  # calls run concurrently: any order
     assert sum("D. Correct use" in r.user for r in requests) == 1
     assert metric.score_breakdown["calibrated"] is False
-    assert metric.score_breakdown["model"] == "judge-model-1"
+    assert metric.score_breakdown["model"] == "gpt-4o-mini"  # the model the server says answered
 
 
 def test_logprob_judge_without_logprobs_fails_clearly(judge_server) -> None:

@@ -82,11 +82,11 @@ class LLMJudge:
                 "OpenAI-compatible server (vLLM, Ollama), or pass LLMJudge(api_key=..., base_url=...)"
             )
         self._api_key = key or "not-needed"
-        self.price: TokenPrice | None = (
+        self._given_price: TokenPrice | None = (
             TokenPrice(input_price_per_token, output_price_per_token)  # type: ignore[arg-type]
-            if input_price_per_token is not None
-            else known_price(model)
+            if input_price_per_token is not None else None
         )
+        self.answered_model: str | None = None  # the model the server says answered, once one did
         self.timeout = timeout
         self.output_retries = output_retries
         self.temperature = temperature
@@ -106,6 +106,11 @@ class LLMJudge:
     @property
     def id(self) -> str:
         return f"llm:{self.model}"
+
+    @property
+    def price(self) -> TokenPrice | None:
+        """Given prices, else the list price of the model that answered (or was asked for, before any answer)."""
+        return self._given_price or known_price(self.answered_model or self.model)
 
     def session(self) -> AbstractAsyncContextManager[None]:
         """Reuse one connection pool for the calls inside (metrics and `evaluate()` open one per run)."""
@@ -170,8 +175,10 @@ class LLMJudge:
                 output_tokens += usage.completion_tokens or 0
             else:
                 usage_known = False  # the server did not say what it cost: cost unknown, not free
-            cost = self.price.cost(input_tokens, output_tokens) if self.price and usage_known else None
             model = getattr(completion, "model", None) or self.model
+            self.answered_model = model
+            price = self._given_price or known_price(model)  # the model that answered, not the one asked for
+            cost = price.cost(input_tokens, output_tokens) if price and usage_known else None
             try:
                 value = parse_output(_content(completion), output)
             except JudgeOutputError as exc:

@@ -68,7 +68,8 @@ class Request:
 
 
 def completion(content: str | dict[str, Any], prompt_tokens: int = 100, completion_tokens: int = 20,
-               model: str = "judge-model-1") -> Reply:
+               model: str | None = None) -> Reply:
+    """A chat completion; `model` None answers with the model the request asked for, as OpenAI does."""
     text = content if isinstance(content, str) else json.dumps(content)
     return Reply(body={
         "id": "chatcmpl-test",
@@ -134,6 +135,8 @@ class ScriptedServer:
                         reply = server.script(request)
                     except Exception as exc:  # a broken script must show up as a 500, not a hang
                         reply = error(500, f"script error: {exc!r}")
+                    if isinstance(reply.body, dict) and "choices" in reply.body and reply.body.get("model") is None:
+                        reply.body = {**reply.body, "model": request.body.get("model")}
                 payload = json.dumps(reply.body).encode() if not isinstance(reply.body, bytes) else reply.body
                 try:
                     self.send_response(reply.status)

@@ -1,0 +1,53 @@
+"""`tracejudge evaluate`: score test cases (or the conversations of a trace file) and print a table."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from collector.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS
+from collector.config import load_settings
+from collector.input_files import InputFileError, read_test_cases
+from scoring import METRICS, BaseMetric, TracejudgeError, evaluate
+from scoring.errors import JudgeConfigurationError
+
+NO_JUDGE_ADVICE = ("set OPENAI_API_KEY, or OPENAI_BASE_URL for a local OpenAI-compatible server (then --model "
+                   "NAME), to score it")
+
+
+def _build_metrics(args: argparse.Namespace) -> tuple[list[BaseMetric], dict[str, str]]:
+    """The metrics asked for, and those left out for want of a judge (only when none were named)."""
+    names = args.metric or list(METRICS)
+    metrics: list[BaseMetric] = []
+    skipped: dict[str, str] = {}
+    for name in dict.fromkeys(names):
+        cls = METRICS[name]
+        kwargs: dict[str, Any] = {"threshold": args.threshold, "strict_mode": args.strict}
+        if name != "mcp_call_validity":
+            kwargs.update(model=args.model, eval_mode=args.eval_mode, system_one_model=args.system_one_model)
+        try:
+            metrics.append(cls(**kwargs))
+        except JudgeConfigurationError as exc:
+            if args.metric:  # asked for by name: the user wants to know it cannot run
+                raise
+            skipped[name] = f"{exc}".split(":", 1)[0] + f"; {NO_JUDGE_ADVICE}"
+    return metrics, skipped
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        settings = load_settings()
+        cases = read_test_cases(Path(args.file), settings.redaction.redactor(),
+                                mcp_tools=settings.mapping.mcp_tools)
+        metrics, skipped = _build_metrics(args)
+    except (InputFileError, JudgeConfigurationError, TracejudgeError, ValueError) as exc:
+        print(f"tracejudge evaluate: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    for name, why in skipped.items():
+        print(f"tracejudge evaluate: {name} skipped: {why}", file=sys.stderr)
+    result = evaluate(cases, metrics, max_concurrency=args.concurrency, print_results=args.format == "table")
+    if args.format == "json":
+        print(result.model_dump_json(indent=2))
+    return EXIT_PASS if result.passed else EXIT_FAIL

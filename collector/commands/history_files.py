@@ -1,0 +1,22 @@
+"""Opening the score history directly (one file, several replicas' files, or the lake) when no collector answers."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import duckdb
+
+from collector.config import ConfigError
+from collector.history_sources import open_history
+from collector.lake import LakeError
+from collector.replica_files import ReplicaFileError
+
+
+def history(args: argparse.Namespace, command: str) -> tuple[duckdb.DuckDBPyConnection, str] | None:
+    try:
+        return open_history(args.lake, args.db, args.config)
+    except (LakeError, ReplicaFileError, ConfigError) as exc:
+        hint = "" if args.lake or args.db else f"no collector answers at {args.url}, and "
+        print(f"tracejudge {command}: {hint}{exc}", file=sys.stderr)
+        return None

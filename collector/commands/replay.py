@@ -1,0 +1,31 @@
+"""`tracejudge replay`: send saved trace files to a running collector."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import httpx
+
+from collector.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS
+from collector.replay import ReplayError, replay
+
+
+def run(args: argparse.Namespace) -> int:
+    endpoint = args.endpoint or ("http://127.0.0.1:4318/v1/traces" if args.protocol == "http" else "127.0.0.1:4317")
+    token = args.token or os.environ.get("TRACEJUDGE_INGEST_TOKEN")
+    try:
+        report = replay([Path(f) for f in args.files], args.protocol, endpoint, token)
+    except ReplayError as exc:
+        print(f"tracejudge replay: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (httpx.HTTPError, OSError) as exc:
+        print(f"tracejudge replay: cannot reach {endpoint}: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    for line in report.messages + report.failures:
+        print(line, file=sys.stderr)
+    print(f"sent {report.requests} request(s) to {endpoint}: {len(report.failures)} failed, "
+          f"{report.rejected_spans} span(s) rejected")
+    return EXIT_PASS if not report.failures and not report.rejected_spans else EXIT_FAIL
