@@ -76,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--db", help="DuckDB file (default ./tracejudge.duckdb, or TRACEJUDGE_DB)")
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="log level (default info)")
     serve.add_argument("--replica", help="this replica's name in a shared [lake] (default: the host name)")
+    serve.add_argument("--quiet-period", help="a conversation is complete after this long without a new span "
+                       "(default 120s; 5s to see scores at once while trying tracejudge out)")
     serve.add_argument("--judge-model", help="LLM judge model (default gpt-5.4 on api.openai.com; with "
                        "OPENAI_BASE_URL, the name your server serves)")
     serve.add_argument("--system-one-model", help="System One model for hybrid/system_one (default jev-latest)")
@@ -190,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     exp = sub.add_parser("export", help="write scores and conversations as Parquet",
                          description="Write scores and conversations since a date to DIR/scores.parquet and "
                          "DIR/conversations.parquet (reads the database file; stop the collector first).")
-    exp.add_argument("--since", required=True, help="first UTC day to include, e.g. 2026-12-01")
+    exp.add_argument("--since", required=True, help="first UTC day to include: 7d, 24h, 2w or a date like "
+                     "2026-12-01")
     exp.add_argument("--to", required=True, metavar="DIR")
     exp.add_argument("--db", help="database file (default TRACEJUDGE_DB or ./tracejudge.duckdb)")
     exp.set_defaults(command_module="export")
@@ -203,6 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
         "a metric's eval_mode argument still take precedence.",
     )
     mode.add_argument("mode", choices=list(EVAL_MODES), help="llm, hybrid or system_one")
+    mode.add_argument("--url", default="http://127.0.0.1:4319", help="admin API of a running collector, to "
+                      "tell you to restart it")
     mode.set_defaults(command_module="eval_mode")
     return parser
 

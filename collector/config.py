@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
+from collector.durations import parse_duration
 from mapping.redaction import BUILTIN_RULES, RedactionRuleError, Redactor
 from scoring.errors import TracejudgeError
 from scoring.metric_ids import METRIC_IDS
@@ -72,8 +73,13 @@ class StoreSettings(_Section):
 
 class ConversationSettings(_Section):
     quiet_period_s: float = Field(120.0, gt=0, description="a conversation is complete after this long with no new "
-                                  "span (or at once on tracejudge.conversation.end = true)")
+                                  "span (or at once on tracejudge.conversation.end = true); seconds or 5s, 2m")
     poll_s: float = Field(1.0, gt=0, description="how often completed conversations are looked for")
+
+    @field_validator("quiet_period_s", "poll_s", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        return parse_duration(value) if isinstance(value, str) else value
 
 
 class MappingSettings(_Section):
@@ -201,6 +207,13 @@ class LakeSettings(_Section):
 
 class LogSettings(_Section):
     level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
+    progress_s: float = Field(30.0, ge=0, description="a one-line progress log this often (spans/s, queue, jobs "
+                              "by state); 0 turns it off")
+
+    @field_validator("progress_s", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        return parse_duration(value) if isinstance(value, str) else value
 
 
 class Settings(_Section):
@@ -236,6 +249,7 @@ ENV_AND_FLAGS: tuple[tuple[str, str, str | None, str | None], ...] = (
     ("server", "ingest_token", "TRACEJUDGE_INGEST_TOKEN", None),
     ("server", "query_token", "TRACEJUDGE_QUERY_TOKEN", None),
     ("store", "db", "TRACEJUDGE_DB", "--db"),
+    ("conversations", "quiet_period_s", "TRACEJUDGE_QUIET_PERIOD", "--quiet-period"),
     ("scoring", "model", "TRACEJUDGE_JUDGE_MODEL", "--judge-model"),
     ("scoring", "system_one_model", "TRACEJUDGE_SYSTEM_ONE_MODEL", "--system-one-model"),
     ("redaction", "salt", "TRACEJUDGE_REDACTION_SALT", None),

@@ -182,7 +182,8 @@ class ConversationAssembler:
             raise
         self.assembled += 1
         self.log.info("conversation complete", conversation_id=cid, version=version,
-                      turns=len(conversation.test_case.turns), sampled=[m for m, s in sampled.items() if s])
+                      turns=len(conversation.test_case.turns), mcp_calls=_calls(conversation),
+                      metrics_queued=[m for m, s in sampled.items() if s])
         return version
 
     def pending_traces(self) -> int:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
 
+from collector import durations
+from collector.durations import DurationError
 from scoring.errors import TracejudgeError
 
 WORST = 10
@@ -26,15 +27,10 @@ class ReportError(TracejudgeError):
 
 def parse_since(text: str, today: dt.date) -> dt.date:
     """`7d`, `12h`, `2w` (back from today, UTC) or a date like 2026-11-25."""
-    match = re.fullmatch(r"\s*(\d+)\s*([hdw])\s*", text)
-    if match:
-        n, unit = min(int(match.group(1)), 36_600), match.group(2)  # at most a century back
-        days = {"h": n / 24, "d": n, "w": 7 * n}[unit]
-        return today - dt.timedelta(days=max(0, int(days + 0.999) - 1))
     try:
-        return dt.date.fromisoformat(text.strip())
-    except ValueError:
-        raise ReportError(f"--since must be like 7d, 24h, 2w or 2026-11-25, not {text!r}") from None
+        return durations.parse_since(text, today)
+    except DurationError as exc:
+        raise ReportError(str(exc)) from None
 
 
 @dataclass

@@ -8,8 +8,10 @@ commit, drain the writer and exit 0.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import signal
+import time
 
 from collector.admin import AdminServer
 from collector.config import Settings
@@ -94,11 +96,34 @@ class Collector:
             self.log.warning("judged metrics wait for a judge", advice=JUDGE_ADVICE)
         self._pipeline = [asyncio.create_task(self.assembler.run(self._stop_pipeline)),
                           asyncio.create_task(self.stage.run(self._stop_pipeline))]
+        if self.settings.log.progress_s > 0:
+            self._pipeline.append(asyncio.create_task(self._progress(self._stop_pipeline)))
         lake = self.settings.lake.lake_config()
         if lake is not None:
             self.publisher = LakePublisher(self.store.cursor(), lake, self._log)
             self._publishing = asyncio.create_task(publish_periodically(
                 self.publisher, self.settings.lake.publish_interval_s, self._stop_publishing, self._log))
+
+    async def _progress(self, stop: asyncio.Event) -> None:
+        """Every `[log] progress_s`: what came in and what the pipeline is doing, in one line."""
+        period = self.settings.log.progress_s
+        last_spans, last_at = self.store.stats.spans_committed, time.monotonic()
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), period)
+            if stop.is_set() or self.stage is None or self.assembler is None:
+                return
+            now, spans = time.monotonic(), self.store.stats.spans_committed
+            try:
+                jobs = await self.stage.job_counts()
+            except Exception as exc:  # a progress line must never stop the collector
+                jobs = {"unknown": 0}
+                self.log.debug("progress: jobs not counted", reason=str(exc))
+            self.log.info("progress", spans_per_s=round((spans - last_spans) / max(now - last_at, 1e-9), 1),
+                          spans_total=spans, queue_spans=self.store.queued_spans,
+                          traces_waiting=self.assembler.pending_traces(), conversations=self.assembler.assembled,
+                          jobs=jobs)
+            last_spans, last_at = spans, now
 
     async def stop(self) -> None:
         grace = self.settings.server.shutdown_grace_s

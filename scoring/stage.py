@@ -236,6 +236,11 @@ class ScoringStage:
             await self._write_score(job_id, conversation_id, version, metric_id, metric, service, agent,
                                     last_ns, latency_ms)
             self.processed += 1
+            result = "n/a" if metric.score is None else "scored" if metric.success is None else (
+                "pass" if metric.success else "fail")
+            self.log("info", "score written", conversation_id=conversation_id, version=version, metric=metric_id,
+                     score=None if metric.score is None else round(metric.score, 4), result=result,
+                     cost_usd=metric.evaluation_cost)
             return
         message = f"{type(error).__name__}: {error}"
         # an outage gives the attempt back; but a job still unavailable after OWN_FAILURE_STRIKES tries,
@@ -323,6 +328,11 @@ class ScoringStage:
                     return self.processed - before  # the judge stays down: leave the jobs pending for later
                 until = min(o.until for o in paused if o.until is not None)
                 await asyncio.sleep(max(0.0, (until - now).total_seconds()))
+
+    async def job_counts(self) -> dict[str, int]:
+        """Jobs by state, for the progress line and /metrics."""
+        return {status: count for status, count in await self._sql(
+            "SELECT status, count(*) FROM eval_jobs GROUP BY status ORDER BY status")}
 
     def judges(self) -> dict[str, Any]:
         """The judge model, its base URL (credentials masked) and the System One model, for the start line."""

@@ -279,7 +279,7 @@ def test_query_while_serving_and_writes_refused(tmp_path, judge_env) -> None:
                            "--db", str(tmp_path / "t.duckdb"), "SELECT count(*) AS n FROM conversations"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.splitlines()[1].strip() == "2"
-    proc = subprocess.run([sys.executable, "-m", "collector.cli", "export", "--since", "2020-01-01", "--to",
+    proc = subprocess.run([sys.executable, "-m", "collector.cli", "export", "--since", "7d", "--to",
                            str(tmp_path / "out"), "--db", str(tmp_path / "t.duckdb")],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -413,3 +413,36 @@ def test_the_model_that_answered_is_recorded_and_only_known_models_are_priced(tm
         assert all(tokens > 0 for _, _, tokens in rows)
         collector.stop()
     assert {r.body["model"] for r in judge_server.calls()} == {"qwen2.5"}
+
+
+def test_the_log_shows_each_conversation_score_and_progress(tmp_path) -> None:
+    """A quiet period from the environment in the duration syntax, and a log that says what happens."""
+    cfg = tmp_path / "tracejudge.toml"
+    cfg.write_text('[conversations]\npoll_s = 0.1\n[log]\nprogress_s = "0.5s"\n')
+    with CollectorProcess(tmp_path / "t.duckdb", config=cfg, env={"TRACEJUDGE_QUIET_PERIOD": "1s"}) as collector:
+        assert collector.start_line["quiet_period_s"] == 1.0
+        export(collector, conversations())
+        wait_for(collector, "SELECT 1 FROM scores", 2)
+        time.sleep(1.2)  # a progress line after the scores
+        collector.stop()
+    records = [json.loads(line) for line in collector.log_lines if line.startswith("{")]
+    complete = sorted((r["conversation_id"], r["turns"], r["mcp_calls"], tuple(r["metrics_queued"]))
+                      for r in records if r["event"] == "conversation complete")
+    assert complete == [("conv-a", 4, 2, ("mcp_use", "mcp_task_completion", "mcp_call_validity")),
+                        ("conv-b", 2, 1, ("mcp_use", "mcp_task_completion", "mcp_call_validity"))]
+    scores = sorted((r["conversation_id"], r["metric"], r["score"], r["result"])
+                    for r in records if r["event"] == "score written")
+    assert scores == [("conv-a", "mcp_call_validity", 1.0, "pass"), ("conv-b", "mcp_call_validity", 0.0, "fail")]
+    progress = [r for r in records if r["event"] == "progress"]
+    assert progress and progress[-1]["jobs"] == {"done": 2, "waiting_for_judge": 4}
+    assert progress[-1]["spans_total"] == len(conversations())
+
+
+def test_set_eval_mode_tells_a_running_collector_to_restart(tmp_path) -> None:
+    with CollectorProcess(tmp_path / "t.duckdb", config=config(tmp_path)) as collector:
+        proc = subprocess.run([sys.executable, "-m", "collector.cli", "set-eval-mode", "hybrid", "--url",
+                               collector.admin_url], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                              env=_clean_env())
+        assert proc.returncode == 0, proc.stderr
+        assert f"a collector is running at {collector.admin_url}" in proc.stderr and "restart it" in proc.stderr
+        collector.stop()

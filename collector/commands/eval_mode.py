@@ -6,6 +6,8 @@ import argparse
 import os
 import sys
 
+import httpx
+
 from collector.commands import EXIT_BAD_INPUT, EXIT_PASS
 from collector.config_file import ConfigFileError, set_value
 from scoring.eval_mode import config_path
@@ -22,4 +24,15 @@ def run(args: argparse.Namespace) -> int:
     if os.environ.get("TRACEJUDGE_EVAL_MODE"):
         print(f"note: TRACEJUDGE_EVAL_MODE={os.environ['TRACEJUDGE_EVAL_MODE']} is set and takes precedence "
               "over the config file", file=sys.stderr)
+    if _collector_running(args.url):
+        print(f"note: a collector is running at {args.url}; it reads the config file at start, so restart it "
+              "(stop it with Ctrl-C or SIGTERM, then `tracejudge serve` again) to score new conversations in "
+              f"{args.mode} mode", file=sys.stderr)
     return EXIT_PASS
+
+
+def _collector_running(url: str) -> bool:
+    try:
+        return httpx.get(f"{url.rstrip('/')}/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -11,14 +11,15 @@ from pathlib import Path
 import duckdb
 
 from collector.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS
+from collector.durations import DurationError, parse_since
 from collector.output_paths import OutputPathError, confined
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        since = dt.date.fromisoformat(args.since)
-    except ValueError:
-        print(f"tracejudge export: --since must be a date like 2026-12-01, not {args.since!r}", file=sys.stderr)
+        since = parse_since(args.since, dt.datetime.now(dt.UTC).date())
+    except DurationError as exc:
+        print(f"tracejudge export: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     db = Path(args.db or os.environ.get("TRACEJUDGE_DB") or "tracejudge.duckdb")
     out = Path(args.to)

@@ -17,7 +17,8 @@ from collector.span_store import StoreOpenError
 def run(args: argparse.Namespace) -> int:
     flags = {"host": args.host, "grpc_port": args.grpc_port, "http_port": args.http_port,
              "admin_port": args.admin_port, "db": args.db, "level": args.log_level, "replica": args.replica,
-             "model": args.judge_model, "system_one_model": args.system_one_model}
+             "model": args.judge_model, "system_one_model": args.system_one_model,
+             "quiet_period_s": args.quiet_period}
     try:
         settings = load_settings(Path(args.config) if args.config else None, flags)
         settings.lake.check_publishing()
