@@ -21,8 +21,8 @@ import duckdb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.ingest import build_requests  # noqa: E402
-from collector.schema import migrate  # noqa: E402
-from collector.span_rows import spans_to_arrow  # noqa: E402
+from collector.receivers.span_rows import spans_to_arrow  # noqa: E402
+from collector.store.schema import migrate  # noqa: E402
 from mapping import decode_otlp  # noqa: E402
 from mapping.redaction import BUILTIN_RULES, Redactor  # noqa: E402
 
@@ -70,9 +70,10 @@ def main() -> None:
         con.execute("INSERT OR IGNORE INTO spans SELECT * FROM incoming")
         print(f"DuckDB INSERT OR IGNORE of the Arrow table: {n / (time.perf_counter() - started):,.0f} rows/s")
         con.close()
-    print(f"decode worker imports (collector.decode_pool): {import_footprint_mb('collector.decode_pool'):.0f} MB; "
+    worker = import_footprint_mb("collector.receivers.decode_pool")
+    print(f"decode worker imports (collector.receivers.decode_pool): {worker:.0f} MB; "
           f"the store and the scoring package, which workers imported before: "
-          f"{import_footprint_mb('collector.span_store, scoring.stage'):.0f} MB")
+          f"{import_footprint_mb('collector.store.span_store, scoring.stage'):.0f} MB")
 
 
 if __name__ == "__main__":

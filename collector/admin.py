@@ -11,13 +11,13 @@ import duckdb
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from collector.ingest import bearer_matches
+from collector.history.query import DEFAULT_LIMIT, QueryFailed, QueryRefused, run_read_query
+from collector.history.report import build_report
+from collector.history.report_data import ReportError
+from collector.history.report_html import CSP
 from collector.metrics import CollectorMetrics
-from collector.query import DEFAULT_LIMIT, QueryFailed, QueryRefused, run_read_query
-from collector.report import build_report
-from collector.report_data import ReportError
-from collector.report_html import CSP
-from collector.span_store import SpanStore
+from collector.receivers.ingest import bearer_matches
+from collector.store.span_store import SpanStore
 from scoring.stage import ScoringStage
 
 JOB_STATES = ("pending", "running", "done", "failed", "budget", "waiting_for_judge")

@@ -19,7 +19,7 @@ from scoring.errors import TracejudgeError
 from scoring.metric_ids import METRIC_IDS
 
 if TYPE_CHECKING:
-    from collector.lake import LakeConfig
+    from collector.history.lake import LakeConfig
 
 MiB = 1024 * 1024
 
@@ -200,7 +200,7 @@ class LakeSettings(_Section):
         """The lake to publish to and query, or None when none is configured."""
         if not self.catalog:
             return None
-        from collector.lake import LakeConfig  # DuckDB and pyarrow: only for a collector that publishes
+        from collector.history.lake import LakeConfig  # DuckDB and pyarrow: only for a collector that publishes
 
         return LakeConfig(self.catalog, self.data_path, self.replica or "")
 

@@ -15,15 +15,15 @@ import time
 
 from collector.admin import AdminServer
 from collector.config import Settings
-from collector.conversation_assembler import ConversationAssembler
-from collector.decode_pool import DecodePool, usable_cpus
-from collector.ingest import Ingest
-from collector.lake import LakePublisher, publish_periodically
+from collector.history.lake import LakePublisher, publish_periodically
 from collector.log import Logger
 from collector.metrics import CollectorMetrics
-from collector.otlp_grpc import GrpcReceiver
-from collector.otlp_http import HttpReceiver
-from collector.span_store import SpanStore
+from collector.pipeline.conversation_assembler import ConversationAssembler
+from collector.receivers.decode_pool import DecodePool, usable_cpus
+from collector.receivers.ingest import Ingest
+from collector.receivers.otlp_grpc import GrpcReceiver
+from collector.receivers.otlp_http import HttpReceiver
+from collector.store.span_store import SpanStore
 from scoring.stage import ScoringStage, StageConfig
 
 JUDGE_ADVICE = ("export OPENAI_API_KEY=... (or OPENAI_BASE_URL=http://127.0.0.1:8000/v1 for a local OpenAI-compatible "

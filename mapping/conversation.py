@@ -190,11 +190,12 @@ class _Trace:
             message_sources = [(new, True, run_where, root.span.start_ns)]
         else:
             # the run's own input is what the user typed; LLM inputs may wrap it in a template ("New task: ...")
-            first_input = last_user_text(llms[0].input) if llms else None
-            draft.user_text = run.input_text or first_input
+            first = next(((f, text) for f in llm_facts if f.llm is not None
+                          and (text := last_user_text(f.llm.input))), None)
+            draft.user_text = run.input_text or (first[1] if first else None)
             draft.sources["user"] = (f"{run_where}: the run's input" if run.input_text else
-                                     f"{llm_facts[0].where('llm')}: last user message of the first LLM input"
-                                     if first_input else "(none)")
+                                     f"{first[0].where('llm')}: last user message of the first LLM input"
+                                     if first else "(none)")
             final = final_assistant_text(llms[-1].output) if llms else None
             draft.reply = final or run.output_text
             draft.sources["assistant"] = (f"{llm_facts[-1].where('llm')}: text of the last LLM output" if final

@@ -5,6 +5,7 @@ status (often the only place a failed call is marked).
 Known envelopes: Strands' ToolResult (`{"toolUseId", "status", "content": [{"text": ...}]}`) and its bare
 content list, LangChain's ToolMessage (serialized `{"lc": 1, "type": "constructor", ...}`, as a message dict
 `{"type": "tool", "data": {...}}`, or flat), CrewAI's tool failure (`{"message", "reason": "mcp_error", ...}`),
+LlamaIndex's ToolOutput (`{"blocks", "tool_name", "raw_input", "raw_output": <the CallToolResult>, "is_error"}`),
 and the OpenAI Agents SDK's MCP output strings (one content block, or a list of them, as JSON).
 """
 
@@ -63,6 +64,14 @@ def unwrap_tool_result(raw: Any) -> Unwrapped:
                 content = {"content": content if isinstance(content, list) else [{"type": "text", "text": content}],
                            "structuredContent": artifact["structured_content"]}
             return Unwrapped(content, fields.get("status") == "error", "langchain.ToolMessage")
+        raw = value.get("raw_output")
+        if "tool_name" in value and "raw_input" in value and isinstance(raw, dict) \
+                and isinstance(raw.get("content"), list):
+            result = {"content": raw["content"], "isError": bool(raw.get("is_error", raw.get("isError")))}
+            structured = raw.get("structured_content", raw.get("structuredContent"))
+            if isinstance(structured, dict):
+                result["structuredContent"] = structured
+            return Unwrapped(result, result["isError"] or bool(value.get("is_error")), "llama_index.ToolOutput")
         if set(value) == _CREWAI_FAILURE_KEYS and isinstance(value.get("message"), str):
             return Unwrapped([{"type": "text", "text": value["message"]}], True, "crewai tool failure")
         if "toolUseId" in value and isinstance(value.get("content"), list):

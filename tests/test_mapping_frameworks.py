@@ -26,6 +26,7 @@ NOT_RECORDED: dict[str, set[str]] = {
     "strands": {"resource_uri", "resource_text", "prompt_args", "prompt_text"},
     "adk": {"resource_uri", "resource_text", "prompt_args", "prompt_text"},
     "openai_agents": {"resource_uri", "resource_text", "prompt_args", "prompt_text"},
+    "llamaindex": {"resource_uri", "resource_text", "prompt_args", "prompt_text"},
     "smolagents": {"tool_error"},  # no MCP span, and no status or flag marks the failed call
     "vercel_ai": {"resource_read", "prompt_get"},  # its MCP client makes no span and sends no traceparent
     # mcp 1.x (which these frameworks require) makes no span; the app's resource read and prompt get leave none

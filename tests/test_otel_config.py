@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from collector.config import ServerSettings
-from collector.otlp_http import TRACES_PATH
+from collector.receivers.otlp_http import TRACES_PATH
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "otel-config"
 YAMLS = sorted(CONFIG_DIR.glob("*.yaml"))

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from collector.output_paths import OutputPathError, confined
-from collector.span_store import SpanStore
+from collector.history.output_paths import OutputPathError, confined
+from collector.store.span_store import SpanStore
 
 
 @pytest.mark.parametrize("name", ["../escape.parquet", "a/b.parquet", "..", "", "x\0y"])

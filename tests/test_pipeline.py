@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Status, StatusCode
 
 from collector.config import SamplingSettings
-from collector.sampling import decide, sample_value
+from collector.pipeline.sampling import decide, sample_value
 from tests.support.collector_process import CollectorProcess
 from tests.support.scripted_server import Reply, Request, completion, error, system_one_answers
 

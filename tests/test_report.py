@@ -14,8 +14,8 @@ import duckdb
 import httpx
 import pytest
 
-from collector.report_data import ReportError, parse_since
-from collector.span_store import SpanStore
+from collector.history.report_data import ReportError, parse_since
+from collector.store.span_store import SpanStore
 from tests.support.browser import chromium_path, visit
 from tests.support.cases import two_turn_case
 from tests.support.collector_process import CollectorProcess

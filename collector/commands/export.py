@@ -12,7 +12,7 @@ import duckdb
 
 from collector.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS
 from collector.durations import DurationError, parse_since
-from collector.output_paths import OutputPathError, confined
+from collector.history.output_paths import OutputPathError, confined
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,9 +8,9 @@ import sys
 import duckdb
 
 from collector.config import ConfigError
-from collector.history_sources import open_history
-from collector.lake import LakeError
-from collector.replica_files import ReplicaFileError
+from collector.history.history_sources import open_history
+from collector.history.lake import LakeError
+from collector.history.replica_files import ReplicaFileError
 
 
 def history(args: argparse.Namespace, command: str) -> tuple[duckdb.DuckDBPyConnection, str] | None:

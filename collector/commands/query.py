@@ -10,7 +10,7 @@ import httpx
 from collector.commands import EXIT_BAD_INPUT, EXIT_PASS
 from collector.commands.admin_client import from_collector
 from collector.commands.table_output import print_result
-from collector.query_result import QueryResult
+from collector.history.query_result import QueryResult
 
 
 def run(args: argparse.Namespace) -> int:
@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
         print_result(QueryResult(body["columns"], body["rows"], body["truncated"]), args.format)
         return EXIT_PASS
     from collector.commands.history_files import history  # DuckDB: only when no collector answered
-    from collector.query import QueryFailed, QueryRefused, run_read_query
+    from collector.history.query import QueryFailed, QueryRefused, run_read_query
 
     opened = history(args, "query")
     if opened is None:

@@ -10,9 +10,9 @@ import httpx
 
 from collector.commands import EXIT_BAD_INPUT, EXIT_PASS
 from collector.commands.admin_client import from_collector
-from collector.output_paths import OutputPathError, confined
-from collector.report import build_report
-from collector.report_data import ReportError
+from collector.history.output_paths import OutputPathError, confined
+from collector.history.report import build_report
+from collector.history.report_data import ReportError
 
 
 def run(args: argparse.Namespace) -> int:

@@ -15,7 +15,7 @@ from collector.commands.admin_client import admin_headers
 from collector.config import ConfigError, load_settings
 from collector.log import Logger
 from collector.server import stage_config
-from collector.span_store import SpanStore, StoreOpenError
+from collector.store.span_store import SpanStore, StoreOpenError
 from scoring.stage import ScoringStage
 
 

@@ -11,7 +11,7 @@ from collector.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS
 from collector.config import ConfigError, load_settings
 from collector.log import Logger
 from collector.server import serve
-from collector.span_store import StoreOpenError
+from collector.store.span_store import StoreOpenError
 
 
 def run(args: argparse.Namespace) -> int:

@@ -57,7 +57,8 @@ def _text_value(value: Any) -> str | None:
     if isinstance(parsed, dict):
         if isinstance(parsed.get("messages"), list):  # LangGraph state, CrewAI kickoff(messages)
             return last_user_text(parse_messages(parsed["messages"]))
-        for key in ("input", "output", "content", "text", "final_output", "task"):  # task: smolagents' run()
+        # task: smolagents' run(); user_msg: LlamaIndex's agent.run(user_msg=...)
+        for key in ("input", "output", "content", "text", "final_output", "task", "user_msg"):
             if isinstance(parsed.get(key), str):
                 return parsed[key]
     return None

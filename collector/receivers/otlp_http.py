@@ -26,8 +26,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from collector.config import ServerSettings
-from collector.decode_pool import Signal
-from collector.ingest import Answer, Ingest, Outcome
+from collector.receivers.decode_pool import Signal
+from collector.receivers.ingest import Answer, Ingest, Outcome
 
 TRACES_PATH = "/v1/traces"
 LOGS_PATH = "/v1/logs"

@@ -12,7 +12,7 @@ from typing import Any
 
 import duckdb
 
-from collector.query_result import QueryResult
+from collector.history.query_result import QueryResult
 from scoring.errors import TracejudgeError
 
 DEFAULT_LIMIT = 10_000

@@ -23,8 +23,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from collector.config import ServerSettings
-from collector.decode_pool import Signal
-from collector.ingest import Answer, Ingest, Outcome
+from collector.receivers.decode_pool import Signal
+from collector.receivers.ingest import Answer, Ingest, Outcome
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 LOGS_SERVICE = "opentelemetry.proto.collector.logs.v1.LogsService"

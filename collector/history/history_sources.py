@@ -9,9 +9,9 @@ from pathlib import Path
 import duckdb
 
 from collector.config import load_settings
-from collector.lake import LakeError, open_lake_for_query
-from collector.replica_files import ReplicaFileError, open_replica_files
-from collector.span_store import lock_down
+from collector.history.lake import LakeError, open_lake_for_query
+from collector.history.replica_files import ReplicaFileError, open_replica_files
+from collector.store.span_store import lock_down
 
 
 def open_history(lake: bool, dbs: list[str] | None, config: str | None) -> tuple[duckdb.DuckDBPyConnection, str]:

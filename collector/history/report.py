@@ -6,8 +6,8 @@ import datetime as dt
 
 import duckdb
 
-from collector.report_data import collect, parse_since
-from collector.report_html import render
+from collector.history.report_data import collect, parse_since
+from collector.history.report_html import render
 
 
 def build_report(con: duckdb.DuckDBPyConnection, since: str, source: str, today: dt.date | None = None) -> str:

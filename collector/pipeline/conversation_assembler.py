@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from collector.config import Settings
 from collector.log import Logger
-from collector.sampling import attribute_values, decide
+from collector.pipeline.sampling import attribute_values, decide
 from mapping import Conversation, Span, build_conversations
 from mapping.conversation_key import KEY_PRECEDENCE
 

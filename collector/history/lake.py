@@ -25,7 +25,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collector.schema import history_views
+from collector.store.schema import history_views
 from scoring.errors import TracejudgeError
 
 LAKE_ALIAS = "lake"

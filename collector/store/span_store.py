@@ -21,7 +21,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from collector.schema import migrate
+from collector.store.schema import migrate
 from scoring.errors import TracejudgeError
 
 

@@ -11,9 +11,9 @@ import hmac
 from dataclasses import dataclass
 from enum import Enum
 
-from collector.decode_pool import DecodePool, DecoderUnavailable, Signal
 from collector.metrics import CollectorMetrics
-from collector.span_store import Backpressure, SpanStore, StoreError
+from collector.receivers.decode_pool import DecodePool, DecoderUnavailable, Signal
+from collector.store.span_store import Backpressure, SpanStore, StoreError
 from mapping.otlp import OTLPDecodeError, UnsupportedContentTypeError
 
 MAX_PROBLEMS_NAMED = 5

@@ -11,7 +11,7 @@ import json
 from html import escape
 from typing import Any
 
-from collector.report_data import BINS, DailyPoint, ReportData, Worst
+from collector.history.report_data import BINS, DailyPoint, ReportData, Worst
 from scoring.errors import InvalidTestCaseError
 from scoring.interactions import render_step
 from scoring.test_case import load_test_case

@@ -22,7 +22,7 @@ from typing import Literal
 
 import pyarrow as pa
 
-from collector.span_rows import spans_to_arrow
+from collector.receivers.span_rows import spans_to_arrow
 from mapping.otlp import SpanProblem, decode_otlp
 from mapping.otlp_logs import decode_otlp_logs
 from mapping.redaction import Redactor

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import duckdb
 
-from collector.schema import history_views
-from collector.span_store import lock_down
+from collector.store.schema import history_views
+from collector.store.span_store import lock_down
 from scoring.errors import TracejudgeError
 
 UNION_TABLES = ("conversations", "scores")

@@ -1,0 +1,1 @@
+"""The durable span store (one writer thread, group commit, Arrow appends) and the database schema."""
