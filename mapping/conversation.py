@@ -9,6 +9,7 @@ call id, so one call is one record however many spans describe it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -58,11 +59,24 @@ class _Facts:
     tool: ToolExecution | None = None
     op: MCPOperation | None = None
     definitions: list[ToolDefinition] = field(default_factory=list)
-    dialects: dict[str, str] = field(default_factory=dict)  # aspect -> the dialect that described it
 
     def where(self, aspect: str) -> str:
-        """`span 'name' (id) via dialect`, for `inspect --explain`."""
-        return f"span '{self.span.name}' {self.span.span_id} via {self.dialects.get(aspect, '?')}"
+        """`span 'name' (id) via dialect`, for `inspect --explain` (the dialect is looked up only then)."""
+        method = _ASK[aspect]
+        dialect = next((d.name for d in DIALECTS if d.applies(self.span)
+                        and getattr(d, method)(self.span) is not None), "?")
+        return f"span '{self.span.name}' {self.span.span_id} via {dialect}"
+
+
+_ASK = {"run": "agent_run", "llm": "llm_call", "tool": "tool_execution", "op": "mcp_operation"}
+# where a turn's text or a call came from: (facts, aspect, note), formatted only when `inspect --explain` asks
+Where = tuple["_Facts | None", str, str]
+
+
+def _where_text(where: Where) -> str:
+    facts, aspect, note = where
+    base = facts.where(aspect) if facts is not None else ""
+    return f"{base}: {note}" if base and note else base or note
 
 
 def _facts(span: Span) -> _Facts:
@@ -70,13 +84,10 @@ def _facts(span: Span) -> _Facts:
     for dialect in DIALECTS:
         if not dialect.applies(span):
             continue
-        for aspect, ask in (("run", dialect.agent_run), ("llm", dialect.llm_call), ("tool", dialect.tool_execution),
-                            ("op", dialect.mcp_operation)):
-            if getattr(facts, aspect) is None:
-                answer = ask(span)
-                if answer is not None:
-                    setattr(facts, aspect, answer)
-                    facts.dialects[aspect] = dialect.name
+        facts.run = facts.run or dialect.agent_run(span)
+        facts.llm = facts.llm or dialect.llm_call(span)
+        facts.tool = facts.tool or dialect.tool_execution(span)
+        facts.op = facts.op or dialect.mcp_operation(span)
         if not facts.definitions:
             facts.definitions = dialect.tool_definitions(span)
     return facts
@@ -96,8 +107,8 @@ class _Call:
     server: str | None = None
     executed: bool = True  # False for a call the model asked for that no span shows running
     order: tuple[int, int] | None = None  # (start of the LLM call that asked for it, position in its answer)
-    mcp_rule: str | None = None  # why the call counts as an MCP primitive
-    sources: list[str] = field(default_factory=list)
+    mcp_rule: Where | None = None  # why the call counts as an MCP primitive
+    sources: list[Where] = field(default_factory=list)
 
     def absorb(self, arguments: Any, result: Any, error: bool, error_message: str | None) -> None:
         """Fill what this record lacks from another view of the same call; an error on either side counts."""
@@ -113,7 +124,7 @@ class _Call:
         if isinstance(arguments, dict) and arguments and _positional(self.arguments) or self.arguments is None:
             self.arguments = arguments
 
-    def mark_mcp(self, rule: str) -> None:
+    def mark_mcp(self, rule: Where) -> None:
         self.mcp = True
         self.mcp_rule = self.mcp_rule or rule
 
@@ -141,7 +152,7 @@ class _Draft:
     calls: list[_Call] = field(default_factory=list)
     listed: list[tuple[str, str | None, dict[str, Any]]] = field(default_factory=list)  # (method, server, item)
     definitions: list[ToolDefinition] = field(default_factory=list)
-    sources: dict[str, str] = field(default_factory=dict)  # "user" / "assistant" -> where the text came from
+    sources: dict[str, Where] = field(default_factory=dict)  # "user" / "assistant" -> where the text came from
 
 
 class _Trace:
@@ -160,16 +171,36 @@ class _Trace:
             yield current
             current = self.parent(current)
 
+    def outermost_runs(self) -> dict[str, _Facts | None]:
+        """For each span, the outermost agent-run span among itself and its ancestors (one walk per chain:
+        each span's answer is memoized, so a deep trace costs linear time)."""
+        outer: dict[str, _Facts | None] = {}
+        for facts in self.facts.values():
+            chain: list[_Facts] = []
+            in_chain: set[str] = set()
+            current: _Facts | None = facts
+            while current is not None and current.span.span_id not in outer:
+                if current.span.span_id in in_chain:  # a parent cycle must not hang us
+                    break
+                chain.append(current)
+                in_chain.add(current.span.span_id)
+                current = self.parent(current)
+            above = outer.get(current.span.span_id) if current is not None else None
+            for member in reversed(chain):
+                above = above or (member if member.run else None)
+                outer[member.span.span_id] = above
+        return outer
+
     def drafts(self) -> list[_Draft]:
         all_facts = list(self.facts.values())
-        runs = [f for f in all_facts if f.run and not any(a.run for a in self.ancestors(f))]
+        outer = self.outermost_runs()
+        runs = [f for f in all_facts if outer.get(f.span.span_id) is f]
         if not runs:  # no agent span: the whole trace is one run
             root = next((f for f in all_facts if self.parent(f) is None), all_facts[0])
             return [self._draft(root, AgentRun(), all_facts)]
         members: dict[str, list[_Facts]] = {r.span.span_id: [] for r in runs}
         for f in all_facts:
-            owner = f if f.span.span_id in members else next(
-                (a for a in self.ancestors(f) if a.span.span_id in members), None)
+            owner = outer.get(f.span.span_id)
             if owner is None:  # an orphan: the run whose time window holds it, else the first run
                 owner = next((r for r in runs if r.span.start_ns <= f.span.start_ns <= r.span.end_ns), runs[0])
             members[owner.span.span_id].append(f)
@@ -180,28 +211,29 @@ class _Trace:
                        service_name=root.span.service_name, agent_name=run.agent_name)
         llm_facts = [f for f in members if f.llm is not None]
         llms = [f.llm for f in llm_facts if f.llm is not None]
-        run_where = root.where("run")
+        run_where = (root, "run", "")
         if run.history is not None:
             new = run.history[run.new_from or 0:]
             draft.user_text = "\n".join(m.text for m in new if m.is_user_text) or None
             draft.reply = final_assistant_text(new) or run.output_text
-            draft.sources = {"user": f"{run_where}: the run's new messages",
-                             "assistant": f"{run_where}: the run's new messages"}
+            draft.sources = {"user": (root, "run", "the run's new messages"),
+                             "assistant": (root, "run", "the run's new messages")}
             message_sources = [(new, True, run_where, root.span.start_ns)]
         else:
             # the run's own input is what the user typed; LLM inputs may wrap it in a template ("New task: ...")
             first = next(((f, text) for f in llm_facts if f.llm is not None
                           and (text := last_user_text(f.llm.input))), None)
             draft.user_text = run.input_text or (first[1] if first else None)
-            draft.sources["user"] = (f"{run_where}: the run's input" if run.input_text else
-                                     f"{first[0].where('llm')}: last user message of the first LLM input"
-                                     if first else "(none)")
+            draft.sources["user"] = ((root, "run", "the run's input") if run.input_text else
+                                     (first[0], "llm", "last user message of the first LLM input")
+                                     if first else (None, "", "(none)"))
             final = final_assistant_text(llms[-1].output) if llms else None
             draft.reply = final or run.output_text
-            draft.sources["assistant"] = (f"{llm_facts[-1].where('llm')}: text of the last LLM output" if final
-                                          else f"{run_where}: the run's output")
+            draft.sources["assistant"] = ((llm_facts[-1], "llm", "text of the last LLM output") if final
+                                          else (root, "run", "the run's output"))
             # inputs repeat the whole history: they may pair results with this run's calls, never add calls
-            message_sources = [(messages, own, f.where("llm"), f.span.start_ns) for f in llm_facts if f.llm is not None
+            message_sources = [(messages, own, (f, "llm", ""), f.span.start_ns)
+                               for f in llm_facts if f.llm is not None
                                for messages, own in ((f.llm.output, True), (f.llm.input, False))]
         if draft.agent_name is None:
             names = ((f.run.agent_name if f.run else None) or f.span.str_attr("gen_ai.agent.name") for f in members)
@@ -221,6 +253,8 @@ class _Trace:
         by_request: dict[tuple[str, str], _Call] = {}
         for f in members:
             span, tool, op = f.span, f.tool, f.op
+            if tool is None and op is None:
+                continue
             if op is not None and op.method.endswith("/list"):
                 continue
             if tool is not None and op is None and tool.name in ANSWER_TOOLS and not tool.mcp:
@@ -243,11 +277,11 @@ class _Trace:
                 call = _Call(kind, name, span.start_ns, tool.call_id if tool else None, view.arguments, view.result,
                              view.error, view.error_message, False, tool.server if tool else None)
                 draft.calls.append(call)
-            call.sources.append(f.where("tool" if tool is not None else "op"))
+            call.sources.append((f, "tool" if tool is not None else "op", ""))
             if tool is not None and tool.mcp:
-                call.mark_mcp(f"the tool span says MCP ({f.where('tool')})")
+                call.mark_mcp((f, "tool", "the tool span says MCP"))
             if op is not None:
-                call.mark_mcp(f"an MCP {op.side or 'client'} span ({f.where('op')})")
+                call.mark_mcp((f, "op", f"an MCP {op.side or 'client'} span"))
                 if op.server and (op.side == "server" or call.server is None):
                     call.server = op.server  # the server's own name beats the address the client dialled
             by_span[span.span_id] = call
@@ -261,6 +295,7 @@ _OP_KINDS = {"tools/call": "tool", "resources/read": "resource", "prompts/get": 
 ANSWER_TOOLS = frozenset({"final_answer"})
 
 
+@functools.lru_cache(maxsize=4096)
 def _tool_key(name: str) -> str:
     return _NOT_WORD.sub("_", name).lower()
 
@@ -289,7 +324,7 @@ def _unidentified_match(calls: list[_Call], part: Any) -> _Call | None:
     return (same_args or open_calls or [None])[0]
 
 
-def _pair_parts(calls: list[_Call], messages: list[Message], asked_ns: int, may_add: bool, where: str) -> None:
+def _pair_parts(calls: list[_Call], messages: list[Message], asked_ns: int, may_add: bool, where: Where) -> None:
     """Tool-call and tool-result parts of messages, joined with the calls spans showed running: by call id,
     else by tool and arguments. A call only parts describe is added when `may_add` (the messages are this
     run's own, not replayed history) and counts as executed only once a result for it is seen."""
@@ -315,14 +350,14 @@ def _pair_parts(calls: list[_Call], messages: list[Message], asked_ns: int, may_
             call.absorb_request(part.arguments)
             if may_add:  # parallel calls run in any order: keep the order the model asked in
                 call.order = call.order or (asked_ns, position)
-                call.sources.append(f"{where}: the model's tool call")
+                call.sources.append((where[0], where[1], "the model's tool call"))
         for part in message.tool_results:
             call = by_id.get(part.id) if part.id else None
             if call is not None:
                 call.absorb(None, part.result, False, None)
                 if not call.executed:
                     call.executed = True
-                    call.sources.append(f"{where}: the tool's result message")
+                    call.sources.append((where[0], where[1], "the tool's result message"))
 
 
 # --- the MCP server inventory ---------------------------------------------------------------------------
@@ -414,9 +449,9 @@ def _args(value: Any, name: str, notes: list[str]) -> dict[str, Any]:
 
 def _explain_call(call: _Call, verdict: str, envelope: str | None) -> dict[str, Any]:
     entry: dict[str, Any] = {"kind": call.kind, "name": call.name, "call_id": call.call_id, "counted_as": verdict,
-                             "sources": call.sources}
+                             "sources": [_where_text(source) for source in call.sources]}
     if call.mcp_rule:
-        entry["mcp_rule"] = call.mcp_rule
+        entry["mcp_rule"] = _where_text(call.mcp_rule)
     if envelope:
         entry["result_envelope"] = envelope
     return entry
@@ -440,7 +475,7 @@ def _assistant_turn(draft: _Draft, inventory: _Inventory, explain: list[dict[str
             verdict = "MCP prompt get"
         elif call.mcp or inventory.server_of_tool(call.name):
             if not call.mcp:
-                call.mark_mcp(inventory.origin.get(call.name, "in the MCP inventory"))
+                call.mark_mcp((None, "", inventory.origin.get(call.name, "in the MCP inventory")))
             unwrapped = unwrap_tool_result(call.result)
             envelope = unwrapped.envelope
             tools.append(MCPToolCall(name=call.name, args=_args(call.arguments, call.name, notes),
@@ -523,28 +558,32 @@ def _build_one(conversation_id: str, key: str, traces: list[list[Span]], given: 
         for call in draft.calls:
             canonical = inventory.canonical_tool(call.name) if call.kind == "tool" else None
             if canonical is not None and canonical != call.name:
-                call.sources.append(f"the framework named it '{call.name}'; the MCP inventory calls it '{canonical}'")
+                call.sources.append((None, "", f"the framework named it '{call.name}'; the MCP inventory "
+                                                      f"calls it '{canonical}'"))
                 call.name = canonical
             if call.kind == "tool" and (call.mcp or inventory.server_of_tool(call.name)):
                 server = call.server or inventory.server_of_tool(call.name) or default_server
                 definition = definitions.get(call.name) or next(
                     (d for d in definitions.values() if same_tool_name(d.name, call.name)), None)
-                inventory.add_definition(server, replace(definition, name=call.name) if definition
-                                         else ToolDefinition(call.name))
+                if definition is not None and definition.name != call.name:
+                    definition = replace(definition, name=call.name)
+                inventory.add_definition(server, definition or ToolDefinition(call.name))
     turns: list[Turn] = []
     explanation: list[dict[str, Any]] = []
     for draft in drafts:
         if draft.user_text:
             turns.append(Turn(role="user", content=draft.user_text))
             if explain:
-                explanation.append({"turn": len(turns) - 1, "role": "user", "source": draft.sources.get("user")})
+                explanation.append({"turn": len(turns) - 1, "role": "user",
+                                    "source": _where_text(draft.sources["user"])})
         calls: list[dict[str, Any]] | None = [] if explain else None
         assistant = _assistant_turn(draft, inventory, calls)
         if assistant is not None:
             turns.append(assistant)
             if explain:
                 explanation.append({"turn": len(turns) - 1, "role": "assistant",
-                                    "source": draft.sources.get("assistant"), "calls": calls})
+                                    "source": _where_text(draft.sources.get("assistant", (None, "", ""))),
+                                    "calls": calls})
     if not turns:
         return None
     all_spans = [s for spans in traces for s in spans]

@@ -135,6 +135,16 @@ def last_user_text(messages: list[Message]) -> str | None:
     return None
 
 
+def newest_user_text(raw_messages: list[Any]) -> str | None:
+    """The last user text of a recorded message list, parsing from the end only as far as it takes (a run's
+    input can hold the whole history)."""
+    for raw in reversed(raw_messages):
+        message = parse_message(raw)
+        if message is not None and message.is_user_text:
+            return message.text
+    return None
+
+
 def final_assistant_text(messages: list[Message]) -> str | None:
     for message in reversed(messages):
         if message.role == "assistant" and message.text:

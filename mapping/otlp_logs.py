@@ -147,6 +147,9 @@ def _decode_json(payload: bytes | str) -> DecodedRequest:
 def fold_log_events(spans: Iterable[Span]) -> list[Span]:
     """Spans with the events their carriers hold put back on them; carriers whose span has not arrived wait
     out of the conversation (they join it when the span comes)."""
+    spans = spans if isinstance(spans, list) else list(spans)
+    if not any(span.scope_name == LOG_EVENT_SCOPE for span in spans):
+        return spans
     plain: dict[tuple[str, str], Span] = {}
     carried: dict[tuple[str, str], list[SpanEvent]] = {}
     for span in spans:

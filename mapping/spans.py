@@ -108,9 +108,8 @@ class Span:
         Instrumentations on the latest GenAI conventions (Strands, OTel GenAI event mode) put
         `gen_ai.input.messages` and friends on an event such as `gen_ai.client.inference.operation.details`.
         """
-        value = self.json_attr(key)
-        if value is not None:
-            return value
+        if key in self.attributes or not self.events:
+            return self.json_attr(key)
         event_key = "event:" + key
         if event_key not in self._parsed:
             raw = next((e.attributes[key] for e in self.events if key in e.attributes), None)

@@ -32,11 +32,18 @@ def _content_message(content: Any) -> Message | None:
     return Message(role, parts)
 
 
+ADK_SCOPE = "gcp.vertex.agent"
+
+
 class ADK(Dialect):
     name = "adk"
 
     def applies(self, span: Span) -> bool:
-        return any(k.startswith("gcp.vertex.agent.") for k in span.attributes)
+        # the scope first: scanning every attribute key of every span was the mapping's hottest line
+        if span.scope_name == ADK_SCOPE:
+            return True
+        attributes = span.attributes
+        return "gcp.vertex.agent.llm_request" in attributes or "gcp.vertex.agent.tool_call_args" in attributes
 
     def agent_run(self, span: Span) -> AgentRun | None:
         if span.name == "invocation" or span.name.startswith("agent_run"):

@@ -16,7 +16,7 @@ from mapping.dialects.base import (
     span_error,
 )
 from mapping.flattened import group_indexed, sub
-from mapping.messages import Message, Part, last_user_text, normalize_role, parse_messages
+from mapping.messages import Message, Part, last_user_text, newest_user_text, normalize_role, parse_messages
 from mapping.spans import Span, parse_json_value
 
 KIND = "openinference.span.kind"
@@ -56,7 +56,7 @@ def _text_value(value: Any) -> str | None:
         return last_user_text(parse_messages(parsed))
     if isinstance(parsed, dict):
         if isinstance(parsed.get("messages"), list):  # LangGraph state, CrewAI kickoff(messages)
-            return last_user_text(parse_messages(parsed["messages"]))
+            return newest_user_text(parsed["messages"])
         # task: smolagents' run(); user_msg: LlamaIndex's agent.run(user_msg=...)
         for key in ("input", "output", "content", "text", "final_output", "task", "user_msg"):
             if isinstance(parsed.get(key), str):
@@ -115,8 +115,8 @@ class OpenInference(Dialect):
 
     def tool_definitions(self, span: Span) -> list[ToolDefinition]:
         out = []
-        parameters = span.json_attr("tool.parameters")
-        if span.str_attr(KIND) == "TOOL" and schema_like(parameters):
+        parameters = span.json_attr("tool.parameters") if span.attributes.get(KIND) == "TOOL" else None
+        if schema_like(parameters):
             out.append(ToolDefinition(span.str_attr("tool.name") or span.name, span.str_attr("tool.description"),
                                       parameters))
         for record in group_indexed(span.prefixed("llm.tools.")):

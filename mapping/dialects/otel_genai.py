@@ -13,6 +13,10 @@ from mapping.spans import Span, as_list, parse_json_value
 
 ADK_MERGED = "(merged tools)"  # ADK's span for merging parallel tool responses: no call of its own
 LLM_OPERATIONS = frozenset({"chat", "generate_content", "text_completion"})
+# operations that carry messages but are no model call (Strands' loop cycle resends the history; agents and
+# workflows are runs): their messages are never read as an LLM call
+NOT_LLM_OPERATIONS = frozenset({"invoke_agent", "execute_tool", "invoke_workflow", "execute_event_loop_cycle",
+                                "agent_step", "create_agent", "embeddings"})
 EVENT_ROLES = {"gen_ai.system.message": "system", "gen_ai.user.message": "user",
                "gen_ai.assistant.message": "assistant", "gen_ai.tool.message": "tool"}
 
@@ -79,7 +83,7 @@ class OTelGenAI(Dialect):
 
     def llm_call(self, span: Span) -> LLMCall | None:
         operation = span.str_attr("gen_ai.operation.name")
-        if operation in ("invoke_agent", "execute_tool"):
+        if operation in NOT_LLM_OPERATIONS:
             return None
         inputs = _messages(span, "gen_ai.input.messages")
         outputs = _messages(span, "gen_ai.output.messages")
@@ -103,7 +107,8 @@ class OTelGenAI(Dialect):
         failed, message = span_error(span)
         arguments = span.genai_json("gen_ai.tool.call.arguments")
         result = span.genai_json("gen_ai.tool.call.result")
-        if arguments is None or result is None:  # event mode: the call and its result as messages
+        if (arguments is None or result is None) and (span.events or "gen_ai.input.messages" in span.attributes):
+            # event mode (Strands): the call and its result as the span's input and output messages
             call = _tool_part(_messages(span, "gen_ai.input.messages"), "tool_call")
             response = _tool_part(_messages(span, "gen_ai.output.messages"), "tool_call_response")
             arguments = arguments if arguments is not None or call is None else call.arguments
@@ -121,6 +126,8 @@ class OTelGenAI(Dialect):
         )
 
     def tool_definitions(self, span: Span) -> list[ToolDefinition]:
+        if "gen_ai.tool.definitions" not in span.attributes and "gen_ai.tool.json_schema" not in span.attributes:
+            return []
         out = []
         for item in as_list(span.json_attr("gen_ai.tool.definitions")):
             if isinstance(item, dict):
