@@ -305,6 +305,12 @@ def test_replay_sends_saved_traces_over_http_and_grpc(db: Path, tmp_path: Path) 
         proc = subprocess.run([*cli, str(clean), "--protocol", "grpc", "--endpoint", collector.grpc_endpoint],
                               capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
+        base = collector.http_url.removesuffix("/v1/traces")  # the form OTEL_EXPORTER_OTLP_ENDPOINT takes
+        proc = subprocess.run([*cli, str(clean), "--endpoint", base], capture_output=True, text=True)
+        assert proc.returncode == 0 and f"to {collector.http_url}" in proc.stdout, proc.stderr
+        proc = subprocess.run([*cli, str(clean), "--protocol", "grpc", "--endpoint",
+                               f"http://{collector.grpc_endpoint}"], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
         collector.stop()
     bodies = (semconv_scenarios.otel_genai(), _mixed_json_request(), clean_body)
     expected = {s.key for body in bodies for s in decode_otlp(json.dumps(body), "application/json").spans}

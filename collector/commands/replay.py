@@ -10,11 +10,12 @@ from pathlib import Path
 import httpx
 
 from collector.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS
-from collector.replay import ReplayError, replay
+from collector.replay import ReplayError, grpc_target, http_traces_url, replay
 
 
 def run(args: argparse.Namespace) -> int:
-    endpoint = args.endpoint or ("http://127.0.0.1:4318/v1/traces" if args.protocol == "http" else "127.0.0.1:4317")
+    endpoint = args.endpoint or ("http://127.0.0.1:4318" if args.protocol == "http" else "127.0.0.1:4317")
+    endpoint = http_traces_url(endpoint) if args.protocol == "http" else grpc_target(endpoint)
     token = args.token or os.environ.get("TRACEJUDGE_INGEST_TOKEN")
     try:
         report = replay([Path(f) for f in args.files], args.protocol, endpoint, token)
