@@ -16,16 +16,18 @@ from collector.history.report import build_report
 from collector.history.report_data import ReportError
 from collector.history.report_html import CSP
 from collector.metrics import CollectorMetrics
+from collector.receivers.http_guard import GuardedSite
 from collector.receivers.ingest import bearer_matches
 from collector.store.span_store import SpanStore
 from scoring.stage import ScoringStage
 
+MAX_QUERIES = 4  # queries and reports running at once; more get 429
 JOB_STATES = ("pending", "running", "done", "failed", "budget", "waiting_for_judge")
 
 
 class AdminServer:
     def __init__(self, host: str, port: int, store: SpanStore, metrics: CollectorMetrics,
-                 query_token: str | None) -> None:
+                 query_token: str | None, *, max_connections: int = 256, header_timeout_s: float = 10.0) -> None:
         self.host, self.requested_port = host, port
         self.store, self.metrics = store, metrics
         self.stage: ScoringStage | None = None
@@ -33,7 +35,7 @@ class AdminServer:
         self._queries = ThreadPoolExecutor(2, thread_name_prefix="tracejudge-query")  # apart from the pipeline
         self._busy = 0
         self.port: int | None = None
-        self.app = web.Application()
+        self.app = web.Application(client_max_size=1024 * 1024)  # a query is small
         self.app.router.add_get("/healthz", self._healthz)
         self.app.router.add_get("/readyz", self._readyz)
         self.app.router.add_get("/metrics", self._metrics)
@@ -41,15 +43,20 @@ class AdminServer:
         self.app.router.add_get("/report", self._report)
         self.app.router.add_post("/api/score-pending", self._score_pending)
         self._runner: web.AppRunner | None = None
+        self._site: GuardedSite | None = None
+        self._limits = (max_connections, header_timeout_s)
 
     async def start(self) -> int:
-        self._runner = web.AppRunner(self.app, access_log=None)
+        self._runner = web.AppRunner(self.app, access_log=None, keepalive_timeout=30)
         await self._runner.setup()
-        await web.TCPSite(self._runner, self.host, self.requested_port).start()
-        self.port = int(self._runner.addresses[-1][1])
+        self._site = GuardedSite(self._runner, self.host, self.requested_port, max_connections=self._limits[0],
+                                 header_timeout_s=self._limits[1])
+        self.port = await self._site.start()
         return self.port
 
     async def stop(self) -> None:
+        if self._site is not None:
+            await self._site.stop()
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -84,8 +91,8 @@ class AdminServer:
     async def _query(self, request: web.Request) -> web.Response:
         if not bearer_matches(request.headers.get("Authorization"), self._query_token):
             return _error(401, "missing or wrong bearer token (TRACEJUDGE_QUERY_TOKEN)")
-        if self._busy >= 4:
-            return _error(429, "too many queries are running; retry shortly")
+        if self._busy >= MAX_QUERIES:
+            return _error(429, "too many queries and reports are running; retry shortly")
         try:
             body = await request.json()
         except ValueError:
@@ -95,15 +102,15 @@ class AdminServer:
             return _error(400, f'send {{"sql": "SELECT ...", "limit": 1..{DEFAULT_LIMIT}}}')
         self._busy += 1
         try:
-            result = await asyncio.get_running_loop().run_in_executor(
-                self._queries, run_read_query, self._cursor(), sql, limit)
+            text = await asyncio.get_running_loop().run_in_executor(self._queries, _answer, self._cursor(), sql,
+                                                                    limit)
         except QueryRefused as exc:
             return _error(403, str(exc))
         except QueryFailed as exc:
             return _error(400, str(exc))
         finally:
             self._busy -= 1
-        return web.Response(text=json.dumps(result.to_json(), default=str), content_type="application/json")
+        return web.Response(text=text, content_type="application/json")
 
 
     async def _report(self, request: web.Request) -> web.Response:
@@ -111,11 +118,16 @@ class AdminServer:
         if not bearer_matches(request.headers.get("Authorization"), self._query_token):
             return _error(401, "missing or wrong bearer token (TRACEJUDGE_QUERY_TOKEN)")
         since = request.query.get("since", "7d")
+        if self._busy >= MAX_QUERIES:
+            return _error(429, "too many queries and reports are running; retry shortly")
+        self._busy += 1
         try:
             page = await asyncio.get_running_loop().run_in_executor(
                 self._queries, build_report, self._cursor(), since, f"the collector at port {self.port}")
         except ReportError as exc:
             return _error(400, str(exc))
+        finally:
+            self._busy -= 1
         return web.Response(text=page, content_type="text/html", charset="utf-8",
                             headers={"Content-Security-Policy": CSP})
 
@@ -129,6 +141,11 @@ class AdminServer:
         job_ids = await self.stage.requeue()
         body = {"requeued": len(job_ids), "job_ids": job_ids, "waiting_for_judge": self.stage.unavailable}
         return web.Response(text=json.dumps(body), content_type="application/json")
+
+
+def _answer(con: duckdb.DuckDBPyConnection, sql: str, limit: int) -> str:
+    """The query run and its JSON written on a query thread: a large answer never holds the event loop."""
+    return json.dumps(run_read_query(con, sql, limit).to_json(), default=str)
 
 
 def _error(status: int, message: str) -> web.Response:

@@ -69,7 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_ServeHelp,
     )
     serve.add_argument("--config", metavar="FILE", help="config file (default: TRACEJUDGE_CONFIG or ./tracejudge.toml)")
-    serve.add_argument("--host", help="bind address (default 127.0.0.1; 0.0.0.0 for every interface)")
+    serve.add_argument("--host", help="bind address of the OTLP receivers (default 127.0.0.1; 0.0.0.0 for every "
+                       "interface)")
+    serve.add_argument("--admin-host", help="bind address of the admin API (default 127.0.0.1; another address "
+                       "needs TRACEJUDGE_QUERY_TOKEN)")
     serve.add_argument("--grpc-port", type=int, help="OTLP/gRPC port (default 4317; 0 picks a free one)")
     serve.add_argument("--http-port", type=int, help="OTLP/HTTP port (default 4318)")
     serve.add_argument("--admin-port", type=int, help="admin port: /healthz /readyz /metrics (default 4319)")

@@ -6,6 +6,7 @@ flag; an invalid value fails at start with its name and where it came from.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from pathlib import Path
@@ -24,6 +25,16 @@ if TYPE_CHECKING:
 MiB = 1024 * 1024
 
 
+def _loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 and localhost: reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class ConfigError(TracejudgeError):
     """A setting is invalid; the message names it and where it came from."""
 
@@ -40,11 +51,22 @@ class _Section(BaseModel):
 
 
 class ServerSettings(_Section):
-    host: str = Field("127.0.0.1", description="address the receivers and admin API bind to")
+    host: str = Field("127.0.0.1", description="address the OTLP receivers bind to")
+    admin_host: str = Field("127.0.0.1", description="address the admin API (/api/query, /report, /metrics) "
+                            "binds to; anything but loopback needs a query_token")
     grpc_port: int = Field(4317, ge=0, le=65535, description="OTLP/gRPC port (0: any free port)")
     http_port: int = Field(4318, ge=0, le=65535, description="OTLP/HTTP port (0: any free port)")
     admin_port: int = Field(4319, ge=0, le=65535, description="admin HTTP port: /healthz /readyz /metrics")
-    max_message_bytes: int = Field(64 * MiB, ge=1024, description="largest request accepted, after decompression")
+    max_message_bytes: int = Field(16 * MiB, ge=1024, description="largest request accepted, after "
+                                   "decompression (OTel SDKs send a few MiB at most)")
+    max_inflight_bytes: int = Field(192 * MiB, ge=1024, description="request bytes being read or decoded at "
+                                    "once, all receivers together; past it exporters are told to retry")
+    max_concurrent_requests: int = Field(32, ge=1, le=4096, description="export requests handled at once per "
+                                         "receiver; more are refused with a retryable answer")
+    max_connections: int = Field(256, ge=1, le=65536, description="open connections per HTTP port (receiver "
+                                 "and admin); more are closed at once")
+    header_timeout_s: float = Field(10.0, gt=0, description="a client must send its request headers within "
+                                    "this long, and then its body at no less than 64 KiB per second")
     ingest_token: str | None = Field(None, description="bearer token OTLP exporters must send (none: no auth)")
     query_token: str | None = Field(None, description="bearer token for the admin /api/query (none: no auth)")
     tls_cert: Path | None = Field(None, description="PEM certificate for both receivers (TLS on when set)")
@@ -67,8 +89,11 @@ class StoreSettings(_Section):
     max_batch_spans: int = Field(50_000, ge=1, description="most spans committed in one transaction")
     max_queue_spans: int = Field(500_000, ge=1, description="spans waiting for a commit before receivers push back")
     retry_after_s: int = Field(1, ge=1, description="Retry-After given to exporters under backpressure")
-    memory_limit: str | None = Field(None, description="cap on DuckDB's buffer memory, like '1GB' (none: DuckDB's "
-                                     "default, 80% of RAM)")
+    memory_limit: str | None = Field("512MB", description="cap on DuckDB's buffer memory, shared by ingest and "
+                                     "queries: a query past it spills to disk or fails, the collector does not "
+                                     "(none: DuckDB's default, 80% of RAM)")
+    temp_limit: str | None = Field("2GB", description="most disk a query may spill to (none: DuckDB's default, "
+                                   "90% of the free space)")
 
 
 class ConversationSettings(_Section):
@@ -233,6 +258,11 @@ class Settings(_Section):
         return self._config_file
 
     def model_post_init(self, _: Any) -> None:
+        if not _loopback(self.server.admin_host) and not self.server.query_token:
+            raise ConfigError(
+                f"[server] admin_host = {self.server.admin_host!r} would let anyone who reaches it read every "
+                "conversation through /api/query and /report: set a query token first (TRACEJUDGE_QUERY_TOKEN="
+                "$(openssl rand -hex 32), or [server] query_token), or keep the admin API on 127.0.0.1")
         if (self.server.tls_cert is None) != (self.server.tls_key is None):
             raise ConfigError("[server] tls_cert and tls_key go together: set both or neither")
         if self.server.tls_client_ca is not None and self.server.tls_cert is None:
@@ -246,6 +276,7 @@ ENV_AND_FLAGS: tuple[tuple[str, str, str | None, str | None], ...] = (
     ("server", "grpc_port", "TRACEJUDGE_GRPC_PORT", "--grpc-port"),
     ("server", "http_port", "TRACEJUDGE_HTTP_PORT", "--http-port"),
     ("server", "admin_port", "TRACEJUDGE_ADMIN_PORT", "--admin-port"),
+    ("server", "admin_host", "TRACEJUDGE_ADMIN_HOST", "--admin-host"),
     ("server", "ingest_token", "TRACEJUDGE_INGEST_TOKEN", None),
     ("server", "query_token", "TRACEJUDGE_QUERY_TOKEN", None),
     ("store", "db", "TRACEJUDGE_DB", "--db"),

@@ -28,16 +28,18 @@ def parse_duration(value: str | float | int) -> float:
     return float(match.group(1)) * _UNITS[match.group(2) or "s"]
 
 
-def parse_since(text: str, today: dt.date) -> dt.date:
+def parse_since(text: str, today: dt.date, max_days: int = MAX_DAYS_BACK) -> dt.date:
     """The first UTC day of `--since`: a duration back from today (7d is today and the 6 days before it,
-    24h today) or an ISO date."""
+    24h today) or an ISO date; at most `max_days` back either way."""
     try:
-        return dt.date.fromisoformat(text.strip())
+        day = dt.date.fromisoformat(text.strip())
     except ValueError:
-        pass
+        day = None
+    if day is not None:
+        return max(day, today - dt.timedelta(days=max_days - 1))
     try:
         seconds = parse_duration(text)
     except DurationError:
         raise DurationError(f"--since must be like 7d, 24h, 2w or 2026-11-25, not {text!r}") from None
-    days = min(int(seconds // 86400 + (1 if seconds % 86400 else 0)), MAX_DAYS_BACK)
+    days = min(int(seconds // 86400 + (1 if seconds % 86400 else 0)), max_days)
     return today - dt.timedelta(days=max(0, days - 1))

@@ -20,6 +20,7 @@ from collector.log import Logger
 from collector.metrics import CollectorMetrics
 from collector.pipeline.conversation_assembler import ConversationAssembler
 from collector.receivers.decode_pool import DecodePool, usable_cpus
+from collector.receivers.http_guard import raise_open_file_limit
 from collector.receivers.ingest import Ingest
 from collector.receivers.otlp_grpc import GrpcReceiver
 from collector.receivers.otlp_http import HttpReceiver
@@ -48,15 +49,17 @@ class Collector:
         st = settings.store
         self.store = SpanStore(st.db, max_batch_spans=st.max_batch_spans, max_queue_spans=st.max_queue_spans,
                                retry_after_s=st.retry_after_s, on_commit=self.metrics.on_commit,
-                               memory_limit=st.memory_limit)
+                               memory_limit=st.memory_limit, temp_limit=st.temp_limit)
         self.metrics.watch(lambda: self.store.queued_spans, self.store.size_bytes)
         workers = settings.server.decode_workers
         self.decoder = DecodePool(usable_cpus() if workers < 0 else workers, settings.redaction.redactor())
-        ingest = Ingest(self.store, self.metrics, settings.server.ingest_token, self.decoder)
+        ingest = Ingest(self.store, self.metrics, settings.server.ingest_token, self.decoder,
+                        max_inflight_bytes=settings.server.max_inflight_bytes)
         self.grpc = GrpcReceiver(settings.server, ingest)
         self.http = HttpReceiver(settings.server, ingest)
-        self.admin = AdminServer(settings.server.host, settings.server.admin_port, self.store, self.metrics,
-                                 settings.server.query_token)
+        self.admin = AdminServer(settings.server.admin_host, settings.server.admin_port, self.store, self.metrics,
+                                 settings.server.query_token, max_connections=settings.server.max_connections,
+                                 header_timeout_s=settings.server.header_timeout_s)
         self.stage: ScoringStage | None = None
         self.assembler: ConversationAssembler | None = None
         self._stop_pipeline = asyncio.Event()
@@ -69,6 +72,7 @@ class Collector:
         self.log.log(level, event, **fields)
 
     async def start(self) -> None:
+        raise_open_file_limit()  # connection caps, not the descriptor limit, decide who is turned away
         await asyncio.to_thread(self.store.open)
         self.stage = ScoringStage(self.store.cursor(), stage_config(self.settings), self._log,
                                   self.metrics.on_measured)
@@ -87,7 +91,7 @@ class Collector:
         config_file = self.settings.config_file
         self.log.info("listening", otlp_grpc=f"{s.host}:{grpc_port}",
                       otlp_http=f"{scheme}://{s.host}:{http_port}/v1/traces",
-                      admin=f"http://{s.host}:{admin_port}", db=str(self.settings.store.db.resolve()),
+                      admin=f"http://{s.admin_host}:{admin_port}", db=str(self.settings.store.db.resolve()),
                       config=str(config_file.resolve()) if config_file else None,
                       tls=bool(s.tls_cert), auth=bool(s.ingest_token), metrics=list(sc.metrics),
                       quiet_period_s=self.settings.conversations.quiet_period_s, **self.stage.judges(),

@@ -108,17 +108,28 @@ def _id_from_text(text: Any, size: int, what: str, required: bool = True) -> str
     return _id_from_bytes(raw, size, what, required)
 
 
+MAX_TIME_NS = 2**63 - 1  # what the store keeps (int64 nanoseconds: up to the year 2262)
+
+
 def _time(value: Any, what: str) -> int:
-    if value in (None, ""):
+    if value is None or value == "":
         return 0
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise _InvalidSpan(f"{what} must be an integer count of nanoseconds (a number or a decimal string), "
+                           f"got {type(value).__name__}")
     try:
         number = int(value)
     except (TypeError, ValueError, OverflowError):
         raise _InvalidSpan(f"{what} must be an integer count of nanoseconds, got {str(value)[:40]!r}") from None
+    return _in_range(number, what)
+
+
+def _in_range(number: int, what: str) -> int:
     if number < 0:
         raise _InvalidSpan(f"{what} is negative")
-    if number >= 2**64:
-        raise _InvalidSpan(f"{what} does not fit in 64 bits")
+    if number > MAX_TIME_NS:
+        raise _InvalidSpan(f"{what} {number} is after the year 2262 (past int64 nanoseconds); send Unix "
+                           "nanoseconds")
     return number
 
 
@@ -160,7 +171,8 @@ def _pb_span_record(span: Any, resource: dict[str, Any], scope: Any) -> Span:
         span_id=_id_from_bytes(span.span_id, 8, "span_id"),  # type: ignore[arg-type]
         parent_span_id=_id_from_bytes(span.parent_span_id, 8, "parent_span_id", required=False),
         name=span.name, kind=span.kind,
-        start_ns=span.start_time_unix_nano, end_ns=span.end_time_unix_nano,
+        start_ns=_in_range(span.start_time_unix_nano, "start_time_unix_nano"),
+        end_ns=_in_range(span.end_time_unix_nano, "end_time_unix_nano"),
         status_code=span.status.code, status_message=span.status.message,
         attributes=_pb_attrs(span.attributes),
         events=[SpanEvent(e.name, e.time_unix_nano, _pb_attrs(e.attributes)) for e in span.events]
@@ -270,8 +282,10 @@ def _decode_protobuf_span_by_span(payload: bytes, original: Exception) -> Decode
                 try:
                     span.ParseFromString(span_bytes)
                 except (DecodeError, ValueError, RuntimeError) as exc:
-                    out.problems.append(SpanProblem(where, f"not a valid Span message (e.g. invalid UTF-8 in a "
-                                                           f"string field): {exc}"))
+                    reason = ("its attribute values nest deeper than protobuf's depth limit" if "depth" in
+                              str(exc).lower() else "not a valid Span message (e.g. invalid UTF-8 in a string "
+                              "field)")
+                    out.problems.append(SpanProblem(where, f"{reason}: {exc}"))
                     continue
                 try:
                     out.spans.append(_pb_span_record(span, resource, scope))
@@ -300,9 +314,13 @@ def _json_any(value: Any, depth: int = 0) -> Any:
     if not isinstance(value, dict):
         raise _InvalidSpan(f"an AnyValue must be an object, got {type(value).__name__}")
     if "stringValue" in value:
+        if not isinstance(value["stringValue"], str):
+            raise _InvalidSpan(f"stringValue must be a string, got {type(value['stringValue']).__name__}")
         return value["stringValue"]
     if "boolValue" in value:
-        return bool(value["boolValue"])
+        if not isinstance(value["boolValue"], bool):
+            raise _InvalidSpan(f"boolValue must be true or false, got {type(value['boolValue']).__name__}")
+        return value["boolValue"]
     if "intValue" in value:
         try:
             number = int(value["intValue"])

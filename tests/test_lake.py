@@ -162,7 +162,7 @@ def test_lake_queries_are_read_only_and_confined(tmp_path: Path, lake: LakeConfi
     store.close()
     cfg = tmp_path / "tracejudge.toml"
     cfg.write_text(f"[lake]\ncatalog = {json.dumps(lake.catalog)}\n")
-    for sql, expected in [("SELECT * FROM read_text('/etc/hostname')", "disabled"),
+    for sql, expected in [("SELECT * FROM read_text('/etc/hostname')", "reads files"),
                           ("SELECT * FROM postgres_query('__ducklake_metadata_lake', 'SELECT 1')", "postgres_query"),
                           ("DELETE FROM scores", "only read-only SELECT"),
                           ("SELECT * FROM json_execute_serialized_sql(json_serialize_sql("

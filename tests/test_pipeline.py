@@ -272,7 +272,7 @@ def test_query_while_serving_and_writes_refused(tmp_path, judge_env) -> None:
         proc = subprocess.run([*cli, "DELETE FROM scores"], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2 and "only read-only SELECT" in proc.stderr
         refused = httpx.post(f"{collector.admin_url}/api/query", json={"sql": "SELECT * FROM read_text('/etc/hosts')"})
-        assert refused.status_code == 400 and "disabled" in refused.json()["error"]
+        assert refused.status_code == 403 and "reads files" in refused.json()["error"]
         assert query(collector, "SELECT count(*) FROM scores") == [[6]]
         collector.stop()
     proc = subprocess.run([sys.executable, "-m", "collector.cli", "query", "--url", "http://127.0.0.1:9",

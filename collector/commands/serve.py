@@ -15,7 +15,7 @@ from collector.store.span_store import StoreOpenError
 
 
 def run(args: argparse.Namespace) -> int:
-    flags = {"host": args.host, "grpc_port": args.grpc_port, "http_port": args.http_port,
+    flags = {"host": args.host, "admin_host": args.admin_host, "grpc_port": args.grpc_port, "http_port": args.http_port,
              "admin_port": args.admin_port, "db": args.db, "level": args.log_level, "replica": args.replica,
              "model": args.judge_model, "system_one_model": args.system_one_model,
              "quiet_period_s": args.quiet_period}

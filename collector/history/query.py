@@ -17,6 +17,7 @@ from scoring.errors import TracejudgeError
 
 DEFAULT_LIMIT = 10_000
 DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_MAX_BYTES = 32 * 1024 * 1024  # a larger answer is cut (truncated: true), whatever the row limit
 
 
 class QueryRefused(TracejudgeError):
@@ -30,8 +31,19 @@ class QueryFailed(TracejudgeError):
 # Functions a SELECT can call that change state or run other SQL.
 SIDE_EFFECTS = frozenset({"nextval", "setval", "checkpoint", "force_checkpoint", "query", "query_table",
                           "enable_logging", "disable_logging", "truncate_duckdb_logs",
+                          "enable_profiling", "disable_profiling",
                           # runs a serialized statement the parse tree here cannot see into
                           "json_execute_serialized_sql", "json_deserialize_sql"})
+# Functions that read files (the database file, its WAL and temp files stay readable to DuckDB itself even
+# with external access off) or tell where they are on the server.
+FILES_AND_PATHS = frozenset({"read_blob", "read_text", "glob", "read_csv", "read_csv_auto", "read_json",
+                             "read_json_auto", "read_json_objects", "read_json_objects_auto", "read_ndjson",
+                             "read_ndjson_auto", "read_ndjson_objects", "read_parquet", "parquet_scan",
+                             "parquet_metadata", "parquet_schema", "parquet_file_metadata", "parquet_kv_metadata",
+                             "parquet_bloom_probe", "sniff_csv", "duckdb_databases", "duckdb_settings",
+                             "current_setting", "duckdb_temporary_files", "duckdb_extensions", "duckdb_secrets",
+                             "which_secret", "getenv", "pragma_database_list", "pragma_database_size",
+                             "pragma_storage_info", "duckdb_log_contexts", "duckdb_logs"})
 
 
 # The lake's catalog functions: postgres_execute/postgres_query run SQL on the catalog server, and the
@@ -83,21 +95,51 @@ def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
     if refused:
         raise QueryRefused(f"the query calls {', '.join(sorted(refused))}, which changes the database or runs "
                            "SQL elsewhere; only read-only queries are accepted")
+    files = sorted(called & FILES_AND_PATHS)
+    if files:
+        raise QueryRefused(f"the query calls {', '.join(files)}, which reads files or server paths; query "
+                           "tracejudge's tables and views instead")
+
+
+def _size(value: Any) -> int:
+    """Roughly what a cell costs in the JSON answer; strings and blobs dominate."""
+    if isinstance(value, str | bytes):
+        return len(value) + 2
+    if isinstance(value, list | tuple):
+        return sum(_size(v) for v in value) + 2
+    if isinstance(value, dict):
+        return sum(len(str(k)) + _size(v) for k, v in value.items()) + 2
+    return 16
 
 
 def run_read_query(con: duckdb.DuckDBPyConnection, sql: str, limit: int = DEFAULT_LIMIT,
-                   timeout_s: float = DEFAULT_TIMEOUT_S) -> QueryResult:
+                   timeout_s: float = DEFAULT_TIMEOUT_S, max_bytes: int = DEFAULT_MAX_BYTES) -> QueryResult:
+    """Rows of one read-only SELECT, cut at `limit` rows or about `max_bytes` of answer (then truncated)."""
     check_read_only(con, sql)
     timer = threading.Timer(timeout_s, con.interrupt)
     timer.start()
+    rows: list[list[Any]] = []
+    truncated, total = False, 0
     try:
         cursor = con.execute(sql)
         columns = [d[0] for d in cursor.description or []]
-        rows = cursor.fetchmany(limit + 1)
+        while not truncated:
+            chunk = cursor.fetchmany(min(1000, limit + 1 - len(rows)))
+            if not chunk:
+                break
+            for row in chunk:
+                total += sum(_size(v) for v in row)
+                if len(rows) >= limit or (total > max_bytes and rows):
+                    truncated = True
+                    break
+                rows.append(list(row))
     except duckdb.InterruptException as exc:
         raise QueryFailed(f"the query ran past {timeout_s:g} s and was stopped; narrow it down") from exc
+    except duckdb.OutOfMemoryException as exc:
+        raise QueryFailed(f"the query needs more memory than the collector gives queries ([store] memory_limit, "
+                          f"temp_limit); narrow it down: {str(exc)[:300]}") from exc
     except duckdb.Error as exc:
         raise QueryFailed(str(exc)) from exc
     finally:
         timer.cancel()
-    return QueryResult(columns, [list(r) for r in rows[:limit]], len(rows) > limit)
+    return QueryResult(columns, rows, truncated)

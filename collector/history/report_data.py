@@ -19,6 +19,7 @@ from scoring.errors import TracejudgeError
 
 WORST = 10
 BINS = 10
+MAX_REPORT_DAYS = 731  # a report covers two years at most, whichever way --since is written
 
 
 class ReportError(TracejudgeError):
@@ -28,7 +29,7 @@ class ReportError(TracejudgeError):
 def parse_since(text: str, today: dt.date) -> dt.date:
     """`7d`, `12h`, `2w` (back from today, UTC) or a date like 2026-11-25."""
     try:
-        return durations.parse_since(text, today)
+        return durations.parse_since(text, today, MAX_REPORT_DAYS)
     except DurationError as exc:
         raise ReportError(str(exc)) from None
 

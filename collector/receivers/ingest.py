@@ -7,7 +7,9 @@ that cannot be decoded is rejected whole; backpressure and store failures are re
 
 from __future__ import annotations
 
+import contextlib
 import hmac
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from enum import Enum
 
@@ -42,7 +44,9 @@ def bearer_matches(authorization: str | None, token: bytes | None) -> bool:
     if token is None:
         return True
     scheme, _, supplied = (authorization or "").strip().partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(supplied.strip().encode(), token)
+    # a header may hold any bytes (aiohttp hands non-ASCII ones over as surrogates): never an error, just no match
+    return scheme.lower() == "bearer" and hmac.compare_digest(supplied.strip().encode("utf-8", "surrogateescape"),
+                                                              token)
 
 
 class Ingest:
@@ -54,6 +58,18 @@ class Ingest:
         self._inflight_bytes = 0
         self.metrics = metrics
         self._token = token.encode() if token else None
+
+    @contextlib.asynccontextmanager
+    async def reading(self, size: int) -> AsyncIterator[None]:
+        """Count a body being read against the in-flight bytes; Backpressure when it would not fit."""
+        if size and self._inflight_bytes + size > self.max_inflight_bytes and self._inflight_bytes > 0:
+            raise Backpressure(f"{self._inflight_bytes} bytes of requests are in flight; retry shortly",
+                               self.store.retry_after_s)
+        self._inflight_bytes += size
+        try:
+            yield
+        finally:
+            self._inflight_bytes -= size
 
     def authorized(self, authorization: str | None) -> bool:
         """Constant-time check of the `authorization` header or metadata; always true without a token."""

@@ -9,6 +9,7 @@ which the OTLP exporters honour. gzip is accepted; the size cap is the server's 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
@@ -37,14 +38,41 @@ def _status_details(code: int, message: str, retry_after_s: int | None) -> tuple
     return (("grpc-status-details-bin", status.SerializeToString()),)
 
 
+MAX_STREAMS_PER_CONNECTION = 16
+
+
+async def _refuse(request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+    """Answer UNAUTHENTICATED without reading the request message (a streaming handler never pulls it)."""
+    await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token",
+                        _status_details(code_pb2.UNAUTHENTICATED, "missing or wrong bearer token", None))
+
+
+class _AuthFirst(grpc.aio.ServerInterceptor):
+    def __init__(self, ingest: Ingest) -> None:
+        self.ingest = ingest
+        self._refusal = grpc.stream_unary_rpc_method_handler(_refuse)
+
+    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
+        metadata = dict(details.invocation_metadata or ())  # type: ignore[attr-defined]
+        if not self.ingest.authorized(metadata.get("authorization")):
+            self.ingest.metrics.requests.labels("grpc", "unauthenticated").inc()
+            return self._refusal
+        return await continuation(details)
+
+
 class GrpcReceiver:
     def __init__(self, settings: ServerSettings, ingest: Ingest) -> None:
         self.settings = settings
         self.ingest = ingest
         self.port: int | None = None
         options = [("grpc.max_receive_message_length", settings.max_message_bytes),
-                   ("grpc.max_send_message_length", 4 * 1024 * 1024)]
-        self._server = grpc.aio.server(options=options)
+                   ("grpc.max_send_message_length", 4 * 1024 * 1024),
+                   ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+                   ("grpc.max_connection_idle_ms", 5 * 60 * 1000)]
+        # the bearer token is checked on the metadata, before the message is read (an unauthenticated client
+        # cannot make the server buffer its 64 MiB), and RPCs beyond the cap are refused, not queued
+        self._server = grpc.aio.server(options=options, interceptors=[_AuthFirst(ingest)],
+                                       maximum_concurrent_rpcs=settings.max_concurrent_requests)
         handler = grpc.method_handlers_generic_handler(SERVICE, {
             "Export": grpc.unary_unary_rpc_method_handler(
                 self._export, request_deserializer=None,

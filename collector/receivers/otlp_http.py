@@ -9,6 +9,7 @@ bearer token; 413 over the size limit (measured after decompression); 415 for an
 
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
 import zlib
@@ -27,7 +28,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from collector.config import ServerSettings
 from collector.receivers.decode_pool import Signal
+from collector.receivers.http_guard import GuardedSite, body_deadline_s
 from collector.receivers.ingest import Answer, Ingest, Outcome
+from collector.store.span_store import Backpressure
 
 TRACES_PATH = "/v1/traces"
 LOGS_PATH = "/v1/logs"
@@ -40,8 +43,16 @@ class TooLarge(Exception):
     pass
 
 
+MAX_GZIP_MEMBERS = 10_000  # an exporter sends one; thousands of empty members are an attack
+_CHUNK = 64 * 1024
+
+
 def decompress(body: bytes, encoding: str, limit: int) -> bytes:
-    """The body without its Content-Encoding, refusing to grow past `limit` bytes (zip bombs included)."""
+    """The body without its Content-Encoding, refusing to grow past `limit` bytes (zip bombs included).
+
+    Linear in the body: input is fed in chunks, so a body of many gzip members never copies the rest of the
+    body once per member, and the member count is capped as it goes.
+    """
     encoding = encoding.strip().lower()
     if encoding in ("", "identity"):
         if len(body) > limit:
@@ -51,19 +62,29 @@ def decompress(body: bytes, encoding: str, limit: int) -> bytes:
     if wbits is None:
         raise ValueError(f"unsupported Content-Encoding {encoding!r}: send gzip, deflate or none")
     out = bytearray()
-    rest = body
-    while rest:  # a gzip body may hold several members; each must be complete
+    view = memoryview(body)
+    pos, members = 0, 0
+    pending = b""  # input the last member left over (at most one chunk)
+    while pos < len(view) or pending:
+        members += 1
+        if members > MAX_GZIP_MEMBERS:
+            raise ValueError(f"the {encoding} body has more than {MAX_GZIP_MEMBERS} members; send one")
         inflater = zlib.decompressobj(wbits)
-        try:
-            out += inflater.decompress(rest, limit + 1 - len(out))
-        except zlib.error as exc:
-            raise ValueError(f"the body is not valid {encoding}: {exc}") from exc
-        if len(out) > limit or inflater.unconsumed_tail:
-            raise TooLarge
-        if not inflater.eof:
-            raise ValueError(f"the {encoding} body is truncated")
-        rest = inflater.unused_data if encoding == "gzip" else b""
-        if encoding == "deflate" and inflater.unused_data:
+        while not inflater.eof:
+            if pending:
+                data, pending = pending, b""
+            elif pos < len(view):
+                data, pos = view[pos:pos + _CHUNK], pos + _CHUNK
+            else:
+                raise ValueError(f"the {encoding} body is truncated")
+            try:
+                out += inflater.decompress(data, limit + 1 - len(out))
+            except zlib.error as exc:
+                raise ValueError(f"the body is not valid {encoding}: {exc}") from exc
+            if len(out) > limit or inflater.unconsumed_tail:
+                raise TooLarge
+        pending = inflater.unused_data
+        if encoding == "deflate" and (pending or pos < len(view)):
             raise ValueError("trailing bytes after the deflate stream")
     return bytes(out)
 
@@ -82,19 +103,23 @@ class HttpReceiver:
         self.app.router.add_post(TRACES_PATH, self._traces)
         self.app.router.add_post(LOGS_PATH, self._logs)
         self._runner: web.AppRunner | None = None
+        self._site: GuardedSite | None = None
 
     async def start(self) -> int:
-        self._runner = web.AppRunner(self.app, auto_decompress=False, access_log=None)
+        s = self.settings
+        self._runner = web.AppRunner(self.app, auto_decompress=False, access_log=None, keepalive_timeout=30)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.settings.host, self.settings.http_port, ssl_context=self._tls(),
-                           shutdown_timeout=self.settings.shutdown_grace_s)
-        await site.start()
-        self.port = int(self._runner.addresses[-1][1])
+        self._site = GuardedSite(self._runner, s.host, s.http_port, max_connections=s.max_connections,
+                                 header_timeout_s=s.header_timeout_s, ssl_context=self._tls())
+        self.port = await self._site.start()
         return self.port
 
     async def stop(self) -> None:
         """Stop accepting and wait for in-flight requests (their spans are committed before they answer)."""
+        if self._site is not None:
+            await self._site.stop()
         if self._runner is not None:
+            await self._runner.shutdown()
             await self._runner.cleanup()
 
     def _tls(self) -> ssl.SSLContext | None:
@@ -127,9 +152,15 @@ class HttpReceiver:
             self.ingest.metrics.requests.labels("http", "unauthenticated").inc()
             return self._status(401, code_pb2.UNAUTHENTICATED, "missing or wrong bearer token", reply_type,
                                 {"WWW-Authenticate": "Bearer"})
+        deadline = body_deadline_s(request.content_length, self.settings.max_message_bytes,
+                                   self.settings.header_timeout_s)
         try:
-            raw = await request.read()
-            body = decompress(raw, request.headers.get("Content-Encoding", ""), self.settings.max_message_bytes)
+            raw = await asyncio.wait_for(self._read(request), deadline)
+            encoding = request.headers.get("Content-Encoding", "")
+            # decompressing is CPU work in proportion to the body: off the event loop, so /healthz and every
+            # other request keep being answered meanwhile
+            body = raw if encoding.strip().lower() in ("", "identity") and len(raw) <= self.settings.max_message_bytes \
+                else await asyncio.to_thread(decompress, raw, encoding, self.settings.max_message_bytes)
         except (TooLarge, web.HTTPRequestEntityTooLarge):
             self.ingest.metrics.requests.labels("http", "too_large").inc()
             return self._status(413, code_pb2.RESOURCE_EXHAUSTED,
@@ -138,8 +169,23 @@ class HttpReceiver:
         except ValueError as exc:
             self.ingest.metrics.requests.labels("http", "invalid").inc()
             return self._status(400, code_pb2.INVALID_ARGUMENT, str(exc), reply_type)
+        except TimeoutError:
+            self.ingest.metrics.requests.labels("http", "too_slow").inc()
+            return self._status(408, code_pb2.DEADLINE_EXCEEDED, f"the body did not arrive within {deadline:.0f} s; "
+                                "send it faster or in smaller batches", reply_type, {"Connection": "close"})
+        except Backpressure as exc:
+            self.ingest.metrics.requests.labels("http", "unavailable").inc()
+            return self._status(503, code_pb2.UNAVAILABLE, str(exc), reply_type,
+                                {"Retry-After": str(exc.retry_after_s), "Connection": "close"})
         outcome = await self.ingest.export(body, media, request.headers.get("Authorization"), "http", signal)
         return self._answer(outcome, reply_type, signal)
+
+    async def _read(self, request: web.Request) -> bytes:
+        """The body, counted against the receiver's in-flight bytes while it arrives (refused up front when
+        its declared length would not fit)."""
+        size = request.content_length or 0
+        async with self.ingest.reading(size):
+            return await request.read()
 
     def _answer(self, outcome: Outcome, reply_type: str, signal: Signal) -> web.Response:
         if outcome.answer is Answer.OK:

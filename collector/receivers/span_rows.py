@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from datetime import datetime
 from typing import Any
 
@@ -41,22 +42,43 @@ _ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(","
 
 
 def to_json(value: Any) -> str:
-    """Strict JSON DuckDB's JSON type accepts: NaN and Infinity as strings, lone surrogates as U+FFFD."""
+    """Strict JSON DuckDB's JSON type accepts: NaN and Infinity as strings, lone surrogates as U+FFFD (keys that
+    only differed in them stay distinct)."""
     try:
         text = _ENCODER.encode(value)
     except ValueError:
         text = _ENCODER.encode(_finite(value))
-    return _text(text)
+    if text.isascii() or not _SURROGATE.search(text):
+        return text
+    return _ENCODER.encode(_scrub(value))
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _scrub(value: Any) -> Any:
+    """Lone surrogates (JSON's `\\ud800` escapes decode to them) as U+FFFD, numbering keys that would collide."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_scrub(v) for v in value]
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            clean = _scrub(str(key))
+            unique, n = clean, 1
+            while unique in out:
+                n += 1
+                unique = f"{clean} ({n})"
+            out[unique] = _scrub(item)
+        return out
+    return _finite(value) if isinstance(value, float) else value
 
 
 def _text(value: str) -> str:
-    if value.isascii():
+    if value.isascii() or not _SURROGATE.search(value):
         return value
-    try:
-        value.encode("utf-8")
-        return value
-    except UnicodeEncodeError:
-        return value.encode("utf-8", "replace").decode("utf-8")
+    return _SURROGATE.sub("\ufffd", value)
 
 
 def _clamp(ns: int) -> int:

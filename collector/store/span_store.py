@@ -60,9 +60,10 @@ class StoreStats:
 class SpanStore:
     def __init__(self, path: Path, *, max_batch_spans: int = 50_000, max_queue_spans: int = 500_000,
                  retry_after_s: int = 1, on_commit: Callable[[float, int, int], None] | None = None,
-                 memory_limit: str | None = None) -> None:
+                 memory_limit: str | None = None, temp_limit: str | None = None) -> None:
         self.path = path
-        self.memory_limit = memory_limit
+        self.memory_limit = memory_limit  # DuckDB's buffer pool, shared by ingest and every query
+        self.temp_limit = temp_limit  # what a query may spill to disk
         self.on_commit = on_commit
         self.listeners: list[Callable[[pa.Table], None]] = []  # told of every committed table (writer thread)
         self.max_batch_spans = max_batch_spans
@@ -95,13 +96,16 @@ class SpanStore:
         # Fewer, larger checkpoints: each one stalls the writer, and at ingest rates the 16 MB default WAL
         # fills several times a second.
         self._con.execute("SET checkpoint_threshold = '256MB'")
-        if self.memory_limit:
+        for setting, value in (("memory_limit", self.memory_limit), ("max_temp_directory_size", self.temp_limit)):
+            if not value:
+                continue
             try:
-                self._con.execute("SET memory_limit = ?", [self.memory_limit])
+                self._con.execute(f"SET {setting} = ?", [value])
             except duckdb.Error as exc:
                 self._con.close()
                 self._con = None
-                raise StoreOpenError(f"[store] memory_limit = {self.memory_limit!r} is not a size DuckDB accepts "
+                name = "memory_limit" if setting == "memory_limit" else "temp_limit"
+                raise StoreOpenError(f"[store] {name} = {value!r} is not a size DuckDB accepts "
                                      f"(like '1GB' or '512MB'): {exc}") from exc
         lock_down(self._con)
         self.healthy = True
