@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from collector.durations import parse_duration
+from mapping.otlp import SpanLimits
 from mapping.redaction import BUILTIN_RULES, RedactionRuleError, Redactor
 from scoring.errors import TracejudgeError
 from scoring.metric_ids import METRIC_IDS
@@ -100,11 +101,27 @@ class ConversationSettings(_Section):
     quiet_period_s: float = Field(120.0, gt=0, description="a conversation is complete after this long with no new "
                                   "span (or at once on tracejudge.conversation.end = true); seconds or 5s, 2m")
     poll_s: float = Field(1.0, gt=0, description="how often completed conversations are looked for")
+    max_spans: int = Field(50_000, ge=1, description="a conversation with more spans is not assembled (logged), "
+                           "so one runaway trace cannot take the collector's memory")
 
     @field_validator("quiet_period_s", "poll_s", mode="before")
     @classmethod
     def _duration(cls, value: Any) -> Any:
         return parse_duration(value) if isinstance(value, str) else value
+
+
+class LimitsSettings(_Section):
+    """OpenTelemetry's span limits, applied as spans are decoded; what is cut is reported to the exporter."""
+
+    attribute_count: int = Field(4096, ge=1, description="attributes kept per span (and per link)")
+    attribute_value_length: int = Field(1024 * 1024, ge=1, description="characters kept of a string attribute")
+    event_count: int = Field(1024, ge=0, description="events kept per span")
+    link_count: int = Field(1024, ge=0, description="links kept per span")
+    event_attribute_count: int = Field(1024, ge=0, description="attributes kept per event")
+
+    def span_limits(self) -> SpanLimits:
+        return SpanLimits(self.attribute_count, self.attribute_value_length, self.event_count, self.link_count,
+                          self.event_attribute_count)
 
 
 class MappingSettings(_Section):
@@ -246,6 +263,7 @@ class Settings(_Section):
     store: StoreSettings = Field(default_factory=StoreSettings)
     conversations: ConversationSettings = Field(default_factory=ConversationSettings)
     mapping: MappingSettings = Field(default_factory=MappingSettings)
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
     sampling: SamplingSettings = Field(default_factory=SamplingSettings)
     scoring: ScoringSettings = Field(default_factory=ScoringSettings)
     redaction: RedactionSettings = Field(default_factory=RedactionSettings)
@@ -281,6 +299,11 @@ ENV_AND_FLAGS: tuple[tuple[str, str, str | None, str | None], ...] = (
     ("server", "query_token", "TRACEJUDGE_QUERY_TOKEN", None),
     ("store", "db", "TRACEJUDGE_DB", "--db"),
     ("conversations", "quiet_period_s", "TRACEJUDGE_QUIET_PERIOD", "--quiet-period"),
+    ("limits", "attribute_count", "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", None),
+    ("limits", "attribute_value_length", "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", None),
+    ("limits", "event_count", "OTEL_SPAN_EVENT_COUNT_LIMIT", None),
+    ("limits", "link_count", "OTEL_SPAN_LINK_COUNT_LIMIT", None),
+    ("limits", "event_attribute_count", "OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT", None),
     ("scoring", "model", "TRACEJUDGE_JUDGE_MODEL", "--judge-model"),
     ("scoring", "system_one_model", "TRACEJUDGE_SYSTEM_ONE_MODEL", "--system-one-model"),
     ("redaction", "salt", "TRACEJUDGE_REDACTION_SALT", None),
@@ -337,6 +360,7 @@ def settings_help() -> str:
     lines = []
     for section, model in (("server", ServerSettings), ("store", StoreSettings),
                            ("conversations", ConversationSettings), ("mapping", MappingSettings),
+                           ("limits", LimitsSettings),
                            ("sampling", SamplingSettings), ("scoring", ScoringSettings),
                            ("redaction", RedactionSettings),
                            ("lake", LakeSettings), ("log", LogSettings)):

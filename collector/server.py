@@ -52,7 +52,8 @@ class Collector:
                                memory_limit=st.memory_limit, temp_limit=st.temp_limit)
         self.metrics.watch(lambda: self.store.queued_spans, self.store.size_bytes)
         workers = settings.server.decode_workers
-        self.decoder = DecodePool(usable_cpus() if workers < 0 else workers, settings.redaction.redactor())
+        self.decoder = DecodePool(usable_cpus() if workers < 0 else workers, settings.redaction.redactor(),
+                                  settings.limits.span_limits())
         ingest = Ingest(self.store, self.metrics, settings.server.ingest_token, self.decoder,
                         max_inflight_bytes=settings.server.max_inflight_bytes)
         self.grpc = GrpcReceiver(settings.server, ingest)

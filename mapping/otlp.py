@@ -47,21 +47,57 @@ class SpanProblem:
 class DecodedRequest:
     spans: list[Span] = field(default_factory=list)
     problems: list[SpanProblem] = field(default_factory=list)
+    truncated: int = 0  # spans kept with attributes, events, links or values cut to the limits
+
+
+@dataclass(frozen=True)
+class SpanLimits:
+    """OpenTelemetry's span limits, applied as spans are decoded so a hostile request cannot make one span cost
+    gigabytes; what is cut is counted (`DecodedRequest.truncated`) and reported to the exporter."""
+
+    attribute_count: int = 4096
+    attribute_value_length: int = 1024 * 1024
+    event_count: int = 1024
+    link_count: int = 1024
+    event_attribute_count: int = 1024
+    max_json_objects: int = 2_000_000  # objects and arrays in one OTLP/JSON request
+
+
+DEFAULT_LIMITS = SpanLimits()
+
+
+def _cut(value: Any, length: int) -> tuple[Any, bool]:
+    if isinstance(value, str) and len(value) > length:
+        return value[:length], True
+    if isinstance(value, list) and any(isinstance(v, str) and len(v) > length for v in value):
+        return [v[:length] if isinstance(v, str) else v for v in value], True
+    return value, False
+
+
+def _limited(span: Span, limits: SpanLimits, cut_before: bool) -> tuple[Span, bool]:
+    """The span within the value-length limit (counts were cut while decoding: `cut_before`)."""
+    cut = cut_before
+    for key, value in list(span.attributes.items()):
+        short, was_cut = _cut(value, limits.attribute_value_length)
+        if was_cut:
+            span.attributes[key] = short
+            cut = True
+    return span, cut
 
 
 class _InvalidSpan(ValueError):
     pass
 
 
-def decode_otlp(payload: bytes | str, content_type: str) -> DecodedRequest:
+def decode_otlp(payload: bytes | str, content_type: str, limits: SpanLimits = DEFAULT_LIMITS) -> DecodedRequest:
     """Spans of one export request; `content_type` is the HTTP Content-Type (parameters ignored)."""
     media = content_type.split(";", 1)[0].strip().lower()
     if media in PROTOBUF_TYPES:
         if isinstance(payload, str):
             raise OTLPDecodeError("a protobuf request must be bytes")
-        return _decode_protobuf(payload)
+        return _decode_protobuf(payload, limits)
     if media in JSON_TYPES:
-        return _decode_json(payload)
+        return _decode_json(payload, limits)
     raise UnsupportedContentTypeError(
         f"unsupported content type {content_type!r}: send application/x-protobuf or application/json"
     )
@@ -163,10 +199,18 @@ def _pb_attrs(items: Any) -> dict[str, Any]:
     return out
 
 
-def _pb_span_record(span: Any, resource: dict[str, Any], scope: Any) -> Span:
+def _pb_span_record(span: Any, resource: dict[str, Any], scope: Any,
+                    limits: SpanLimits = DEFAULT_LIMITS) -> tuple[Span, bool]:
+    """The span and whether limits cut it."""
     if not span.name:
         raise _InvalidSpan("name is missing")
-    return Span(
+    attributes, events, links = span.attributes, span.events, span.links
+    cut = (len(attributes) > limits.attribute_count or len(events) > limits.event_count
+           or len(links) > limits.link_count)
+    if cut:
+        attributes, events = attributes[:limits.attribute_count], events[:limits.event_count]
+        links = links[:limits.link_count]
+    record = Span(
         trace_id=_id_from_bytes(span.trace_id, 16, "trace_id"),  # type: ignore[arg-type]
         span_id=_id_from_bytes(span.span_id, 8, "span_id"),  # type: ignore[arg-type]
         parent_span_id=_id_from_bytes(span.parent_span_id, 8, "parent_span_id", required=False),
@@ -174,23 +218,24 @@ def _pb_span_record(span: Any, resource: dict[str, Any], scope: Any) -> Span:
         start_ns=_in_range(span.start_time_unix_nano, "start_time_unix_nano"),
         end_ns=_in_range(span.end_time_unix_nano, "end_time_unix_nano"),
         status_code=span.status.code, status_message=span.status.message,
-        attributes=_pb_attrs(span.attributes),
-        events=[SpanEvent(e.name, e.time_unix_nano, _pb_attrs(e.attributes)) for e in span.events]
-        if span.events else [],
-        links=[SpanLink(lk.trace_id.hex(), lk.span_id.hex(), _pb_attrs(lk.attributes)) for lk in span.links]
-        if span.links else [],
+        attributes=_pb_attrs(attributes),
+        events=[SpanEvent(e.name, e.time_unix_nano, _pb_attrs(e.attributes[:limits.event_attribute_count]))
+                for e in events] if events else [],
+        links=[SpanLink(lk.trace_id.hex(), lk.span_id.hex(), _pb_attrs(lk.attributes[:limits.attribute_count]))
+               for lk in links] if links else [],
         resource=resource, scope_name=scope.name, scope_version=scope.version,
     )
+    return _limited(record, limits, cut)
 
 
-def _decode_protobuf(payload: bytes) -> DecodedRequest:
+def _decode_protobuf(payload: bytes, limits: SpanLimits = DEFAULT_LIMITS) -> DecodedRequest:
     request = ExportTraceServiceRequest()
     try:
         request.ParseFromString(payload)
     except (DecodeError, ValueError, RuntimeError) as exc:
         # One bad span (e.g. invalid UTF-8 in a string) fails the whole parse; split the request at the wire
         # level and parse each span on its own, so only the bad ones are rejected.
-        return _decode_protobuf_span_by_span(payload, exc)
+        return _decode_protobuf_span_by_span(payload, exc, limits)
     out = DecodedRequest()
     for r, rs in enumerate(request.resource_spans):
         try:
@@ -201,7 +246,7 @@ def _decode_protobuf(payload: bytes) -> DecodedRequest:
         for s, ss in enumerate(rs.scope_spans):
             for i, span in enumerate(ss.spans):
                 try:
-                    out.spans.append(_pb_span_record(span, resource, ss.scope))
+                    _keep(out, *_pb_span_record(span, resource, ss.scope, limits))
                 except _InvalidSpan as exc:
                     where = _where(f"resource_spans[{r}].scope_spans[{s}].spans[{i}]", span.trace_id.hex(),
                                    span.span_id.hex())
@@ -247,7 +292,8 @@ def _length_delimited(buf: bytes) -> list[tuple[int, bytes]]:
     return out
 
 
-def _decode_protobuf_span_by_span(payload: bytes, original: Exception) -> DecodedRequest:
+def _decode_protobuf_span_by_span(payload: bytes, original: Exception,
+                                  limits: SpanLimits = DEFAULT_LIMITS) -> DecodedRequest:
     try:
         groups = [v for n, v in _length_delimited(payload) if n == 1]
     except ValueError:
@@ -288,7 +334,7 @@ def _decode_protobuf_span_by_span(payload: bytes, original: Exception) -> Decode
                     out.problems.append(SpanProblem(where, f"{reason}: {exc}"))
                     continue
                 try:
-                    out.spans.append(_pb_span_record(span, resource, scope))
+                    _keep(out, *_pb_span_record(span, resource, scope, limits))
                 except _InvalidSpan as exc:
                     out.problems.append(SpanProblem(_where(where, span.trace_id.hex(), span.span_id.hex()), str(exc)))
     return out
@@ -361,7 +407,13 @@ def _json_attrs(items: Any, depth: int = 0) -> dict[str, Any]:
     return out
 
 
-def _json_span(span: dict[str, Any], resource: dict[str, Any], scope: dict[str, Any]) -> Span:
+def _keep(out: DecodedRequest, span: Span, cut: bool) -> None:
+    out.spans.append(span)
+    out.truncated += cut
+
+
+def _json_span(span: dict[str, Any], resource: dict[str, Any], scope: dict[str, Any],
+               limits: SpanLimits = DEFAULT_LIMITS) -> tuple[Span, bool]:
     status = span.get("status") or {}
     if not isinstance(status, dict):
         raise _InvalidSpan("status must be an object")
@@ -372,15 +424,24 @@ def _json_span(span: dict[str, Any], resource: dict[str, Any], scope: dict[str, 
     if not isinstance(name, str) or not name:
         raise _InvalidSpan("name is missing" if not name else "name must be a string")
     events = []
-    if not isinstance(span.get("events") or [], list) or not isinstance(span.get("links") or [], list):
+    raw_events, raw_links = span.get("events") or [], span.get("links") or []
+    raw_attributes = span.get("attributes") or []
+    if not isinstance(raw_events, list) or not isinstance(raw_links, list):
         raise _InvalidSpan("events and links must be lists")
-    for e in span.get("events") or []:
+    cut = isinstance(raw_attributes, list) and len(raw_attributes) > limits.attribute_count \
+        or len(raw_events) > limits.event_count or len(raw_links) > limits.link_count
+    if cut:
+        raw_events, raw_links = raw_events[:limits.event_count], raw_links[:limits.link_count]
+        raw_attributes = raw_attributes[:limits.attribute_count]
+    for e in raw_events:
         if not isinstance(e, dict):
             raise _InvalidSpan("every event must be an object")
+        event_attributes = e.get("attributes") or []
         events.append(SpanEvent(str(e.get("name", "")), _time(_get(e, "timeUnixNano", "time_unix_nano"), "event time"),
-                                _json_attrs(e.get("attributes") or [])))
+                                _json_attrs(event_attributes[:limits.event_attribute_count]
+                                            if isinstance(event_attributes, list) else event_attributes)))
     links = []
-    for lk in span.get("links") or []:
+    for lk in raw_links:
         if not isinstance(lk, dict):
             raise _InvalidSpan("every link must be an object")
         links.append(SpanLink(
@@ -389,7 +450,7 @@ def _json_span(span: dict[str, Any], resource: dict[str, Any], scope: dict[str, 
             _json_attrs(lk.get("attributes") or []),
         ))
     code = status.get("code", 0)
-    return Span(
+    record = Span(
         trace_id=_id_from_text(_get(span, "traceId", "trace_id"), 16, "trace_id"),  # type: ignore[arg-type]
         span_id=_id_from_text(_get(span, "spanId", "span_id"), 8, "span_id"),  # type: ignore[arg-type]
         parent_span_id=_id_from_text(_get(span, "parentSpanId", "parent_span_id"), 8, "parent_span_id",
@@ -398,12 +459,17 @@ def _json_span(span: dict[str, Any], resource: dict[str, Any], scope: dict[str, 
         start_ns=_time(_get(span, "startTimeUnixNano", "start_time_unix_nano"), "startTimeUnixNano"),
         end_ns=_time(_get(span, "endTimeUnixNano", "end_time_unix_nano"), "endTimeUnixNano"),
         status_code=code if isinstance(code, int) else 0, status_message=str(status.get("message") or ""),
-        attributes=_json_attrs(span.get("attributes") or []), events=events, links=links,
+        attributes=_json_attrs(raw_attributes), events=events, links=links,
         resource=resource, scope_name=str(scope.get("name") or ""), scope_version=str(scope.get("version") or ""),
     )
+    return _limited(record, limits, cut)
 
 
-def _decode_json(payload: bytes | str) -> DecodedRequest:
+def _decode_json(payload: bytes | str, limits: SpanLimits = DEFAULT_LIMITS) -> DecodedRequest:
+    raw = payload.encode() if isinstance(payload, str) else payload
+    if raw.count(b"{") + raw.count(b"[") > limits.max_json_objects:  # each costs ~100 bytes once parsed
+        raise OTLPDecodeError(f"the body holds more than {limits.max_json_objects} JSON objects and arrays; "
+                              "send smaller batches")
     try:
         body = json.loads(payload)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
@@ -442,7 +508,7 @@ def _decode_json(payload: bytes | str) -> DecodedRequest:
                     out.problems.append(SpanProblem(path, "must be an object"))
                     continue
                 try:
-                    out.spans.append(_json_span(span, resource, scope if isinstance(scope, dict) else {}))
+                    _keep(out, *_json_span(span, resource, scope if isinstance(scope, dict) else {}, limits))
                 except (_InvalidSpan, TypeError, AttributeError, OverflowError, RecursionError) as exc:
                     where = _where(path, str(_get(span, "traceId", "trace_id") or "")[:40],
                                    str(_get(span, "spanId", "span_id") or "")[:40])

@@ -92,7 +92,8 @@ class ConversationAssembler:
         quiet = self.settings.conversations.quiet_period_s
         now = time.monotonic()
         done = 0
-        for conversation_id, traces in groups.items():
+        # conversations an end marker closed go first: a backlog of quiet ones must not hold them up
+        for conversation_id, traces in sorted(groups.items(), key=lambda item: not (set(item[1]) & ended)):
             if not force and not (set(traces) & ended) and now - max(seen[t] for t in traces) < quiet:
                 continue
             try:
@@ -127,6 +128,15 @@ class ConversationAssembler:
             # another conversation: keep only the traces whose own conversation this is
             owners = self._trace_keys(candidates)
             traces = [t for t in candidates if owners.get(t, t) == conversation_id]
+        limit = self.settings.conversations.max_spans
+        [(count,)] = self.con.execute("SELECT count(*) FROM spans WHERE trace_id IN (SELECT unnest(?))",
+                                      [traces]).fetchall()
+        if count > limit:  # bounded by design: one huge conversation must not take the server's memory
+            self.log.warning("conversation too large to assemble", conversation_id=conversation_id, spans=count,
+                             max_spans=limit, advice="raise [conversations] max_spans if it is a real conversation")
+            self.con.execute("INSERT OR REPLACE INTO assembled_traces SELECT unnest(?), ?, now()",
+                             [traces, conversation_id])
+            return
         rows = self.con.execute(
             "SELECT trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, status_code, status_message, "
             "scope_name, scope_version, attributes, resource_attributes, events, links, received_at FROM spans "

@@ -9,6 +9,8 @@ appends as they are. With `workers = 0` decoding runs in the receiver's own proc
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import gc
 import multiprocessing
 import os
@@ -23,10 +25,12 @@ from typing import Literal
 import pyarrow as pa
 
 from collector.receivers.span_rows import spans_to_arrow
-from mapping.otlp import SpanProblem, decode_otlp
+from mapping.otlp import DEFAULT_LIMITS, SpanLimits, SpanProblem, decode_otlp
 from mapping.otlp_logs import decode_otlp_logs
 from mapping.redaction import Redactor
 from scoring.errors import TracejudgeError
+
+MAX_TASKS_PER_WORKER = 5000
 
 
 class DecoderUnavailable(TracejudgeError):
@@ -46,6 +50,7 @@ class DecodedBatch:
     table: pa.Table
     spans: int
     problems: list[SpanProblem]
+    truncated: int = 0  # spans stored with attributes, events or values cut to the span limits
 
 
 def _to_ipc(table: pa.Table) -> bytes:
@@ -59,22 +64,34 @@ def _from_ipc(data: bytes) -> pa.Table:
     return pa.ipc.open_stream(data).read_all()
 
 
-Signal = Literal["traces", "logs"]
-_DECODERS = {"traces": decode_otlp, "logs": decode_otlp_logs}  # logs: GenAI events as carrier spans
+Signal = Literal["traces", "logs"]  # logs: GenAI events, stored as carrier spans
+BIG_REQUEST = 4 * 1024 * 1024  # after one this large, a worker hands its freed memory back to the system
 
 
-def _decode_to_arrow(payload: bytes, content_type: str, redactor: Redactor | None,
-                     signal: Signal = "traces") -> tuple[pa.Table, list[SpanProblem]]:
-    decoded = _DECODERS[signal](payload, content_type)
+def _decode_to_arrow(payload: bytes, content_type: str, redactor: Redactor | None, signal: Signal = "traces",
+                     limits: SpanLimits = DEFAULT_LIMITS) -> tuple[pa.Table, list[SpanProblem], int]:
+    decoded = decode_otlp(payload, content_type, limits) if signal == "traces" else \
+        decode_otlp_logs(payload, content_type)
     spans = redactor.spans(decoded.spans) if redactor is not None else decoded.spans
-    return spans_to_arrow(spans, datetime.now(UTC)), decoded.problems
+    return spans_to_arrow(spans, datetime.now(UTC)), decoded.problems, decoded.truncated
 
 
-def decode_request(payload: bytes, content_type: str, redactor: Redactor | None = None,
-                   signal: Signal = "traces") -> tuple[bytes, int, list[SpanProblem]]:
+def decode_request(payload: bytes, content_type: str, redactor: Redactor | None = None, signal: Signal = "traces",
+                   limits: SpanLimits = DEFAULT_LIMITS) -> tuple[bytes, int, list[SpanProblem], int]:
     """Run in a worker: OTLPDecodeError propagates to the caller as itself."""
-    table, problems = _decode_to_arrow(payload, content_type, redactor, signal)
-    return _to_ipc(table), table.num_rows, problems
+    try:
+        table, problems, truncated = _decode_to_arrow(payload, content_type, redactor, signal, limits)
+        return _to_ipc(table), table.num_rows, problems, truncated
+    finally:
+        if len(payload) >= BIG_REQUEST:
+            _give_memory_back()
+
+
+def _give_memory_back() -> None:
+    """A large request leaves the worker's heap large; collect and ask glibc to return the free pages."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _exit_with_parent(parent: BaseProcess) -> None:
@@ -97,34 +114,36 @@ def _worker_init() -> None:
 
 
 class DecodePool:
-    def __init__(self, workers: int, redactor: Redactor | None = None) -> None:
+    def __init__(self, workers: int, redactor: Redactor | None = None, limits: SpanLimits = DEFAULT_LIMITS) -> None:
         self.workers = workers
         self.redactor = redactor
+        self.limits = limits
         self._executor: Executor | None = None
         self.restarts = 0
 
     def start(self) -> None:
         if self.workers > 0:
+            # a worker is replaced after this many requests, so memory a hostile request left behind is returned
             self._executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                                 initializer=_worker_init)
+                                                 initializer=_worker_init, max_tasks_per_child=MAX_TASKS_PER_WORKER)
             for future in [self._executor.submit(_ready) for _ in range(self.workers)]:
                 future.result()  # start every worker now, not on the first export
 
     async def decode(self, payload: bytes, content_type: str, signal: Signal = "traces") -> DecodedBatch:
         """The request's spans; OTLPDecodeError for a bad request, DecoderUnavailable when a worker died."""
         if self._executor is None:
-            table, problems = _decode_to_arrow(payload, content_type, self.redactor, signal)
-            return DecodedBatch(table, table.num_rows, problems)
+            table, problems, truncated = _decode_to_arrow(payload, content_type, self.redactor, signal, self.limits)
+            return DecodedBatch(table, table.num_rows, problems, truncated)
         loop = asyncio.get_running_loop()
         executor = self._executor
         try:
-            data, rows, problems = await loop.run_in_executor(executor, decode_request, payload, content_type,
-                                                             self.redactor, signal)
+            data, rows, problems, truncated = await loop.run_in_executor(
+                executor, decode_request, payload, content_type, self.redactor, signal, self.limits)
         except BrokenProcessPool as exc:
             if self._executor is executor:  # the first to notice replaces the pool; the export is retried
                 await asyncio.to_thread(self._replace, executor)
             raise DecoderUnavailable("a decode worker stopped (out of memory?); it was restarted, retry") from exc
-        return DecodedBatch(_from_ipc(data), rows, problems)
+        return DecodedBatch(_from_ipc(data), rows, problems, truncated)
 
     def _replace(self, broken: Executor) -> None:
         broken.shutdown(wait=False, cancel_futures=True)

@@ -117,13 +117,16 @@ class Ingest:
         except StoreError as exc:
             self.metrics.spans_rejected.labels("store_error").inc(received)
             return Outcome(Answer.UNAVAILABLE, message=str(exc), retry_after_s=self.store.retry_after_s)
+        cut = (f"{decoded.truncated} span(s) stored with attributes, events, links or values cut to the span "
+               "limits ([limits] in tracejudge.toml, OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT ...)") if decoded.truncated else ""
         if not decoded.problems:
-            return Outcome(Answer.OK, accepted=accepted)
+            return Outcome(Answer.OK, accepted=accepted, message=cut)
         self.metrics.spans_rejected.labels("invalid_span").inc(len(decoded.problems))
         named = "; ".join(str(p) for p in decoded.problems[:MAX_PROBLEMS_NAMED])
         more = len(decoded.problems) - MAX_PROBLEMS_NAMED
         what = "span(s)" if signal == "traces" else "log record(s)"
         message = f"{len(decoded.problems)} invalid {what} rejected: {named}" + (f"; and {more} more" if more > 0
                                                                                   else "")
+        message = f"{message}; {cut}" if cut else message
         return Outcome(Answer.OK, accepted=accepted, rejected=len(decoded.problems),
                        message=message[:MAX_MESSAGE_CHARS])

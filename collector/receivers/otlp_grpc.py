@@ -108,14 +108,14 @@ class GrpcReceiver:
 
     async def _export(self, request: bytes, context: grpc.aio.ServicerContext) -> ExportTraceServiceResponse:
         outcome = await self._outcome(request, context, "traces")
-        if outcome.rejected:
+        if outcome.rejected or outcome.message:
             return ExportTraceServiceResponse(partial_success=ExportTracePartialSuccess(
                 rejected_spans=outcome.rejected, error_message=outcome.message))
         return ExportTraceServiceResponse()
 
     async def _export_logs(self, request: bytes, context: grpc.aio.ServicerContext) -> ExportLogsServiceResponse:
         outcome = await self._outcome(request, context, "logs")
-        if outcome.rejected:
+        if outcome.rejected or outcome.message:
             return ExportLogsServiceResponse(partial_success=ExportLogsPartialSuccess(
                 rejected_log_records=outcome.rejected, error_message=outcome.message))
         return ExportLogsServiceResponse()

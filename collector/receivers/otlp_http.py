@@ -192,18 +192,18 @@ class HttpReceiver:
             response: ExportTraceServiceResponse | ExportLogsServiceResponse
             if signal == "logs":
                 response = ExportLogsServiceResponse()
-                if outcome.rejected:
+                if outcome.rejected or outcome.message:
                     response.partial_success.CopyFrom(ExportLogsPartialSuccess(
                         rejected_log_records=outcome.rejected, error_message=outcome.message))
             else:
                 response = ExportTraceServiceResponse()
-                if outcome.rejected:
+                if outcome.rejected or outcome.message:
                     response.partial_success.CopyFrom(ExportTracePartialSuccess(
                         rejected_spans=outcome.rejected, error_message=outcome.message))
             if reply_type == PROTOBUF:
                 return web.Response(status=200, body=response.SerializeToString(), content_type=PROTOBUF)
             body: dict = {}
-            if outcome.rejected:
+            if outcome.rejected or outcome.message:
                 rejected = "rejectedLogRecords" if signal == "logs" else "rejectedSpans"
                 body["partialSuccess"] = {rejected: str(outcome.rejected), "errorMessage": outcome.message}
             return web.Response(status=200, text=json.dumps(body), content_type=JSON)
