@@ -200,7 +200,8 @@ def test_http_status_codes_for_bad_requests(db: Path, tmp_path: Path) -> None:
 
 def test_backpressure_answers_retryable_and_the_exporter_retry_succeeds(db: Path, tmp_path: Path) -> None:
     config = tmp_path / "tracejudge.toml"
-    config.write_text("[server]\nmax_message_bytes = 67108864\n[store]\nmax_queue_spans = 60000\nmax_batch_spans = 100000\n")
+    config.write_text("[server]\nmax_message_bytes = 67108864\n"
+                      "[store]\nmax_queue_spans = 60000\nmax_batch_spans = 100000\n")
     flood = request(({}, [span(9, i, "flood", attributes={"k": "v" * 200}) for i in range(1, 60_001)]))
     small = agent_spans(1)
     with CollectorProcess(db, config=config) as collector:
