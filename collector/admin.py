@@ -1,5 +1,6 @@
-"""Admin HTTP API on port 4319: liveness, readiness, Prometheus metrics, read-only SQL (`/api/query`), the
-HTML score report (`/report?since=7d`) and re-queueing waiting and failed jobs (`/api/score-pending`)."""
+"""Admin HTTP API on port 4319: the web UI (`/`), liveness, readiness, Prometheus metrics, read-only SQL
+(`/api/query`), the HTML score report (`/report?since=7d`) and re-queueing waiting and failed jobs
+(`/api/score-pending`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from collector.metrics import CollectorMetrics
 from collector.receivers.http_guard import GuardedSite
 from collector.receivers.ingest import bearer_matches
 from collector.store.span_store import SpanStore
+from collector.ui.routes import WebUI
 from scoring.stage import ScoringStage
 
 MAX_QUERIES = 4  # queries and reports running at once; more get 429
@@ -27,7 +29,8 @@ JOB_STATES = ("pending", "running", "done", "failed", "budget", "waiting_for_jud
 
 class AdminServer:
     def __init__(self, host: str, port: int, store: SpanStore, metrics: CollectorMetrics,
-                 query_token: str | None, *, max_connections: int = 256, header_timeout_s: float = 10.0) -> None:
+                 query_token: str | None, *, max_connections: int = 256, header_timeout_s: float = 10.0,
+                 budget_usd: float | None = None, trace_url: str | None = None) -> None:
         self.host, self.requested_port = host, port
         self.store, self.metrics = store, metrics
         self.stage: ScoringStage | None = None
@@ -42,6 +45,7 @@ class AdminServer:
         self.app.router.add_post("/api/query", self._query)
         self.app.router.add_get("/report", self._report)
         self.app.router.add_post("/api/score-pending", self._score_pending)
+        WebUI(self._cursor, self._queries, query_token, budget_usd=budget_usd, trace_url=trace_url).register(self.app)
         self._runner: web.AppRunner | None = None
         self._site: GuardedSite | None = None
         self._limits = (max_connections, header_timeout_s)

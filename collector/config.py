@@ -114,7 +114,8 @@ class LimitsSettings(_Section):
     """OpenTelemetry's span limits, applied as spans are decoded; what is cut is reported to the exporter."""
 
     attribute_count: int = Field(4096, ge=1, description="attributes kept per span (and per link)")
-    attribute_value_length: int = Field(1024 * 1024, ge=1, description="characters kept of a string attribute")
+    attribute_value_length: int = Field(16 * 1024 * 1024, ge=1, description="characters kept of a string "
+                                        "attribute (message attributes hold whole histories: keep it large)")
     event_count: int = Field(1024, ge=0, description="events kept per span")
     link_count: int = Field(1024, ge=0, description="links kept per span")
     event_attribute_count: int = Field(1024, ge=0, description="attributes kept per event")
@@ -247,6 +248,11 @@ class LakeSettings(_Section):
         return LakeConfig(self.catalog, self.data_path, self.replica or "")
 
 
+class UISettings(_Section):
+    trace_url: str | None = Field(None, description="link from a conversation to your tracing backend, with "
+                                  "{trace_id}, e.g. 'http://jaeger:16686/trace/{trace_id}'")
+
+
 class LogSettings(_Section):
     level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
     progress_s: float = Field(30.0, ge=0, description="a one-line progress log this often (spans/s, queue, jobs "
@@ -268,6 +274,7 @@ class Settings(_Section):
     scoring: ScoringSettings = Field(default_factory=ScoringSettings)
     redaction: RedactionSettings = Field(default_factory=RedactionSettings)
     lake: LakeSettings = Field(default_factory=LakeSettings)
+    ui: UISettings = Field(default_factory=UISettings)
     log: LogSettings = Field(default_factory=LogSettings)
     _config_file: Path | None = PrivateAttr(default=None)  # the tracejudge.toml these came from, if any
 
@@ -363,7 +370,7 @@ def settings_help() -> str:
                            ("limits", LimitsSettings),
                            ("sampling", SamplingSettings), ("scoring", ScoringSettings),
                            ("redaction", RedactionSettings),
-                           ("lake", LakeSettings), ("log", LogSettings)):
+                           ("lake", LakeSettings), ("ui", UISettings), ("log", LogSettings)):
         lines.append(f"[{section}]")
         for key, field in model.model_fields.items():
             env, flag = env_flags.get((section, key), (None, None))

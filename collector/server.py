@@ -60,7 +60,8 @@ class Collector:
         self.http = HttpReceiver(settings.server, ingest)
         self.admin = AdminServer(settings.server.admin_host, settings.server.admin_port, self.store, self.metrics,
                                  settings.server.query_token, max_connections=settings.server.max_connections,
-                                 header_timeout_s=settings.server.header_timeout_s)
+                                 header_timeout_s=settings.server.header_timeout_s,
+                                 budget_usd=settings.scoring.daily_budget_usd, trace_url=settings.ui.trace_url)
         self.stage: ScoringStage | None = None
         self.assembler: ConversationAssembler | None = None
         self._stop_pipeline = asyncio.Event()

@@ -56,7 +56,7 @@ class SpanLimits:
     gigabytes; what is cut is counted (`DecodedRequest.truncated`) and reported to the exporter."""
 
     attribute_count: int = 4096
-    attribute_value_length: int = 1024 * 1024
+    attribute_value_length: int = 16 * 1024 * 1024  # GenAI message attributes hold whole histories
     event_count: int = 1024
     link_count: int = 1024
     event_attribute_count: int = 1024

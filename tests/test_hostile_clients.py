@@ -154,7 +154,9 @@ def test_oversized_spans_are_cut_to_the_limits_and_the_exporter_is_told(tmp_path
                start_time_unix_nano=1, end_time_unix_nano=2)
     body = ExportTraceServiceRequest(resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=[big])])])
     empties = b'{"resourceSpans": [' + b"{}," * (4 * MiB) + b"{}]}"
-    with CollectorProcess(tmp_path / "t.duckdb") as collector:
+    # the value-length limit from OpenTelemetry's own variable (the default, 16 MiB, keeps long histories whole)
+    with CollectorProcess(tmp_path / "t.duckdb", env={"OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT": "1048576"}) \
+            as collector:
         reply = httpx.post(collector.http_url, content=body.SerializeToString(),
                            headers={"Content-Type": "application/x-protobuf"}, timeout=60)
         assert reply.status_code == 200

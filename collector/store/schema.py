@@ -30,7 +30,52 @@ def history_views(scores: str, partition: str, temporary: bool = False) -> str:
     """
 
 
-SCHEMA_VERSION = 3
+# One row per MCP call of the latest version of each conversation, with the server that advertises it and
+# what mcp_call_validity found wrong with it (its latest score's breakdown), for "which tool fails" queries.
+MCP_CALLS_VIEW = """
+CREATE OR REPLACE VIEW mcp_calls AS
+WITH latest AS (
+    SELECT * FROM conversations
+    QUALIFY row_number() OVER (PARTITION BY conversation_id ORDER BY version DESC) = 1),
+turns AS (
+    SELECT l.conversation_id, l.version, l.service_name, l.agent_name, l.assembled_at, l.test_case,
+           t.key::INTEGER AS turn, t.value AS turn_json,
+           sum(CASE WHEN t.value->>'role' = 'user' THEN 1 ELSE 0 END)
+               OVER (PARTITION BY l.conversation_id ORDER BY t.key::INTEGER) - 1 AS task
+    FROM latest l, json_each(l.test_case, '$.turns') t),
+calls AS (
+    SELECT tr.*, k.kind, c.key::INTEGER AS call_index, c.value AS call
+    FROM turns tr,
+         (VALUES ('tool', 'mcp_tools_called'), ('resource', 'mcp_resources_called'),
+                 ('prompt', 'mcp_prompts_called')) k(kind, field),
+         json_each(tr.turn_json, '$.' || k.field) c),
+servers AS (
+    SELECT l.conversation_id, s.value->>'server_name' AS server, tool.value->>'name' AS tool
+    FROM latest l, json_each(l.test_case, '$.mcp_servers') s, json_each(s.value, '$.available_tools') tool),
+validity AS (
+    SELECT v.conversation_id, (c.value->>'turn')::INTEGER AS turn, c.value->>'kind' AS kind,
+           c.value->>'name' AS name, c.value->'violations' AS violations,
+           row_number() OVER (PARTITION BY v.conversation_id, c.value->>'turn', c.value->>'kind', c.value->>'name'
+                              ORDER BY c.key::INTEGER) - 1 AS nth
+    FROM latest_scores v, json_each(v.breakdown, '$.calls') c
+    WHERE v.metric = 'mcp_call_validity'),
+numbered AS (
+    SELECT calls.*, coalesce(call->>'name', call->>'uri') AS name,
+           row_number() OVER (PARTITION BY conversation_id, turn, kind, coalesce(call->>'name', call->>'uri')
+                              ORDER BY call_index) - 1 AS nth
+    FROM calls)
+SELECT n.conversation_id, n.version AS conversation_version, n.turn, n.task, n.call_index, n.kind,
+       (SELECT min(s.server) FROM servers s WHERE s.conversation_id = n.conversation_id AND s.tool = n.name
+                                              AND n.kind = 'tool') AS server,
+       n.name, n.call->'args' AS arguments,
+       coalesce(TRY_CAST(n.call->'result'->>'isError' AS BOOLEAN), false) AS is_error,
+       v.violations, NULL::DOUBLE AS duration_ms, n.service_name, n.agent_name, n.assembled_at
+FROM numbered n
+LEFT JOIN validity v ON v.conversation_id = n.conversation_id AND v.turn = n.turn AND v.kind = n.kind
+                    AND v.name = n.name AND v.nth = n.nth;
+"""
+
+SCHEMA_VERSION = 4
 MIGRATIONS: dict[int, str] = {
     1: """
     CREATE TABLE IF NOT EXISTS spans (
@@ -128,6 +173,7 @@ MIGRATIONS: dict[int, str] = {
         assembled_at TIMESTAMPTZ NOT NULL
     );
     """,
+    4: MCP_CALLS_VIEW,
 }
 
 

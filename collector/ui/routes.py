@@ -1,0 +1,180 @@
+"""The web UI on the admin port: overview, conversations, one conversation, MCP tools, and the login that
+guards them when a query token is set.
+
+Pages are Jinja2 templates with autoescaping (everything from a conversation is escaped); each response has a
+Content-Security-Policy that loads nothing from elsewhere and runs only the page's own script, by nonce. The
+script only refreshes the page's main content when the data changed; every page works without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import hashlib
+import hmac
+import json
+import secrets
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import duckdb
+import jinja2
+from aiohttp import web
+
+from collector.receivers.ingest import bearer_matches
+from collector.ui import views
+from collector.ui.charts import trend_chart
+
+COOKIE = "tracejudge_session"
+Cursor = Callable[[], duckdb.DuckDBPyConnection]
+
+
+def csp(nonce: str) -> str:
+    return ("default-src 'none'; img-src 'self' data:; connect-src 'self'; form-action 'self'; "
+            f"style-src 'nonce-{nonce}'; script-src 'nonce-{nonce}'; base-uri 'none'; frame-ancestors 'none'")
+
+
+class WebUI:
+    def __init__(self, cursor: Cursor, executor: Executor, query_token: str | None, *,
+                 budget_usd: float | None = None, trace_url: str | None = None) -> None:
+        self.cursor, self.executor = cursor, executor
+        self._token = query_token.encode() if query_token else None
+        self._session_key = secrets.token_bytes(32)  # a restart signs everyone out
+        self.budget_usd, self.trace_url = budget_usd, trace_url
+        self.env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+                                      autoescape=jinja2.select_autoescape(default=True, default_for_string=True),
+                                      undefined=jinja2.StrictUndefined)
+        self.env.globals.update(url=self._url, pct=_pct, num=_num, when=_when)
+
+    def register(self, app: web.Application) -> None:
+        app.router.add_get("/", self._guard(self.overview))
+        app.router.add_get("/conversations", self._guard(self.conversation_list))
+        app.router.add_get("/conversations/{conversation_id}", self._guard(self.conversation))
+        app.router.add_get("/tools", self._guard(self.tools))
+        app.router.add_get("/ui/changes", self._guard(self.changes))
+        app.router.add_get("/login", self.login_form)
+        app.router.add_post("/login", self.login)
+        app.router.add_post("/logout", self.logout)
+
+    # --- access ---------------------------------------------------------------------------------------
+
+    def _session(self) -> str:
+        assert self._token is not None
+        return hmac.new(self._session_key, self._token, hashlib.sha256).hexdigest()
+
+    def allowed(self, request: web.Request) -> bool:
+        """No token: everyone (the admin port is on loopback unless a token is set). Else the session cookie
+        the login set, or the token as a bearer header."""
+        if self._token is None:
+            return True
+        cookie = request.cookies.get(COOKIE, "")
+        return hmac.compare_digest(cookie.encode(), self._session().encode()) or \
+            (bool(request.headers.get("Authorization")) and bearer_matches(request.headers["Authorization"],
+                                                                             self._token))
+
+    def _guard(self, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+               ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def guarded(request: web.Request) -> web.StreamResponse:
+            if not self.allowed(request):
+                if request.path.startswith("/ui/"):
+                    return web.json_response({"error": "sign in first"}, status=401)
+                raise web.HTTPSeeOther(f"/login?{urlencode({'next': request.path_qs})}")
+            return await handler(request)
+        return guarded
+
+    async def login_form(self, request: web.Request) -> web.StreamResponse:
+        return self._render("login.html", next=_safe_next(request.query.get("next", "/")), failed=False,
+                            status=200)
+
+    async def login(self, request: web.Request) -> web.StreamResponse:
+        form = await request.post()
+        target = _safe_next(str(form.get("next", "/")))
+        if self._token is None:
+            raise web.HTTPSeeOther(target)
+        if not bearer_matches(f"Bearer {form.get('token', '')}", self._token):
+            return self._render("login.html", next=target, failed=True, status=401)
+        response = web.HTTPSeeOther(target)
+        response.set_cookie(COOKIE, self._session(), httponly=True, samesite="Strict", path="/",
+                            secure=request.secure)
+        raise response
+
+    async def logout(self, request: web.Request) -> web.StreamResponse:
+        response = web.HTTPSeeOther("/login")
+        response.del_cookie(COOKIE, path="/")
+        raise response
+
+    # --- pages ----------------------------------------------------------------------------------------
+
+    async def _data(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, self.cursor(), *args)
+
+    async def overview(self, request: web.Request) -> web.StreamResponse:
+        window = request.query.get("window", "7d")
+        window = window if window in views.WINDOWS else "7d"
+        split = request.query.get("split", "")
+        data: views.Overview = await self._data(views.overview, window, split, self.budget_usd)
+        end = dt.datetime.now(dt.UTC)
+        start = views.window_start(window)
+        charts = [(t, trend_chart(t.points, start, end)) for t in data.trends]
+        return self._render("overview.html", data=data, charts=charts, windows=views.WINDOWS, page="overview")
+
+    async def conversation_list(self, request: web.Request) -> web.StreamResponse:
+        f = views.ConversationFilter.from_query(request.query)
+        data: views.ConversationPage = await self._data(views.conversations, f)
+        return self._render("conversations.html", data=data, f=f, windows=views.WINDOWS, page="conversations")
+
+    async def conversation(self, request: web.Request) -> web.StreamResponse:
+        version = request.query.get("version", "")
+        data = await self._data(views.conversation, request.match_info["conversation_id"],
+                                int(version) if version.isdigit() else None, self.trace_url)
+        if data is None:
+            return self._render("missing.html", conversation_id=request.match_info["conversation_id"],
+                                page="conversations", status=404)
+        return self._render("conversation.html", c=data, page="conversations")
+
+    async def tools(self, request: web.Request) -> web.StreamResponse:
+        window = request.query.get("window", "7d")
+        window = window if window in views.WINDOWS else "7d"
+        rows = await self._data(views.tools, window)
+        return self._render("tools.html", rows=rows, window=window, windows=views.WINDOWS, page="tools")
+
+    async def changes(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response({"token": await self._data(views.change_token)})
+
+    def _render(self, template: str, status: int = 200, **context: Any) -> web.Response:
+        nonce = secrets.token_urlsafe(16)
+        page = self.env.get_template(template).render(nonce=nonce, signed_in=self._token is not None, **context)
+        return web.Response(text=page, status=status, content_type="text/html", charset="utf-8",
+                            headers={"Content-Security-Policy": csp(nonce), "X-Content-Type-Options": "nosniff",
+                                     "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"})
+
+    @staticmethod
+    def _url(path: str, params: dict[str, Any] | None = None) -> str:
+        query = urlencode({k: v for k, v in (params or {}).items() if v not in ("", None)})
+        return f"{path}?{query}" if query else path
+
+
+def _safe_next(target: str) -> str:
+    """Only a path on this server (no `//host` or scheme): the login cannot send a user elsewhere."""
+    return target if target.startswith("/") and not target.startswith("//") else "/"
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{value * 100:.0f}%"
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _when(value: Any) -> str:
+    if isinstance(value, dt.datetime):
+        return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return "–" if value is None else str(value)
+
+
+def pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False)

@@ -1,0 +1,280 @@
+"""What each page of the web UI shows, read from the database: plain data, no HTML (the templates render it).
+
+Every query is parameterized, and every filter a user can set is a field of `ConversationFilter`, read from
+and written back to the URL so a view can be shared.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import duckdb
+
+from collector.durations import DurationError, parse_duration
+
+WINDOWS = ("1h", "24h", "7d", "30d", "90d")
+PAGE_SIZE = 50
+SORTS = {"time": "c.assembled_at", "turns": "c.turns", "calls": "c.mcp_calls", "conversation": "c.conversation_id"}
+
+
+@dataclass
+class ConversationFilter:
+    """The conversations table's filters, sort and page, as URL query parameters."""
+
+    window: str = "7d"
+    service: str = ""
+    agent: str = ""
+    metric: str = ""
+    result: str = ""  # pass | fail (of `metric`, else of any metric)
+    min_score: str = ""
+    max_score: str = ""
+    mcp_error: str = ""  # "1": only conversations with an MCP call that returned an error
+    tool: str = ""
+    q: str = ""  # text in the turns
+    sort: str = "time"
+    order: str = "desc"
+    page: int = 1
+
+    @classmethod
+    def from_query(cls, query: Any) -> ConversationFilter:
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = query.get(f.name)
+            if raw is None:
+                continue
+            values[f.name] = max(1, int(raw)) if f.name == "page" and str(raw).isdigit() else str(raw)[:200]
+        chosen = cls(**{k: v for k, v in values.items() if not (k == "page" and not isinstance(v, int))})
+        if chosen.sort not in SORTS:
+            chosen.sort = "time"
+        chosen.order = "asc" if chosen.order == "asc" else "desc"
+        return chosen
+
+    def query(self, **changes: Any) -> dict[str, str]:
+        """The URL parameters of this filter with `changes`, defaults left out."""
+        merged = {**asdict(self), **changes}
+        defaults = asdict(ConversationFilter())
+        return {k: str(v) for k, v in merged.items() if v not in ("", None) and v != defaults[k]}
+
+
+def window_start(window: str) -> dt.datetime:
+    try:
+        seconds = parse_duration(window)
+    except DurationError:
+        seconds = parse_duration("7d")
+    return dt.datetime.now(dt.UTC) - dt.timedelta(seconds=seconds)
+
+
+def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> list[dict[str, Any]]:
+    cursor = con.execute(sql, params)
+    names = [d[0] for d in cursor.description or []]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+# --- overview -----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Trend:
+    metric: str
+    group: str
+    points: list[tuple[dt.datetime, float | None, float | None, float | None]]  # bucket, mean, p10, pass rate
+
+
+@dataclass
+class Overview:
+    window: str
+    split: str
+    received: int
+    complete: int
+    scored: int
+    metrics: list[dict[str, Any]]
+    trends: list[Trend]
+    bucket: str
+    spend: list[dict[str, Any]]
+    budget: float | None
+    jobs: dict[str, int]
+    failed: list[dict[str, Any]]
+
+
+def overview(con: duckdb.DuckDBPyConnection, window: str, split: str, budget: float | None) -> Overview:
+    since = window_start(window)
+    bucket = "hour" if dt.datetime.now(dt.UTC) - since <= dt.timedelta(days=2) else "day"
+    [(received, complete)] = con.execute(
+        "SELECT count(DISTINCT conversation_id), count(DISTINCT conversation_id) FILTER (WHERE status = 'complete') "
+        "FROM conversations WHERE assembled_at >= ?", [since]).fetchall()
+    [(scored,)] = con.execute("SELECT count(DISTINCT conversation_id) FROM latest_scores WHERE scored_at >= ? "
+                              "AND score IS NOT NULL", [since]).fetchall()
+    metrics = _rows(con, "SELECT metric, count(*) AS conversations, avg(score) AS mean, "
+                         "quantile_cont(score, 0.1) AS p10, avg(CASE WHEN success THEN 1.0 WHEN NOT success "
+                         "THEN 0.0 END) AS pass_rate FROM latest_scores WHERE scored_at >= ? AND score IS NOT NULL "
+                         "GROUP BY metric ORDER BY metric", [since])
+    group = {"service": "coalesce(service_name, '-')", "agent": "coalesce(agent_name, '-')"}.get(split, "'all'")
+    points = con.execute(
+        f"SELECT metric, {group} AS grp, date_trunc('{bucket}', timezone('UTC', scored_at)) AS bucket, "
+        "avg(score), quantile_cont(score, 0.1), avg(CASE WHEN success THEN 1.0 WHEN NOT success THEN 0.0 END) "
+        "FROM latest_scores WHERE scored_at >= ? AND score IS NOT NULL GROUP BY ALL ORDER BY 1, 2, 3",
+        [since]).fetchall()
+    trends: dict[tuple[str, str], Trend] = {}
+    for metric, grp, at, mean, p10, rate in points:
+        trends.setdefault((metric, grp), Trend(metric, grp, [])).points.append((at, mean, p10, rate))
+    spend = _rows(con, "SELECT CAST(timezone('UTC', scored_at) AS DATE) AS day, sum(evaluation_cost) AS cost "
+                       "FROM scores WHERE scored_at >= ? GROUP BY 1 ORDER BY 1", [since])
+    jobs = dict(con.execute("SELECT status, count(*) FROM eval_jobs GROUP BY 1 ORDER BY 1").fetchall())
+    failed = _rows(con, "SELECT conversation_id, metric, attempts, last_error, updated_at FROM eval_jobs "
+                        "WHERE status = 'failed' ORDER BY updated_at DESC LIMIT 10", [])
+    return Overview(window, split, received, complete, scored, metrics, list(trends.values()), bucket, spend,
+                    budget, jobs, failed)
+
+
+# --- conversations ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class ConversationPage:
+    filter: ConversationFilter
+    rows: list[dict[str, Any]]
+    total: int
+    metrics: list[str]
+    services: list[str]
+    agents: list[str]
+
+    @property
+    def pages(self) -> int:
+        return max(1, -(-self.total // PAGE_SIZE))
+
+
+def conversations(con: duckdb.DuckDBPyConnection, f: ConversationFilter) -> ConversationPage:
+    where = ["c.assembled_at >= ?"]
+    params: list[Any] = [window_start(f.window)]
+    if f.service:
+        where.append("c.service_name = ?")
+        params.append(f.service)
+    if f.agent:
+        where.append("c.agent_name = ?")
+        params.append(f.agent)
+    if f.q:
+        where.append("contains(lower(CAST(c.test_case AS VARCHAR)), lower(?))")
+        params.append(f.q)
+    if f.mcp_error == "1":
+        where.append("c.conversation_id IN (SELECT conversation_id FROM mcp_calls WHERE is_error)")
+    if f.tool:
+        where.append("c.conversation_id IN (SELECT conversation_id FROM mcp_calls WHERE name = ?)")
+        params.append(f.tool)
+    score_filter = []
+    if f.metric:
+        score_filter.append("s.metric = ?")
+        params.append(f.metric)
+    if f.result in ("pass", "fail"):
+        score_filter.append("s.success = " + ("true" if f.result == "pass" else "false"))
+    for bound, op in ((f.min_score, ">="), (f.max_score, "<=")):
+        try:
+            value = float(bound)
+        except ValueError:
+            continue
+        score_filter.append(f"s.score {op} ?")
+        params.append(value)
+    if score_filter:
+        where.append("c.conversation_id IN (SELECT s.conversation_id FROM latest_scores s WHERE "
+                     + " AND ".join(score_filter) + ")")
+    base = ("FROM conversations c WHERE " + " AND ".join(where)
+            + " QUALIFY row_number() OVER (PARTITION BY c.conversation_id ORDER BY c.version DESC) = 1")
+    [(total,)] = con.execute(f"SELECT count(*) FROM (SELECT c.conversation_id {base})", params).fetchall()
+    order = f"{SORTS[f.sort]} {'ASC' if f.order == 'asc' else 'DESC'} NULLS LAST, c.conversation_id"
+    rows = _rows(con, "SELECT c.conversation_id, c.version, c.service_name, c.agent_name, c.turns, c.mcp_calls, "
+                      f"c.assembled_at {base} ORDER BY {order} LIMIT ? OFFSET ?",
+                 [*params, PAGE_SIZE, (f.page - 1) * PAGE_SIZE])
+    ids = [r["conversation_id"] for r in rows]
+    scores = con.execute("SELECT conversation_id, metric, score, success FROM latest_scores "
+                         "WHERE conversation_id IN (SELECT unnest(?))", [ids]).fetchall() if ids else []
+    by_id: dict[str, dict[str, tuple[float | None, bool | None]]] = {}
+    for cid, metric, score, success in scores:
+        by_id.setdefault(cid, {})[metric] = (score, success)
+    errors = {cid for (cid,) in con.execute(
+        "SELECT DISTINCT conversation_id FROM mcp_calls WHERE is_error AND conversation_id IN (SELECT unnest(?))",
+        [ids]).fetchall()} if ids else set()
+    for row in rows:
+        row["scores"] = by_id.get(row["conversation_id"], {})
+        row["mcp_error"] = row["conversation_id"] in errors
+    metrics = [m for (m,) in con.execute("SELECT DISTINCT metric FROM scores ORDER BY 1").fetchall()]
+    services = [s for (s,) in con.execute("SELECT DISTINCT service_name FROM conversations "
+                                          "WHERE service_name IS NOT NULL ORDER BY 1 LIMIT 200").fetchall()]
+    agents = [a for (a,) in con.execute("SELECT DISTINCT agent_name FROM conversations "
+                                        "WHERE agent_name IS NOT NULL ORDER BY 1 LIMIT 200").fetchall()]
+    return ConversationPage(f, rows, total, metrics, services, agents)
+
+
+# --- one conversation -------------------------------------------------------------------------------------
+
+
+@dataclass
+class ConversationView:
+    conversation_id: str
+    version: int
+    versions: list[dict[str, Any]]
+    test_case: dict[str, Any]
+    trace_ids: list[str]
+    service_name: str | None
+    agent_name: str | None
+    scores: list[dict[str, Any]]
+    violations: dict[tuple[int, str, str], list[str]] = field(default_factory=dict)  # (turn, kind, name)
+    trace_url: str | None = None
+
+    @property
+    def test_case_json(self) -> str:
+        return json.dumps(self.test_case, indent=2, ensure_ascii=False)
+
+
+def conversation(con: duckdb.DuckDBPyConnection, conversation_id: str, version: int | None,
+                 trace_url: str | None) -> ConversationView | None:
+    versions = _rows(con, "SELECT version, content_hash, turns, mcp_calls, assembled_at FROM conversations "
+                          "WHERE conversation_id = ? ORDER BY version", [conversation_id])
+    if not versions:
+        return None
+    chosen = version if version in {v["version"] for v in versions} else versions[-1]["version"]
+    [(test_case, trace_ids, service, agent)] = con.execute(
+        "SELECT test_case, trace_ids, service_name, agent_name FROM conversations WHERE conversation_id = ? "
+        "AND version = ?", [conversation_id, chosen]).fetchall()
+    for previous, current in zip(versions, versions[1:], strict=False):
+        changes = []
+        if current["turns"] != previous["turns"]:
+            changes.append(f"turns {previous['turns']} → {current['turns']}")
+        if current["mcp_calls"] != previous["mcp_calls"]:
+            changes.append(f"MCP calls {previous['mcp_calls']} → {current['mcp_calls']}")
+        current["changed"] = ", ".join(changes) or "content of a turn or call"
+    scores = _rows(con, "SELECT metric, eval_mode, score, success, threshold, reason, confidence, judge_model, "
+                        "system_one_model, evaluation_cost, breakdown, fallback_reason, error, scored_at FROM scores "
+                        "WHERE conversation_id = ? AND conversation_version = ? ORDER BY metric, scored_at DESC",
+                   [conversation_id, chosen])
+    violations: dict[tuple[int, str, str], list[str]] = {}
+    for score in scores:
+        breakdown = json.loads(score["breakdown"]) if isinstance(score["breakdown"], str) else score["breakdown"]
+        score["breakdown"] = breakdown or {}
+        if score["metric"] == "mcp_call_validity":
+            for call in score["breakdown"].get("calls", []):
+                if call.get("violations"):
+                    violations.setdefault((call["turn"], call["kind"], call["name"]), []).extend(call["violations"])
+    return ConversationView(conversation_id, chosen, versions, json.loads(test_case), list(trace_ids or []),
+                            service, agent, scores, violations, trace_url)
+
+
+# --- MCP servers and tools --------------------------------------------------------------------------------
+
+
+def tools(con: duckdb.DuckDBPyConnection, window: str) -> list[dict[str, Any]]:
+    return _rows(con, "SELECT coalesce(server, '-') AS server, kind, name, count(*) AS calls, "
+                      "avg(CASE WHEN is_error THEN 1.0 ELSE 0.0 END) AS error_rate, "
+                      "avg(CASE WHEN contains(CAST(violations AS VARCHAR), 'inputSchema') THEN 1.0 ELSE 0.0 END) "
+                      "AS invalid_rate, count(DISTINCT conversation_id) AS conversations "
+                      "FROM mcp_calls WHERE assembled_at >= ? GROUP BY ALL ORDER BY calls DESC, name LIMIT 500",
+                 [window_start(window)])
+
+
+def change_token(con: duckdb.DuckDBPyConnection) -> str:
+    """Changes whenever a conversation or score is written: the live pages poll it."""
+    [(conversations_at, scores_at, jobs)] = con.execute(
+        "SELECT (SELECT max(assembled_at) FROM conversations), (SELECT max(scored_at) FROM scores), "
+        "(SELECT count(*) FROM eval_jobs WHERE status IN ('pending', 'running'))").fetchall()
+    return f"{conversations_at}|{scores_at}|{jobs}"
