@@ -35,6 +35,7 @@ from scoring.test_case import (
 )
 
 DEFAULT_SERVER = "mcp"
+SERVER_KIND = 2  # OTLP SpanKind SERVER
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,8 @@ class _Trace:
         outer = self.outermost_runs()
         runs = [f for f in all_facts if outer.get(f.span.span_id) is f]
         if not runs:  # no agent span: the whole trace is one run
+            if all(f.span.kind == SERVER_KIND for f in all_facts) and not any(f.llm for f in all_facts):
+                return []  # an MCP server's own trace: its calls' client side (the conversation) is elsewhere
             root = next((f for f in all_facts if self.parent(f) is None), all_facts[0])
             return [self._draft(root, AgentRun(), all_facts)]
         members: dict[str, list[_Facts]] = {r.span.span_id: [] for r in runs}

@@ -86,7 +86,7 @@ class WebUI:
         return guarded
 
     async def login_form(self, request: web.Request) -> web.StreamResponse:
-        return self._render("login.html", next=_safe_next(request.query.get("next", "/")), failed=False,
+        return self._render(request, "login.html", next=_safe_next(request.query.get("next", "/")), failed=False,
                             status=200)
 
     async def login(self, request: web.Request) -> web.StreamResponse:
@@ -95,7 +95,7 @@ class WebUI:
         if self._token is None:
             raise web.HTTPSeeOther(target)
         if not bearer_matches(f"Bearer {form.get('token', '')}", self._token):
-            return self._render("login.html", next=target, failed=True, status=401)
+            return self._render(request, "login.html", next=target, failed=True, status=200)
         response = web.HTTPSeeOther(target)
         response.set_cookie(COOKIE, self._session(), httponly=True, samesite="Strict", path="/",
                             secure=request.secure)
@@ -119,34 +119,37 @@ class WebUI:
         end = dt.datetime.now(dt.UTC)
         start = views.window_start(window)
         charts = [(t, trend_chart(t.points, start, end)) for t in data.trends]
-        return self._render("overview.html", data=data, charts=charts, windows=views.WINDOWS, page="overview")
+        return self._render(request, "overview.html", data=data, charts=charts, windows=views.WINDOWS, page="overview")
 
     async def conversation_list(self, request: web.Request) -> web.StreamResponse:
         f = views.ConversationFilter.from_query(request.query)
         data: views.ConversationPage = await self._data(views.conversations, f)
-        return self._render("conversations.html", data=data, f=f, windows=views.WINDOWS, page="conversations")
+        return self._render(request, "conversations.html", data=data, f=f, windows=views.WINDOWS, page="conversations")
 
     async def conversation(self, request: web.Request) -> web.StreamResponse:
         version = request.query.get("version", "")
         data = await self._data(views.conversation, request.match_info["conversation_id"],
                                 int(version) if version.isdigit() else None, self.trace_url)
         if data is None:
-            return self._render("missing.html", conversation_id=request.match_info["conversation_id"],
+            return self._render(request, "missing.html", conversation_id=request.match_info["conversation_id"],
                                 page="conversations", status=404)
-        return self._render("conversation.html", c=data, page="conversations")
+        return self._render(request, "conversation.html", c=data, page="conversations")
 
     async def tools(self, request: web.Request) -> web.StreamResponse:
         window = request.query.get("window", "7d")
         window = window if window in views.WINDOWS else "7d"
         rows = await self._data(views.tools, window)
-        return self._render("tools.html", rows=rows, window=window, windows=views.WINDOWS, page="tools")
+        return self._render(request, "tools.html", rows=rows, window=window, windows=views.WINDOWS, page="tools")
 
     async def changes(self, request: web.Request) -> web.StreamResponse:
         return web.json_response({"token": await self._data(views.change_token)})
 
-    def _render(self, template: str, status: int = 200, **context: Any) -> web.Response:
+    def _render(self, request: web.Request, template: str, status: int = 200, **context: Any) -> web.Response:
         nonce = secrets.token_urlsafe(16)
-        page = self.env.get_template(template).render(nonce=nonce, signed_in=self._token is not None, **context)
+        context.setdefault("page", "")
+        signed_in = self._token is not None and self.allowed(request)
+        page = self.env.get_template(template).render(nonce=nonce, signed_in=signed_in,
+                                                      live=self.allowed(request), **context)
         return web.Response(text=page, status=status, content_type="text/html", charset="utf-8",
                             headers={"Content-Security-Policy": csp(nonce), "X-Content-Type-Options": "nosniff",
                                      "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"})

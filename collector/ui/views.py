@@ -252,12 +252,32 @@ def conversation(con: duckdb.DuckDBPyConnection, conversation_id: str, version: 
     for score in scores:
         breakdown = json.loads(score["breakdown"]) if isinstance(score["breakdown"], str) else score["breakdown"]
         score["breakdown"] = breakdown or {}
+        score["decisions"] = _decisions(score["breakdown"])
         if score["metric"] == "mcp_call_validity":
             for call in score["breakdown"].get("calls", []):
                 if call.get("violations"):
                     violations.setdefault((call["turn"], call["kind"], call["name"]), []).extend(call["violations"])
     return ConversationView(conversation_id, chosen, versions, json.loads(test_case), list(trace_ids or []),
                             service, agent, scores, violations, trace_url)
+
+
+def _decisions(breakdown: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each judged task's values, who decided them (LLM or System One, with confidence) and why: one row per
+    question (task completion; or primitive choice and argument correctness)."""
+    rows = []
+    for task in breakdown.get("tasks") or []:
+        if "primitive_score" in task:
+            questions = [("primitive choice", task.get("primitive_score"), task.get("primitive") or {},
+                          task.get("primitive_reason")),
+                         ("argument correctness", task.get("argument_score"), task.get("argument") or {},
+                          task.get("argument_reason"))]
+        else:
+            questions = [("task completion", task.get("score"), task, task.get("reason"))]
+        for question, value, decision, reason in questions:
+            rows.append({"task": task.get("task", ""), "question": question, "score": value,
+                         "decided_by": decision.get("decided_by", ""), "confidence": decision.get("confidence"),
+                         "fallback": decision.get("system_one_fallback_reason"), "reason": reason or ""})
+    return rows
 
 
 # --- MCP servers and tools --------------------------------------------------------------------------------

@@ -1,0 +1,158 @@
+"""The web UI in a real headless Chromium (Debian's, driven by Playwright): data from the real pipeline, the
+token enforced, filters in the URL, list -> conversation -> back, no console errors, no script from a
+conversation ever running, and live updates. Screenshots go to the test's folder, or to
+TRACEJUDGE_SCREENSHOTS when set (the README's come from there)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from tests.support.collector_process import CollectorProcess
+from tests.support.scripted_server import Reply, Request, completion
+from tests.test_pipeline import JUDGED, config, conversations, export, turn, wait_for
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed "
+                                "(tests/install-system-packages.sh installs it)")
+TOKEN = "ui-test-token"
+XSS = "<script>window.__xss = 1</script><img src=x onerror=\"window.__xss = 2\">"
+REAL = Path(__file__).parent / "fixtures" / "real"
+
+
+def lenient_judge(request: Request) -> Reply:
+    """The pipeline tests' scores for their three tasks, 0.7 for every other task."""
+    if request.judge == "final_reason":
+        return completion({"reason": "final"})
+    task = request.data.get("task") if isinstance(request.data, dict) else None
+    return completion({"reason": request.judge, "score": JUDGED.get(task, 0.7)})
+
+
+def hostile_conversation() -> list:
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "support-agent"}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    turn(provider.get_tracer("agent"), "conv-xss", f"Show me {XSS}", "get-weather", {"city": XSS},
+         f"result {XSS}", f"Reply {XSS}", end=True)
+    provider.shutdown()
+    return list(memory.get_finished_spans())
+
+
+@pytest.fixture
+def ui(tmp_path: Path, judge_server) -> Iterator[CollectorProcess]:
+    judge_server.script = lenient_judge
+    env = {"OPENAI_BASE_URL": judge_server.base_url, "OPENAI_API_KEY": "sk-test-not-a-secret",
+           "TRACEJUDGE_QUERY_TOKEN": TOKEN}
+    with CollectorProcess(tmp_path / "t.duckdb", config=config(tmp_path), env=env) as collector:
+        export(collector, conversations(end=True))
+        export(collector, hostile_conversation())
+        for fixture in sorted(REAL.glob("*.otlp.json")):
+            httpx.post(collector.http_url, content=fixture.read_bytes(), headers={"Content-Type": "application/json"})
+        wait_for(collector, "SELECT 1 FROM scores WHERE metric = 'mcp_use'", 3, token=TOKEN)
+        wait_for(collector, "SELECT 1 FROM conversations", 14, token=TOKEN)
+        yield collector
+        collector.stop()
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    folder = Path(os.environ.get("TRACEJUDGE_SCREENSHOTS") or tmp_path / "screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def test_the_ui_in_a_real_browser(ui: CollectorProcess, shots: Path) -> None:
+    from playwright.sync_api import sync_playwright
+
+    base = ui.admin_url
+    assert httpx.get(f"{base}/conversations", follow_redirects=False).status_code == 303  # the token is enforced
+    assert httpx.get(f"{base}/ui/changes").status_code == 401
+    problems: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run", "--disable-quic"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.on("console", lambda m: problems.append(f"console {m.type} on {page.url}: {m.text}")
+                if m.type == "error" else None)
+        page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+        page.goto(f"{base}/conversations?result=fail")
+        assert page.url.startswith(f"{base}/login")
+        page.fill("input[name=token]", "wrong")
+        page.click("form.filters button[type=submit]")
+        page.wait_for_selector("text=That token is not right.")
+        page.fill("input[name=token]", TOKEN)
+        with page.expect_navigation():
+            page.click("form.filters button[type=submit]")
+        assert page.url == f"{base}/conversations?result=fail"  # back where the user was going, filters kept
+        cookie = next(c for c in page.context.cookies() if c["name"] == "tracejudge_session")
+        assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+
+        page.goto(f"{base}/")
+        assert page.locator(".card .l", has_text="conversations received").count() == 1
+        assert page.locator(".chart svg polyline, .chart svg circle").count() > 0
+        page.screenshot(path=str(shots / "overview.png"), full_page=True)
+
+        page.goto(f"{base}/conversations")
+        rows = page.locator("table tr")
+        assert rows.count() >= 15  # header + every conversation
+        page.select_option("select[name=mcp_error]", "1")
+        with page.expect_navigation():
+            page.click("form.filters button[type=submit]")
+        assert "mcp_error=1" in page.url
+        listed = page.locator("table td a").all_inner_texts()
+        assert "conv-b" in listed and "conv-a" not in listed
+        page.screenshot(path=str(shots / "conversations.png"), full_page=True)
+        with page.expect_navigation():
+            page.click("text=conv-b")
+        assert page.url.endswith("/conversations/conv-b")
+        assert page.locator(".call.error .violation").count() >= 1  # the failed call carries its violation
+        assert page.locator("text=book-umbrella").count() >= 1
+        page.go_back()
+        assert "mcp_error=1" in page.url and page.locator("select[name=mcp_error]").input_value() == "1"
+
+        page.goto(f"{base}/conversations/conv-xss")
+        assert page.locator(".turn .text", has_text="<script>window.__xss = 1</script>").count() >= 1
+        assert page.evaluate("window.__xss") is None  # shown as text, never run
+        page.goto(f"{base}/conversations/conv-fw-strands")
+        page.screenshot(path=str(shots / "conversation.png"), full_page=True)
+        page.goto(f"{base}/tools")
+        assert page.locator("td strong", has_text="get_weather").count() >= 1
+        page.screenshot(path=str(shots / "tools.png"), full_page=True)
+
+        page.goto(f"{base}/conversations")  # live: a new conversation shows up without a reload
+        export(ui, _one("conv-live"))
+        page.wait_for_selector("text=conv-live", timeout=30_000)
+        browser.close()
+    assert problems == []
+
+
+def _one(conversation: str) -> list:
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "live-agent"}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    turn(provider.get_tracer("agent"), conversation, "Hello?", "get-weather", {"city": "Oslo"}, "Snow",
+         "It snows.", end=True)
+    provider.shutdown()
+    return list(memory.get_finished_spans())
+
+
+def test_mcp_calls_view_answers_which_tool_fails(ui: CollectorProcess) -> None:
+    rows = wait_for(ui, "SELECT name, count(*), sum(is_error::INT) FROM mcp_calls GROUP BY 1 ORDER BY 1", 1,
+                    token=TOKEN)
+    by_tool = {name: (calls, errors) for name, calls, errors in rows}
+    assert by_tool["book_umbrella"][1] == by_tool["book_umbrella"][0] > 0  # it always fails
+    assert by_tool["get_weather"][1] == 0
+    violations = httpx.post(f"{ui.admin_url}/api/query", headers={"Authorization": f"Bearer {TOKEN}"}, json={
+        "sql": "SELECT violations FROM mcp_calls WHERE conversation_id = 'conv-b'"}).json()["rows"]
+    assert any("isError" in json.dumps(v) for (v,) in violations)
