@@ -124,7 +124,7 @@ def run_read_query(con: duckdb.DuckDBPyConnection, sql: str, limit: int = DEFAUL
         cursor = con.execute(sql)
         columns = [d[0] for d in cursor.description or []]
         while not truncated:
-            chunk = cursor.fetchmany(min(1000, limit + 1 - len(rows)))
+            chunk = cursor.fetchmany(min(16, limit + 1 - len(rows)))  # few rows at a time: they may be large
             if not chunk:
                 break
             for row in chunk:

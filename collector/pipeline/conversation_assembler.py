@@ -27,6 +27,7 @@ from collector.pipeline.sampling import attribute_values, decide
 from mapping import Conversation, Span, build_conversations
 from mapping.conversation_key import KEY_PRECEDENCE
 
+MAX_PER_POLL = 256  # conversations assembled per poll: a backlog never hides a newly end-marked one for long
 END_MARKER = '"tracejudge.conversation.end":true'
 _RANK = "CASE conversation_key_source " + " ".join(
     f"WHEN '{key}' THEN {i}" for i, key in enumerate(KEY_PRECEDENCE)) + " END"
@@ -73,14 +74,19 @@ class ConversationAssembler:
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
+            done = 0
             try:
-                await asyncio.to_thread(self.assemble_due)
+                done = await asyncio.to_thread(self.assemble_due, False, MAX_PER_POLL)
             except Exception as exc:  # a bad conversation must not stop the loop; it is logged and retried
                 self.log.error("assembly failed", reason=f"{type(exc).__name__}: {exc}")
+            if done >= MAX_PER_POLL:
+                continue  # a backlog: go on at once, but look again for end-marked conversations first
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.settings.conversations.poll_s)
 
-    def assemble_due(self, force: bool = False) -> int:
+    def assemble_due(self, force: bool = False, limit: int | None = None) -> int:
+        """Assemble the conversations that are complete (all of them with `force`), end-marked ones first, at
+        most `limit` in this call; how many were assembled."""
         with self._lock:
             seen, ended = dict(self._seen), set(self._ended)
         if not seen:
@@ -94,6 +100,8 @@ class ConversationAssembler:
         done = 0
         # conversations an end marker closed go first: a backlog of quiet ones must not hold them up
         for conversation_id, traces in sorted(groups.items(), key=lambda item: not (set(item[1]) & ended)):
+            if limit is not None and done >= limit:
+                break
             if not force and not (set(traces) & ended) and now - max(seen[t] for t in traces) < quiet:
                 continue
             try:
