@@ -86,6 +86,10 @@ class AdminServer:
                 "SELECT coalesce(sum(evaluation_cost), 0) FROM scores WHERE scored_at >= "
                 "CAST(timezone('UTC', now()) AS DATE)").fetchall())
             self.metrics.cost_today.set(spent)
+            [(oldest,)] = await asyncio.to_thread(lambda: self._cursor().execute(
+                "SELECT coalesce(epoch(now()) - epoch(min(created_at)), 0) FROM eval_jobs "
+                "WHERE status IN ('pending', 'waiting_for_judge', 'budget')").fetchall())
+            self.metrics.oldest_waiting.set(oldest)
         return web.Response(body=generate_latest(self.metrics.registry),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 

@@ -3,8 +3,32 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from scoring.stage import ScoredEvent
+
+MAX_LABEL_VALUES = 50  # distinct services (and agents) labelled apart; the rest are "other"
+
+
+class BoundedLabel:
+    """Label values as they come, up to a fixed number; later new values become "other", so a label cannot
+    grow the time series without bound."""
+
+    def __init__(self, limit: int = MAX_LABEL_VALUES) -> None:
+        self.limit = limit
+        self.seen: set[str] = set()
+
+    def __call__(self, value: str | None) -> str:
+        value = value or "unknown"
+        if value in self.seen:
+            return value
+        if len(self.seen) < self.limit:
+            self.seen.add(value)
+            return value
+        return "other"
 
 
 class CollectorMetrics:
@@ -17,6 +41,8 @@ class CollectorMetrics:
                                        registry=self.registry)
         self.spans_rejected = Counter("tracejudge_spans_rejected", "Spans not stored, by reason", ["reason"],
                                       registry=self.registry)
+        for reason in ("invalid_span", "backpressure", "store_error"):  # at 0 from the start, so rates work
+            self.spans_rejected.labels(reason)
         self.requests = Counter("tracejudge_export_requests", "Export requests by protocol and answer",
                                 ["protocol", "status"], registry=self.registry)
         self.commit_seconds = Histogram("tracejudge_commit_seconds", "Time of one group commit",
@@ -35,6 +61,18 @@ class CollectorMetrics:
                                     ["metric", "kind"], registry=self.registry)
         self.store_bytes = Gauge("tracejudge_store_bytes", "Size of the database file and its WAL",
                                  registry=self.registry)
+        labels = ["metric", "service", "agent"]
+        self.score = Histogram("tracejudge_score", "Scores written, by metric, service and agent", labels,
+                               buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0), registry=self.registry)
+        self.scores = Counter("tracejudge_scores", "Scores written, by result (pass, fail, scored, n/a)",
+                              [*labels, "result"], registry=self.registry)
+        self.judge_cost = Counter("tracejudge_judge_cost_usd", "Judge spend of scores written (known prices only)",
+                                  ["metric"], registry=self.registry)
+        self.judge_tokens = Counter("tracejudge_judge_tokens", "Judge tokens of scores written", ["metric",
+                                    "direction"], registry=self.registry)
+        self.oldest_waiting = Gauge("tracejudge_oldest_waiting_job_seconds", "Age of the oldest job not yet scored "
+                                    "(pending, waiting for a judge or the budget)", registry=self.registry)
+        self._service, self._agent = BoundedLabel(), BoundedLabel()
 
     def on_commit(self, seconds: float, spans: int, duplicates: int = 0) -> None:
         """One group commit: `spans` newly stored, `duplicates` redelivered and ignored."""
@@ -47,6 +85,16 @@ class CollectorMetrics:
         self.measure_seconds.labels(metric).observe(seconds)
         if error_kind is not None:
             self.judge_errors.labels(metric, error_kind).inc()
+
+    def on_scored(self, event: ScoredEvent) -> None:
+        service, agent = self._service(event.service), self._agent(event.agent)
+        if event.score is not None:
+            self.score.labels(event.metric, service, agent).observe(event.score)
+        self.scores.labels(event.metric, service, agent, event.result).inc()
+        if event.cost_usd:
+            self.judge_cost.labels(event.metric).inc(event.cost_usd)
+        self.judge_tokens.labels(event.metric, "input").inc(event.input_tokens)
+        self.judge_tokens.labels(event.metric, "output").inc(event.output_tokens)
 
     def watch(self, queue_spans: Callable[[], float], store_bytes: Callable[[], float]) -> None:
         self.queue_spans.set_function(queue_spans)

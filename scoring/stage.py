@@ -61,6 +61,20 @@ class StageConfig:
     poll_s: float = 0.5
 
 
+@dataclass(frozen=True)
+class ScoredEvent:
+    """One score as written, for observers (the collector's Prometheus metrics)."""
+
+    metric: str
+    service: str | None
+    agent: str | None
+    score: float | None
+    result: str  # pass | fail | scored | n/a
+    cost_usd: float | None
+    input_tokens: int
+    output_tokens: int
+
+
 def metric_config(config: StageConfig, metric: str) -> str:
     """A short hash of every setting that changes a metric's score: part of the unique score key."""
     relevant = {"metric": metric, "threshold": config.threshold, "strict_mode": config.strict_mode}
@@ -75,11 +89,13 @@ def _next_utc_midnight(now: datetime) -> datetime:
 
 class ScoringStage:
     def __init__(self, con: duckdb.DuckDBPyConnection, config: StageConfig, log: Log,
-                 on_measured: Callable[[str, float, str | None], None] | None = None) -> None:
+                 on_measured: Callable[[str, float, str | None], None] | None = None,
+                 on_scored: Callable[[ScoredEvent], None] | None = None) -> None:
         self.con = con
         self.config = config
         self.log = log
         self.on_measured = on_measured  # (metric, seconds, error kind or None) after every measure
+        self.on_scored = on_scored  # every score written, for the Prometheus score metrics
         self.metrics: dict[str, BaseMetric] = {}
         self.unavailable: dict[str, str] = {}  # metric -> why no judge could be built
         for metric in config.metrics:
@@ -238,6 +254,9 @@ class ScoringStage:
             self.processed += 1
             result = "n/a" if metric.score is None else "scored" if metric.success is None else (
                 "pass" if metric.success else "fail")
+            if self.on_scored is not None:
+                self.on_scored(ScoredEvent(metric_id, service, agent, metric.score, result, metric.evaluation_cost,
+                                           metric.usage.input_tokens, metric.usage.output_tokens))
             self.log("info", "score written", conversation_id=conversation_id, version=version, metric=metric_id,
                      score=None if metric.score is None else round(metric.score, 4), result=result,
                      cost_usd=metric.evaluation_cost)

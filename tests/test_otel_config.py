@@ -143,3 +143,40 @@ def test_agent_environment_points_at_tracejudges_defaults() -> None:
     assert http and urlsplit(http.group(1)).port == DEFAULTS.http_port and urlsplit(http.group(1)).path == TRACES_PATH
     assert env["OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"] == "true"
     assert env["TRACELOOP_TRACE_CONTENT"] == "true" and env["OPENINFERENCE_HIDE_INPUTS"] == "false"
+
+
+def test_dashboard_and_alerts_name_only_metrics_the_collector_exports(tmp_path, judge_server) -> None:
+    """Every tracejudge_* series the Grafana dashboard and the alert rules read is on a running collector's
+    /metrics after it scored something (parsed with prometheus_client's own parser)."""
+    import json as json_module
+    import re
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.support.collector_process import CollectorProcess
+    from tests.test_pipeline import config, conversations, export, judge_script, wait_for
+
+    judge_server.script = judge_script
+    env = {"OPENAI_BASE_URL": judge_server.base_url, "OPENAI_API_KEY": "sk-test-not-a-secret"}
+    with CollectorProcess(tmp_path / "t.duckdb", config=config(tmp_path), env=env) as collector:
+        export(collector, conversations(end=True))
+        wait_for(collector, "SELECT 1 FROM scores", 6)
+        import httpx
+
+        text = httpx.get(f"{collector.admin_url}/metrics").text
+        collector.stop()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    exported = {sample.name for f in families.values() for sample in f.samples} | set(families)
+    dashboard = json_module.loads((CONFIG_DIR / "grafana-dashboard.json").read_text())
+    rules = yaml.safe_load((CONFIG_DIR / "prometheus-alerts.yml").read_text())
+    expressions = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    expressions += [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    named = {name for expr in expressions for name in re.findall(r"tracejudge_[a-z_]+", expr)}
+    assert named and named <= exported, named - exported
+    scores = families["tracejudge_score"]
+    counts = {s.labels["metric"]: s.value for s in scores.samples if s.name == "tracejudge_score_count"}
+    assert counts == {"mcp_use": 2, "mcp_task_completion": 2, "mcp_call_validity": 2}
+    results = {(s.labels["metric"], s.labels["result"]): s.value for s in families["tracejudge_scores"].samples
+               if s.name == "tracejudge_scores_total" and s.labels["metric"] == "mcp_call_validity"}
+    assert results == {("mcp_call_validity", "pass"): 1, ("mcp_call_validity", "fail"): 1}
+    assert {s.labels["service"] for s in scores.samples} == {"weather-agent"}
