@@ -248,6 +248,23 @@ class LakeSettings(_Section):
         return LakeConfig(self.catalog, self.data_path, self.replica or "")
 
 
+class ExportSettings(_Section):
+    endpoint: str | None = Field(None, description="OTLP endpoint that receives every score as a "
+                                 "gen_ai.evaluation.result log record (none: no export; OTEL_EXPORTER_OTLP_LOGS_"
+                                 "ENDPOINT also sets it), e.g. 'http://otel-collector:4317'")
+    protocol: Literal["grpc", "http/protobuf"] = Field("grpc", description="OTLP protocol of the export")
+    headers: dict[str, str] = Field(default_factory=dict, description="headers of every export request, e.g. "
+                                    "{authorization = 'Bearer ...'} (OTEL_EXPORTER_OTLP_LOGS_HEADERS also works)")
+    insecure: bool | None = Field(None, description="gRPC without TLS (default: from the endpoint's scheme)")
+    timeout_s: float = Field(10.0, gt=0, description="timeout of one export request")
+    interval_s: float = Field(5.0, gt=0, description="how often new scores are sent")
+
+    @field_validator("timeout_s", "interval_s", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        return parse_duration(value) if isinstance(value, str) else value
+
+
 class UISettings(_Section):
     trace_url: str | None = Field(None, description="link from a conversation to your tracing backend, with "
                                   "{trace_id}, e.g. 'http://jaeger:16686/trace/{trace_id}'")
@@ -275,6 +292,7 @@ class Settings(_Section):
     redaction: RedactionSettings = Field(default_factory=RedactionSettings)
     lake: LakeSettings = Field(default_factory=LakeSettings)
     ui: UISettings = Field(default_factory=UISettings)
+    export: ExportSettings = Field(default_factory=ExportSettings)
     log: LogSettings = Field(default_factory=LogSettings)
     _config_file: Path | None = PrivateAttr(default=None)  # the tracejudge.toml these came from, if any
 
@@ -318,6 +336,8 @@ ENV_AND_FLAGS: tuple[tuple[str, str, str | None, str | None], ...] = (
     ("lake", "data_path", "TRACEJUDGE_LAKE_DATA_PATH", None),
     ("lake", "replica", "TRACEJUDGE_REPLICA", "--replica"),
     ("log", "level", "TRACEJUDGE_LOG_LEVEL", "--log-level"),
+    ("export", "endpoint", "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", None),
+    ("export", "protocol", "OTEL_EXPORTER_OTLP_LOGS_PROTOCOL", None),
 )
 
 
@@ -370,7 +390,8 @@ def settings_help() -> str:
                            ("limits", LimitsSettings),
                            ("sampling", SamplingSettings), ("scoring", ScoringSettings),
                            ("redaction", RedactionSettings),
-                           ("lake", LakeSettings), ("ui", UISettings), ("log", LogSettings)):
+                           ("lake", LakeSettings), ("ui", UISettings), ("export", ExportSettings),
+                           ("log", LogSettings)):
         lines.append(f"[{section}]")
         for key, field in model.model_fields.items():
             env, flag = env_flags.get((section, key), (None, None))

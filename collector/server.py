@@ -15,6 +15,7 @@ import time
 
 from collector.admin import AdminServer
 from collector.config import Settings
+from collector.exporters.score_events import ScoreEventExporter, otlp_log_exporter
 from collector.history.lake import LakePublisher, publish_periodically
 from collector.log import Logger
 from collector.metrics import CollectorMetrics
@@ -64,6 +65,7 @@ class Collector:
                                  budget_usd=settings.scoring.daily_budget_usd, trace_url=settings.ui.trace_url)
         self.stage: ScoringStage | None = None
         self.assembler: ConversationAssembler | None = None
+        self.score_export: ScoreEventExporter | None = None
         self._stop_pipeline = asyncio.Event()
         self._pipeline: list[asyncio.Task[None]] = []
         self.publisher: LakePublisher | None = None
@@ -102,6 +104,12 @@ class Collector:
             self.log.warning("judged metrics wait for a judge", advice=JUDGE_ADVICE)
         self._pipeline = [asyncio.create_task(self.assembler.run(self._stop_pipeline)),
                           asyncio.create_task(self.stage.run(self._stop_pipeline))]
+        export = self.settings.export
+        if export.endpoint:
+            self.score_export = ScoreEventExporter(self.store.cursor(), otlp_log_exporter(
+                export.endpoint, export.protocol, export.headers, export.insecure, export.timeout_s), self._log)
+            self._pipeline.append(asyncio.create_task(self.score_export.run(self._stop_pipeline,
+                                                                            export.interval_s)))
         if self.settings.log.progress_s > 0:
             self._pipeline.append(asyncio.create_task(self._progress(self._stop_pipeline)))
         lake = self.settings.lake.lake_config()
@@ -143,6 +151,8 @@ class Collector:
             self._stop_publishing.set()  # one last publish of what the pipeline finished
             await asyncio.wait([self._publishing], timeout=grace)
             await asyncio.to_thread(self.publisher.close)
+        if self.score_export is not None:
+            await asyncio.to_thread(self.score_export.close)
         await asyncio.to_thread(self.store.close)
         await asyncio.to_thread(self.decoder.stop)
         await self.admin.stop()

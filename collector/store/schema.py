@@ -75,7 +75,7 @@ LEFT JOIN validity v ON v.conversation_id = n.conversation_id AND v.turn = n.tur
                     AND v.name = n.name AND v.nth = n.nth;
 """
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 MIGRATIONS: dict[int, str] = {
     1: """
     CREATE TABLE IF NOT EXISTS spans (
@@ -174,6 +174,17 @@ MIGRATIONS: dict[int, str] = {
     );
     """,
     4: MCP_CALLS_VIEW,
+    # which scores went out as OTLP evaluation events ([export]): written after the backend acknowledged them
+    5: """
+    CREATE TABLE IF NOT EXISTS score_exports (
+        conversation_id VARCHAR NOT NULL,
+        conversation_version INTEGER NOT NULL,
+        metric VARCHAR NOT NULL,
+        metric_config VARCHAR NOT NULL,
+        exported_at TIMESTAMPTZ NOT NULL,
+        PRIMARY KEY (conversation_id, conversation_version, metric, metric_config)
+    );
+    """,
 }
 
 
