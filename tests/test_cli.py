@@ -283,3 +283,25 @@ def test_bad_numbers_and_config_sections_are_clear_errors(tmp_path) -> None:
     (tmp_path / "tracejudge.toml").write_text('scoring = "x"\n')
     proc = run(["evaluate", str(path), "--metric", "mcp_use"], {"OPENAI_API_KEY": "k"}, cwd=tmp_path)
     assert proc.returncode == 2 and "must be a table" in proc.stderr
+
+
+def test_mcp_calls_over_several_replica_files(tmp_path) -> None:
+    """The mcp_calls view reads the same over one file and over several replicas' files (--db a --db b)."""
+    from collector.store.span_store import SpanStore
+
+    for name, tool, failed in (("a", "get_weather", False), ("b", "book_umbrella", True)):
+        store = SpanStore(tmp_path / f"{name}.duckdb")
+        store.open()
+        case = {"turns": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok",
+                "mcp_tools_called": [{"name": tool, "args": {}, "result": {
+                    "content": [{"type": "text", "text": "r"}], "isError": failed}}]}]}
+        store.cursor().execute("INSERT INTO conversations (conversation_id, version, content_hash, status, test_case, "
+                               "assembled_at) VALUES (?, 1, 'h', 'complete', ?, now())", [f"conv-{name}",
+                                                                                          json.dumps(case)])
+        store.close()
+    proc = run(["query", "--url", "http://127.0.0.1:9", "--db", str(tmp_path / "a.duckdb"), "--db",
+                str(tmp_path / "b.duckdb"), "--format", "csv",
+                "SELECT conversation_id, name, is_error FROM mcp_calls ORDER BY 1"])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["conversation_id,name,is_error", "conv-a,get_weather,false",
+                                        "conv-b,book_umbrella,true"]

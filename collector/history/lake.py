@@ -25,7 +25,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collector.store.schema import history_views
+from collector.store.schema import history_views, mcp_calls_view
 from scoring.errors import TracejudgeError
 
 LAKE_ALIAS = "lake"
@@ -123,6 +123,7 @@ def open_lake_for_query(config: LakeConfig) -> duckdb.DuckDBPyConnection:
     for table in TABLES:
         con.execute(f"CREATE TEMP VIEW {table} AS SELECT * FROM {LAKE_ALIAS}.{table}")
     con.execute(history_views("temp.main.scores", "replica, ", temporary=True))
+    con.execute(mcp_calls_view(temporary=True))
     rows = con.execute("SELECT value FROM __ducklake_metadata_lake.ducklake_metadata WHERE key = 'data_path'"
                        ).fetchall()
     if not rows:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import duckdb
 
-from collector.store.schema import history_views
+from collector.store.schema import history_views, mcp_calls_view
 from collector.store.span_store import lock_down
 from scoring.errors import TracejudgeError
 
@@ -61,5 +61,6 @@ def open_replica_files(paths: list[Path]) -> duckdb.DuckDBPyConnection:
             raise ReplicaFileError(f"a file has no {table} table, so it is not a tracejudge database: {exc}") \
                 from exc
     con.execute(history_views("temp.main.scores", "replica, ", temporary=True))
+    con.execute(mcp_calls_view(temporary=True))
     lock_down(con)
     return con

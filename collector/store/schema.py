@@ -32,6 +32,13 @@ def history_views(scores: str, partition: str, temporary: bool = False) -> str:
 
 # One row per MCP call of the latest version of each conversation, with the server that advertises it and
 # what mcp_call_validity found wrong with it (its latest score's breakdown), for "which tool fails" queries.
+def mcp_calls_view(temporary: bool = False) -> str:
+    """The `mcp_calls` view; temporary over several replicas' files or the lake (conversation ids are unique
+    across replicas when each conversation is routed to one replica, as the README asks)."""
+    return MCP_CALLS_VIEW.replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW") if temporary \
+        else MCP_CALLS_VIEW
+
+
 MCP_CALLS_VIEW = """
 CREATE OR REPLACE VIEW mcp_calls AS
 WITH latest AS (
