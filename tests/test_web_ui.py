@@ -156,3 +156,12 @@ def test_mcp_calls_view_answers_which_tool_fails(ui: CollectorProcess) -> None:
     violations = httpx.post(f"{ui.admin_url}/api/query", headers={"Authorization": f"Bearer {TOKEN}"}, json={
         "sql": "SELECT violations FROM mcp_calls WHERE conversation_id = 'conv-b'"}).json()["rows"]
     assert any("isError" in json.dumps(v) for (v,) in violations)
+
+
+@pytest.mark.parametrize("target", ["//evil.example/", "/\\evil.example/", "https://evil.example/"])
+def test_login_never_sends_a_user_to_another_site(tmp_path: Path, target: str) -> None:
+    with CollectorProcess(tmp_path / "t.duckdb", env={"TRACEJUDGE_QUERY_TOKEN": TOKEN}) as collector:
+        reply = httpx.post(f"{collector.admin_url}/login", data={"token": TOKEN, "next": target},
+                           follow_redirects=False)
+        assert reply.status_code == 303 and reply.headers["Location"] == "/"
+        collector.stop()

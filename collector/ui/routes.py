@@ -162,7 +162,8 @@ class WebUI:
 
 def _safe_next(target: str) -> str:
     """Only a path on this server (no `//host` or scheme): the login cannot send a user elsewhere."""
-    return target if target.startswith("/") and not target.startswith("//") else "/"
+    safe = target.startswith("/") and not target.startswith("//") and "\\" not in target and "\n" not in target
+    return target if safe else "/"
 
 
 def _pct(value: float | None) -> str:
