@@ -153,7 +153,7 @@ class AdminServer:
 
 def _answer(con: duckdb.DuckDBPyConnection, sql: str, limit: int) -> str:
     """The query run and its JSON written on a query thread: a large answer never holds the event loop."""
-    return json.dumps(run_read_query(con, sql, limit).to_json(), default=str)
+    return json.dumps(run_read_query(con, sql, limit).to_json(), default=str, ensure_ascii=False)
 
 
 def _error(status: int, message: str) -> web.Response:

@@ -339,7 +339,7 @@ def _pair_parts(calls: list[_Call], messages: list[Message], asked_ns: int, may_
                 continue
             position += 1
             call = by_id.get(part.id) if part.id else None
-            if call is None:
+            if call is None and may_add:  # replayed history must never claim this run's calls
                 call = _unidentified_match(calls, part)
                 if call is not None:
                     call.call_id = part.id
@@ -385,6 +385,7 @@ class _Inventory:
                 entry["resource_templates"][template["uriTemplate"]] = template
             for prompt in data.get("available_prompts", []):
                 entry["prompts"][prompt["name"]] = prompt
+        self.named = {name for tools in named.values() for name in tools}
         for server_name, tools in named.items():
             for name in tools:
                 self._server(server_name)["tools"].setdefault(name, {"name": name})
@@ -406,11 +407,13 @@ class _Inventory:
     def server_of_tool(self, name: str) -> str | None:
         return next((s for s, entry in self.servers.items() if name in entry["tools"]), None)
 
-    def canonical_tool(self, name: str) -> str | None:
-        """The inventory's name for a tool the framework renamed (prefixed with its server), if exactly one fits."""
+    def canonical_tool(self, name: str, named_only: bool = False) -> str | None:
+        """The inventory's name for a tool the framework renamed (prefixed with its server), if exactly one fits;
+        `named_only`: only among the tools [mapping] mcp_tools names (a call with no MCP evidence of its own)."""
         if self.server_of_tool(name) is not None:
             return name
-        matches = {tool for entry in self.servers.values() for tool in entry["tools"] if same_tool_name(tool, name)}
+        matches = {tool for entry in self.servers.values() for tool in entry["tools"]
+                   if same_tool_name(tool, name) and (not named_only or tool in self.named)}
         return matches.pop() if len(matches) == 1 else None
 
     def add_definition(self, server: str, definition: ToolDefinition) -> None:
@@ -559,7 +562,7 @@ def _build_one(conversation_id: str, key: str, traces: list[list[Span]], given: 
             definitions[definition.name] = definition
     for draft in drafts:
         for call in draft.calls:
-            canonical = inventory.canonical_tool(call.name) if call.kind == "tool" else None
+            canonical = inventory.canonical_tool(call.name, named_only=not call.mcp) if call.kind == "tool" else None
             if canonical is not None and canonical != call.name:
                 call.sources.append((None, "", f"the framework named it '{call.name}'; the MCP inventory "
                                                       f"calls it '{canonical}'"))

@@ -23,6 +23,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
 from mapping.otlp import (
+    DEFAULT_LIMITS,
     JSON_TYPES,
     PROTOBUF_TYPES,
     DecodedRequest,
@@ -108,6 +109,10 @@ def _decode_protobuf(payload: bytes) -> DecodedRequest:
 
 
 def _decode_json(payload: bytes | str) -> DecodedRequest:
+    raw = payload.encode() if isinstance(payload, str) else payload
+    if raw.count(b"{") + raw.count(b"[") > DEFAULT_LIMITS.max_json_objects:
+        raise OTLPDecodeError(f"the body holds more than {DEFAULT_LIMITS.max_json_objects} JSON objects and arrays; "
+                              "send smaller batches")
     try:
         body = json.loads(payload)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:

@@ -35,15 +35,31 @@ class _Call:
     notes: list[str] = field(default_factory=list)
 
 
-def _template_pattern(template: str) -> re.Pattern[str]:
-    """An RFC 6570 URI template as a regex: `{var}` matches one path segment, `{+var}` / `{/var*}` more."""
-    parts, pos = [], 0
+MAX_TEMPLATE_CHARS = 512
+MAX_TEMPLATE_WILDCARDS = 4  # templates come from spans anyone can send: keep matching linear-ish
+
+
+def _template_pattern(template: str) -> re.Pattern[str] | None:
+    """An RFC 6570 URI template as a regex: `{var}` matches one path segment, `{+var}` / `{/var*}` more.
+    Adjacent expressions merge, and a template too long or with too many wildcards is not matched at all."""
+    if len(template) > MAX_TEMPLATE_CHARS:
+        return None
+    parts: list[str] = []
+    pos = 0
     for match in re.finditer(r"\{([^}]*)\}", template):
-        parts.append(re.escape(template[pos:match.start()]))
+        literal = template[pos:match.start()]
         expression = match.group(1)
-        parts.append(".*" if expression[:1] in ("+", "#", "/") or expression.endswith("*") else "[^/?#]*")
+        wildcard = ".*" if expression[:1] in ("+", "#", "/") or expression.endswith("*") else "[^/?#]*"
+        if literal:
+            parts.append(re.escape(literal))
+        if not literal and parts and parts[-1] in (".*", "[^/?#]*"):
+            parts[-1] = ".*" if ".*" in (parts[-1], wildcard) else parts[-1]  # {a}{b} matches what one would
+        else:
+            parts.append(wildcard)
         pos = match.end()
     parts.append(re.escape(template[pos:]))
+    if sum(p == ".*" for p in parts) > MAX_TEMPLATE_WILDCARDS:
+        return None
     return re.compile("".join(parts))
 
 
@@ -59,7 +75,8 @@ class _Inventory:
             for tool in server.available_tools:
                 self.tools.setdefault(tool.name, tool)
             self.resources.update(r.uri for r in server.available_resources)
-            self.templates += [_template_pattern(t.uri_template) for t in server.available_resource_templates]
+            self.templates += [p for t in server.available_resource_templates
+                               if (p := _template_pattern(t.uri_template)) is not None]
             for prompt in server.available_prompts:
                 self.prompts.setdefault(prompt.name, prompt)
         self.known = {"tools": bool(self.tools), "resources": bool(self.resources or self.templates),

@@ -139,3 +139,14 @@ def test_a_resource_matching_an_advertised_template_is_advertised() -> None:
     metric.measure(case)
     assert [c["valid"] for c in metric.score_breakdown["calls"]] == [True, False]
     assert metric.score_breakdown["inventory_known"] == {"tools": False, "resources": True, "prompts": False}
+
+
+def test_a_hostile_uri_template_is_not_matched_rather_than_backtracked() -> None:
+    from scoring.call_validity import _template_pattern
+
+    assert _template_pattern("{+a}x" * 8) is None  # eight `.*` would backtrack for seconds on "x" * 40
+    merged = _template_pattern("{+a}" * 8 + "x")  # adjacent wildcards merge into one, so it stays linear
+    assert merged is not None and merged.pattern.count(".*") == 1 and merged.fullmatch("aaax")
+    assert _template_pattern("x" * 600) is None
+    assert _template_pattern("files://{+path}").fullmatch("files://a/b/c")
+    assert _template_pattern("w://{a}{b}/x").fullmatch("w://ab/x")

@@ -199,6 +199,8 @@ def test_queries_that_would_take_all_memory_fail_alone(guarded) -> None:
     ("SELECT * FROM duckdb_databases()", "duckdb_databases"),
     ("SELECT current_setting('temp_directory')", "current_setting"),
     ("SELECT enable_profiling()", "enable_profiling"),
+    ("SELECT * FROM 't.duckdb'", "the file"),
+    ("SELECT * FROM '/etc/hostname'", "the file"),
 ])
 def test_queries_cannot_read_files_or_learn_server_paths(guarded, sql: str, refused: str) -> None:
     reply = httpx.post(f"{guarded.admin_url}/api/query", json={"sql": sql},

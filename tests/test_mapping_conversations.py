@@ -377,3 +377,39 @@ def test_mcp_tools_setting_decides_and_explain_says_why() -> None:
     calls = named.explanation[1]["calls"]
     assert calls[0]["mcp_rule"] == "named for server 'search' in [mapping] mcp_tools"
     assert any("execute_tool lookup" in s for s in calls[0]["sources"])
+
+
+def test_replayed_history_never_claims_a_call_of_this_run() -> None:
+    """Run 2's first LLM input replays run 1's get_weather(Paris); its tool span (no id, no arguments) is the
+    London call run 2's second LLM asked for, not a second Paris call."""
+    paris, clock = _call("x1", "get_weather", {"city": "Paris"}), _call("y1", "get_time", {})
+    london = _call("y2", "get_weather", {"city": "London"})
+    history = _parts({"type": "text", "content": "Weather?"}, role="user") + _parts(paris) + _parts(
+        {"type": "tool_call_response", "id": "x1", "response": "sunny"}, role="tool") + _parts(
+        {"type": "text", "content": "And London?"}, role="user")
+    body = request(({"service.name": "a"}, [
+        _agent(2, "And London?"),
+        _chat(2, 2, 1, 1, history, _parts(clock)),
+        _chat(2, 3, 1, 5, history, _parts(london)),
+        span(2, 4, "execute_tool get_weather", 1, start=10, attributes={
+            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "get_weather",
+            "gen_ai.tool.call.result": "rainy"}),
+    ]))
+    [conversation] = build_conversations(spans_of(body), mcp_tools={"weather": ["get_weather", "get_time"]})
+    calls = conversation.test_case.turns[1].mcp_tools_called
+    assert [(c.name, c.args) for c in calls] == [("get_weather", {"city": "London"})]
+    assert conversation.test_case.turns[1].metadata["calls_not_executed"][0]["name"] == "get_time"
+
+
+def test_a_plain_tool_is_not_renamed_into_an_mcp_tool_it_resembles() -> None:
+    body = request(({"service.name": "a"}, [
+        _agent(1, "Find x"),
+        span(1, 2, "execute_tool search", 1, start=5, attributes={
+            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search", "gen_ai.tool.call.id": "c1",
+            "gen_ai.tool.call.result": "found"}),
+        span(1, 3, "tools/list", 1, kind=3, start=1, attributes={"mcp.method.name": "tools/list"}),
+    ]))
+    [conversation] = build_conversations(spans_of(body), servers=[
+        {"server_name": "brave", "available_tools": [{"name": "brave_search"}]}])
+    turn = conversation.test_case.turns[1]
+    assert turn.mcp_tools_called is None and [t.name for t in turn.tools_called] == ["search"]

@@ -158,10 +158,22 @@ def test_mcp_calls_view_answers_which_tool_fails(ui: CollectorProcess) -> None:
     assert any("isError" in json.dumps(v) for (v,) in violations)
 
 
-@pytest.mark.parametrize("target", ["//evil.example/", "/\\evil.example/", "https://evil.example/"])
+@pytest.mark.parametrize("target", ["//evil.example/", "/\\evil.example/", "https://evil.example/",
+                                    "/\t/evil.example/", "/\r/evil.example/"])
 def test_login_never_sends_a_user_to_another_site(tmp_path: Path, target: str) -> None:
     with CollectorProcess(tmp_path / "t.duckdb", env={"TRACEJUDGE_QUERY_TOKEN": TOKEN}) as collector:
         reply = httpx.post(f"{collector.admin_url}/login", data={"token": TOKEN, "next": target},
                            follow_redirects=False)
         assert reply.status_code == 303 and reply.headers["Location"] == "/"
+        collector.stop()
+
+
+def test_odd_parameters_and_foreign_hosts_get_answers_not_errors(tmp_path: Path) -> None:
+    with CollectorProcess(tmp_path / "t.duckdb") as collector:  # no token: loopback visitors only
+        for path in ("/conversations?page=\u00b2", "/conversations?page=99999999999999999999",
+                     "/conversations/x?version=\u00b2", "/conversations/a%3Fb"):
+            assert httpx.get(f"{collector.admin_url}{path}").status_code in (200, 404), path
+        rebound = httpx.get(f"{collector.admin_url}/conversations", headers={"Host": "evil.example"},
+                            follow_redirects=False)
+        assert rebound.status_code == 303  # a DNS name pointed at this port is not this machine's user
         collector.stop()

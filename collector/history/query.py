@@ -72,6 +72,22 @@ def _function_names(node: Any) -> list[str]:
     return names
 
 
+def _file_tables(node: Any) -> set[str]:
+    """Tables named like files in FROM (`FROM 'x.duckdb'`, `FROM 'dir/x.parquet'`): DuckDB reads the file."""
+    found: set[str] = set()
+    if isinstance(node, dict):
+        if node.get("type") == "BASE_TABLE":
+            name = str(node.get("table_name") or "")
+            if "/" in name or "." in name or "\\" in name:
+                found.add(f"the file {name!r}")
+        for value in node.values():
+            found |= _file_tables(value)
+    elif isinstance(node, list):
+        for value in node:
+            found |= _file_tables(value)
+    return found
+
+
 def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
     try:
         statements = con.extract_statements(sql)
@@ -95,7 +111,7 @@ def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
     if refused:
         raise QueryRefused(f"the query calls {', '.join(sorted(refused))}, which changes the database or runs "
                            "SQL elsewhere; only read-only queries are accepted")
-    files = sorted(called & FILES_AND_PATHS)
+    files = sorted(called & FILES_AND_PATHS) + sorted(_file_tables(parsed))
     if files:
         raise QueryRefused(f"the query calls {', '.join(files)}, which reads files or server paths; query "
                            "tracejudge's tables and views instead")
@@ -129,7 +145,7 @@ def run_read_query(con: duckdb.DuckDBPyConnection, sql: str, limit: int = DEFAUL
                 break
             for row in chunk:
                 total += sum(_size(v) for v in row)
-                if len(rows) >= limit or (total > max_bytes and rows):
+                if len(rows) >= limit or total > max_bytes:
                     truncated = True
                     break
                 rows.append(list(row))
@@ -140,6 +156,8 @@ def run_read_query(con: duckdb.DuckDBPyConnection, sql: str, limit: int = DEFAUL
                           f"temp_limit); narrow it down: {str(exc)[:300]}") from exc
     except duckdb.Error as exc:
         raise QueryFailed(str(exc)) from exc
+    except UnicodeDecodeError as exc:  # DuckDB quoted raw file bytes in its error: no detail is worth sending
+        raise QueryFailed("the query failed; query tracejudge's tables and views") from exc
     finally:
         timer.cancel()
     return QueryResult(columns, rows, truncated)

@@ -123,11 +123,15 @@ class DecodePool:
 
     def start(self) -> None:
         if self.workers > 0:
-            # a worker is replaced after this many requests, so memory a hostile request left behind is returned
-            self._executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                                 initializer=_worker_init, max_tasks_per_child=MAX_TASKS_PER_WORKER)
-            for future in [self._executor.submit(_ready) for _ in range(self.workers)]:
-                future.result()  # start every worker now, not on the first export
+            self._executor = self._new_executor()
+
+    def _new_executor(self) -> Executor:
+        # a worker is replaced after this many requests, so memory a hostile request left behind is returned
+        executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                       initializer=_worker_init, max_tasks_per_child=MAX_TASKS_PER_WORKER)
+        for future in [executor.submit(_ready) for _ in range(self.workers)]:
+            future.result()  # start every worker now, not on the first export
+        return executor
 
     async def decode(self, payload: bytes, content_type: str, signal: Signal = "traces") -> DecodedBatch:
         """The request's spans; OTLPDecodeError for a bad request, DecoderUnavailable when a worker died."""
@@ -146,9 +150,9 @@ class DecodePool:
         return DecodedBatch(_from_ipc(data), rows, problems, truncated)
 
     def _replace(self, broken: Executor) -> None:
+        """A new pool, then the swap: requests meanwhile are told to retry, never decoded on the receiver's loop."""
         broken.shutdown(wait=False, cancel_futures=True)
-        self._executor = None
-        self.start()
+        self._executor = self._new_executor()
         self.restarts += 1
 
     def stop(self) -> None:

@@ -183,7 +183,8 @@ class HttpReceiver:
     async def _read(self, request: web.Request) -> bytes:
         """The body, counted against the receiver's in-flight bytes while it arrives (refused up front when
         its declared length would not fit)."""
-        size = request.content_length or 0
+        # without a length (chunked), the body is charged at the most it may be
+        size = request.content_length if request.content_length is not None else self.settings.max_message_bytes
         async with self.ingest.reading(size):
             return await request.read()
 

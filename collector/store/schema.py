@@ -60,7 +60,7 @@ servers AS (
     SELECT l.conversation_id, s.value->>'server_name' AS server, tool.value->>'name' AS tool
     FROM latest l, json_each(l.test_case, '$.mcp_servers') s, json_each(s.value, '$.available_tools') tool),
 validity AS (
-    SELECT v.conversation_id, (c.value->>'turn')::INTEGER AS turn, c.value->>'kind' AS kind,
+    SELECT v.conversation_id, v.conversation_version, (c.value->>'turn')::INTEGER AS turn, c.value->>'kind' AS kind,
            c.value->>'name' AS name, c.value->'violations' AS violations,
            row_number() OVER (PARTITION BY v.conversation_id, c.value->>'turn', c.value->>'kind', c.value->>'name'
                               ORDER BY c.key::INTEGER) - 1 AS nth
@@ -78,7 +78,8 @@ SELECT n.conversation_id, n.version AS conversation_version, n.turn, n.task, n.c
        coalesce(TRY_CAST(n.call->'result'->>'isError' AS BOOLEAN), false) AS is_error,
        v.violations, NULL::DOUBLE AS duration_ms, n.service_name, n.agent_name, n.assembled_at
 FROM numbered n
-LEFT JOIN validity v ON v.conversation_id = n.conversation_id AND v.turn = n.turn AND v.kind = n.kind
+LEFT JOIN validity v ON v.conversation_id = n.conversation_id AND v.conversation_version = n.version
+                    AND v.turn = n.turn AND v.kind = n.kind
                     AND v.name = n.name AND v.nth = n.nth;
 """
 

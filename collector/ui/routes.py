@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 import duckdb
 import jinja2
@@ -29,6 +29,7 @@ from collector.ui import views
 from collector.ui.charts import trend_chart
 
 COOKIE = "tracejudge_session"
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 Cursor = Callable[[], duckdb.DuckDBPyConnection]
 
 
@@ -68,8 +69,8 @@ class WebUI:
     def allowed(self, request: web.Request) -> bool:
         """No token: everyone (the admin port is on loopback unless a token is set). Else the session cookie
         the login set, or the token as a bearer header."""
-        if self._token is None:
-            return True
+        if self._token is None:  # open only to this machine: a page a rebinding DNS name points here is refused
+            return (request.url.host or "").strip("[]") in LOOPBACK_NAMES
         cookie = request.cookies.get(COOKIE, "")
         return hmac.compare_digest(cookie.encode(), self._session().encode()) or \
             (bool(request.headers.get("Authorization")) and bearer_matches(request.headers["Authorization"],
@@ -129,7 +130,8 @@ class WebUI:
     async def conversation(self, request: web.Request) -> web.StreamResponse:
         version = request.query.get("version", "")
         data = await self._data(views.conversation, request.match_info["conversation_id"],
-                                int(version) if version.isdigit() else None, self.trace_url)
+                                int(version) if version.isascii() and version.isdigit() and len(version) < 9
+                                else None, self.trace_url)
         if data is None:
             return self._render(request, "missing.html", conversation_id=request.match_info["conversation_id"],
                                 page="conversations", status=404)
@@ -162,7 +164,9 @@ class WebUI:
 
 def _safe_next(target: str) -> str:
     """Only a path on this server (no `//host` or scheme): the login cannot send a user elsewhere."""
-    safe = target.startswith("/") and not target.startswith("//") and "\\" not in target and "\n" not in target
+    parts = urlsplit(target)
+    safe = (target.startswith("/") and not target.startswith("//") and "\\" not in target
+            and all(0x20 <= ord(ch) != 0x7F for ch in target) and not parts.scheme and not parts.netloc)
     return target if safe else "/"
 
 

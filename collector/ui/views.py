@@ -17,6 +17,7 @@ from collector.durations import DurationError, parse_duration
 
 WINDOWS = ("1h", "24h", "7d", "30d", "90d")
 PAGE_SIZE = 50
+MAX_PAGE = 100_000
 SORTS = {"time": "c.assembled_at", "turns": "c.turns", "calls": "c.mcp_calls", "conversation": "c.conversation_id"}
 
 
@@ -45,7 +46,9 @@ class ConversationFilter:
             raw = query.get(f.name)
             if raw is None:
                 continue
-            values[f.name] = max(1, int(raw)) if f.name == "page" and str(raw).isdigit() else str(raw)[:200]
+            text = str(raw)
+            values[f.name] = (min(max(1, int(text)), MAX_PAGE) if text.isascii() and text.isdigit()
+                              and len(text) < 9 else 1) if f.name == "page" else text[:200]
         chosen = cls(**{k: v for k, v in values.items() if not (k == "page" and not isinstance(v, int))})
         if chosen.sort not in SORTS:
             chosen.sort = "time"
