@@ -46,14 +46,11 @@ class AdminServer:
         self.app.router.add_get("/report", self._report)
         self.app.router.add_post("/api/score-pending", self._score_pending)
         WebUI(self._cursor, self._queries, query_token, budget_usd=budget_usd, trace_url=trace_url).register(self.app)
-        self._runner: web.AppRunner | None = None
         self._site: GuardedSite | None = None
         self._limits = (max_connections, header_timeout_s)
 
     async def start(self) -> int:
-        self._runner = web.AppRunner(self.app, access_log=None, keepalive_timeout=30)
-        await self._runner.setup()
-        self._site = GuardedSite(self._runner, self.host, self.requested_port, max_connections=self._limits[0],
+        self._site = GuardedSite(self.app, self.host, self.requested_port, max_connections=self._limits[0],
                                  header_timeout_s=self._limits[1])
         self.port = await self._site.start()
         return self.port
@@ -61,8 +58,6 @@ class AdminServer:
     async def stop(self) -> None:
         if self._site is not None:
             await self._site.stop()
-        if self._runner is not None:
-            await self._runner.cleanup()
 
     async def _healthz(self, _: web.Request) -> web.Response:
         return web.Response(text="ok\n")

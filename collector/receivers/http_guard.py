@@ -26,11 +26,14 @@ class _Refused(asyncio.Protocol):
 
 
 class GuardedSite:
-    """A TCP listener for an aiohttp runner with connection and header-time limits."""
+    """An aiohttp app served on a TCP listener with connection and header-time limits; it owns the runner so
+    every HTTP port starts and drains the same way."""
 
-    def __init__(self, runner: web.AppRunner, host: str, port: int, *, max_connections: int,
-                 header_timeout_s: float, ssl_context: ssl.SSLContext | None = None) -> None:
-        self.runner, self.host, self.port = runner, host, port
+    def __init__(self, app: web.Application, host: str, port: int, *, max_connections: int,
+                 header_timeout_s: float, ssl_context: ssl.SSLContext | None = None,
+                 auto_decompress: bool = True) -> None:
+        self.runner = web.AppRunner(app, auto_decompress=auto_decompress, access_log=None, keepalive_timeout=30)
+        self.host, self.port = host, port
         self.max_connections, self.header_timeout_s = max_connections, header_timeout_s
         self.ssl_context = ssl_context
         self._server: asyncio.Server | None = None
@@ -61,6 +64,7 @@ class GuardedSite:
             transport.close()
 
     async def start(self) -> int:
+        await self.runner.setup()
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(self._protocol, self.host, self.port, ssl=self.ssl_context,
                                                 backlog=min(1024, self.max_connections), reuse_address=True)
@@ -68,9 +72,11 @@ class GuardedSite:
         return self.port
 
     async def stop(self) -> None:
+        """Stop accepting; the runner's cleanup lets in-flight requests finish, then tears the app down."""
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+        await self.runner.cleanup()
 
 
 def body_deadline_s(content_length: int | None, max_bytes: int, header_timeout_s: float) -> float:

@@ -102,15 +102,13 @@ class HttpReceiver:
         self.app = web.Application(client_max_size=settings.max_message_bytes)
         self.app.router.add_post(TRACES_PATH, self._traces)
         self.app.router.add_post(LOGS_PATH, self._logs)
-        self._runner: web.AppRunner | None = None
         self._site: GuardedSite | None = None
 
     async def start(self) -> int:
         s = self.settings
-        self._runner = web.AppRunner(self.app, auto_decompress=False, access_log=None, keepalive_timeout=30)
-        await self._runner.setup()
-        self._site = GuardedSite(self._runner, s.host, s.http_port, max_connections=s.max_connections,
-                                 header_timeout_s=s.header_timeout_s, ssl_context=self._tls())
+        self._site = GuardedSite(self.app, s.host, s.http_port, max_connections=s.max_connections,
+                                 header_timeout_s=s.header_timeout_s, ssl_context=self._tls(),
+                                 auto_decompress=False)
         self.port = await self._site.start()
         return self.port
 
@@ -118,9 +116,6 @@ class HttpReceiver:
         """Stop accepting and wait for in-flight requests (their spans are committed before they answer)."""
         if self._site is not None:
             await self._site.stop()
-        if self._runner is not None:
-            await self._runner.shutdown()
-            await self._runner.cleanup()
 
     def _tls(self) -> ssl.SSLContext | None:
         s = self.settings
