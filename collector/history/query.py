@@ -137,10 +137,11 @@ def run_read_query(con: duckdb.DuckDBPyConnection, sql: str, limit: int = DEFAUL
     rows: list[list[Any]] = []
     truncated, total = False, 0
     try:
-        cursor = con.execute(sql)
-        columns = [d[0] for d in cursor.description or []]
-        while not truncated:
-            chunk = cursor.fetchmany(min(16, limit + 1 - len(rows)))  # few rows at a time: they may be large
+        relation = con.sql(sql)  # a relation streams its answer; `execute` would materialize all of it first
+        columns = list(relation.columns) if relation is not None else []
+        step = 1  # rows may be megabytes each: fetch one, then as many as the byte budget has room for
+        while relation is not None and not truncated:
+            chunk = relation.fetchmany(min(step, limit + 1 - len(rows)))
             if not chunk:
                 break
             for row in chunk:
@@ -149,6 +150,8 @@ def run_read_query(con: duckdb.DuckDBPyConnection, sql: str, limit: int = DEFAUL
                     truncated = True
                     break
                 rows.append(list(row))
+            average = total // max(1, len(rows))
+            step = max(1, min(1024, (max_bytes - total) // (4 * average + 1)))
     except duckdb.InterruptException as exc:
         raise QueryFailed(f"the query ran past {timeout_s:g} s and was stopped; narrow it down") from exc
     except duckdb.OutOfMemoryException as exc:
