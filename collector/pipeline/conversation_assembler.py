@@ -14,6 +14,7 @@ import contextlib
 import json
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime
 
@@ -26,11 +27,17 @@ from collector.log import Logger
 from collector.pipeline.sampling import attribute_values, decide
 from mapping import Conversation, Span, build_conversations
 from mapping.conversation_key import KEY_PRECEDENCE
+from scoring.id_table import id_table
 
 MAX_PER_POLL = 256  # conversations assembled per poll: a backlog never hides a newly end-marked one for long
+SPANS_PER_READ = 50_000  # spans read back in one query while assembling; bounds the assembler's memory
 END_MARKER = '"tracejudge.conversation.end":true'
 _RANK = "CASE conversation_key_source " + " ".join(
     f"WHEN '{key}' THEN {i}" for i, key in enumerate(KEY_PRECEDENCE)) + " END"
+_UNKEYED = len(KEY_PRECEDENCE)  # the rank of a trace that carries no conversation key (its own conversation)
+_PRECEDENCE = pa.array(KEY_PRECEDENCE)
+_COLUMNS = ("trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, status_code, status_message, "
+            "scope_name, scope_version, attributes, resource_attributes, events, links, received_at")
 
 
 def _calls(conversation: Conversation) -> int:
@@ -38,7 +45,25 @@ def _calls(conversation: Conversation) -> int:
                for t in conversation.test_case.turns)
 
 
+def _commit_keys(table: pa.Table) -> dict[str, tuple[int, str]]:
+    """Each trace's strongest conversation key among the committed rows, computed on the Arrow columns."""
+    keyed = table.select(["trace_id", "conversation_key", "conversation_key_source"]).filter(
+        pc.is_valid(table.column("conversation_key")))
+    if keyed.num_rows == 0:
+        return {}
+    rank = pc.fill_null(pc.index_in(keyed.column("conversation_key_source"), value_set=_PRECEDENCE), _UNKEYED)
+    keyed = keyed.append_column("rank", rank).sort_by([("rank", "ascending")])
+    best = keyed.group_by("trace_id", use_threads=False).aggregate(
+        [("rank", "first"), ("conversation_key", "first")])
+    return dict(zip(best.column("trace_id").to_pylist(),
+                    zip(best.column("rank_first").to_pylist(), best.column("conversation_key_first").to_pylist(),
+                        strict=True), strict=True))
+
+
 class ConversationAssembler:
+    """Keeps, in memory and updated from each commit, which traces wait and which conversation each belongs
+    to, so a poll costs what changed and what is due, not the size of the quiet window."""
+
     def __init__(self, con: duckdb.DuckDBPyConnection, settings: Settings, logger: Logger,
                  job_status: Callable[[str], str], metric_configs: dict[str, str]) -> None:
         self.con = con
@@ -46,20 +71,63 @@ class ConversationAssembler:
         self.log = logger
         self.job_status = job_status  # metric -> the status a new job starts in
         self.metric_configs = metric_configs  # metric -> config hash (part of the job and score key)
-        self._seen: dict[str, float] = {}  # trace_id -> monotonic time of its last span
-        self._ended: set[str] = set()
+        self._group_of: dict[str, str] = {}  # waiting trace -> the conversation its spans name so far
+        self._rank_of: dict[str, int] = {}  # waiting trace -> precedence of that key (_UNKEYED: none)
+        self._members: dict[str, set[str]] = {}  # conversation -> its waiting traces
+        self._last: OrderedDict[str, float] = OrderedDict()  # conversation -> last span (monotonic), oldest first
+        self._stamp: dict[str, int] = {}  # conversation -> change counter: was it touched while assembling?
+        self._ended: set[str] = set()  # traces with a span that carried the end marker
+        self._changes = 0
         self._lock = threading.Lock()
         self.assembled = 0
 
     def observe(self, table: pa.Table) -> None:
         """Called by the span writer after each commit (its thread)."""
-        now = time.monotonic()
+        keys = _commit_keys(table)
         traces = pc.unique(table.column("trace_id")).to_pylist()
         ended = table.filter(pc.match_substring(table.column("attributes"), END_MARKER)).column("trace_id")
         with self._lock:
+            now = time.monotonic()
             for trace in traces:
-                self._seen[trace] = now
+                self._note(trace, keys.get(trace), now)
             self._ended.update(ended.to_pylist())
+
+    def _note(self, trace: str, key: tuple[int, str] | None, now: float) -> None:
+        """A trace has new spans (`key`: their strongest conversation key); the lock is held."""
+        old = self._group_of.get(trace)
+        group = old or trace
+        if key is not None and key[0] < self._rank_of.get(trace, _UNKEYED):
+            self._rank_of[trace], group = key
+        if group != old:
+            if old is not None:
+                self._leave(trace, old)
+            self._group_of[trace] = group
+            self._members.setdefault(group, set()).add(trace)
+        self._changes += 1
+        self._stamp[group] = self._changes
+        self._last[group] = now
+        self._last.move_to_end(group)
+
+    def _leave(self, trace: str, group: str) -> None:
+        members = self._members.get(group)
+        if members is not None:
+            members.discard(trace)
+            if not members:
+                del self._members[group]
+                self._last.pop(group, None)
+                self._stamp.pop(group, None)
+
+    def _forget(self, group: str, stamp: int) -> bool:
+        """Drop an assembled conversation from the waiting set unless a span arrived for it meanwhile."""
+        if self._stamp.get(group) != stamp:
+            return False
+        for trace in self._members.pop(group, set()):
+            self._group_of.pop(trace, None)
+            self._rank_of.pop(trace, None)
+            self._ended.discard(trace)
+        self._last.pop(group, None)
+        self._stamp.pop(group, None)
+        return True
 
     def recover(self) -> None:
         """After a restart: every trace with spans newer than its last assembly waits for a quiet period again."""
@@ -67,10 +135,13 @@ class ConversationAssembler:
             "SELECT s.trace_id FROM (SELECT trace_id, max(received_at) AS last FROM spans GROUP BY trace_id) s "
             "LEFT JOIN assembled_traces a USING (trace_id) WHERE a.assembled_at IS NULL OR s.last > a.assembled_at"
         ).fetchall()
+        traces = [trace for (trace,) in rows]
+        keys = self._strongest_keys(traces)
         now = time.monotonic()
         with self._lock:
-            for (trace,) in rows:
-                self._seen.setdefault(trace, now)
+            for trace in traces:
+                if trace not in self._group_of:
+                    self._note(trace, keys.get(trace), now)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -84,71 +155,144 @@ class ConversationAssembler:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.settings.conversations.poll_s)
 
+    def _due(self, force: bool, limit: int | None) -> dict[str, tuple[int, set[str]]]:
+        """End-marked conversations first, then those quiet for the quiet period, oldest first: (stamp, traces)."""
+        quiet = self.settings.conversations.quiet_period_s
+        now = time.monotonic()
+        with self._lock:
+            chosen = list(dict.fromkeys(self._group_of[t] for t in self._ended if t in self._group_of))
+            for group, last in self._last.items():
+                if limit is not None and len(chosen) >= limit:
+                    break
+                if not force and now - last < quiet:
+                    break  # ordered by last span: every later one is newer still
+                if group not in chosen:
+                    chosen.append(group)
+            return {g: (self._stamp[g], set(self._members[g])) for g in chosen[:limit]}
+
     def assemble_due(self, force: bool = False, limit: int | None = None) -> int:
         """Assemble the conversations that are complete (all of them with `force`), end-marked ones first, at
         most `limit` in this call; how many were assembled."""
-        with self._lock:
-            seen, ended = dict(self._seen), set(self._ended)
-        if not seen:
+        due = self._due(force, limit)
+        if not due:
             return 0
-        keys = self._trace_keys(list(seen))
-        groups: dict[str, list[str]] = {}
-        for trace in seen:
-            groups.setdefault(keys.get(trace) or trace, []).append(trace)
-        quiet = self.settings.conversations.quiet_period_s
-        now = time.monotonic()
+        waiting = set().union(*(traces for _, traces in due.values()))
+        owners = self._trace_keys(waiting)  # the stored spans decide: a late span may carry no key itself
+        conversations: dict[str, set[str]] = {}
+        for trace in waiting:
+            conversations.setdefault(owners.get(trace, trace), set()).add(trace)
+        keyed = {c for c in conversations if c in owners.values()}
+        if keyed:  # the conversation's earlier traces, assembled before, belong to it too
+            earlier = self._traces_named(keyed)
+            owners.update(self._trace_keys({t for t, _ in earlier} - set(owners)))
+            for trace, key in earlier:
+                if owners.get(trace, trace) == key:
+                    conversations[key].add(trace)
+        failed = self._assemble_all(conversations)
         done = 0
-        # conversations an end marker closed go first: a backlog of quiet ones must not hold them up
-        for conversation_id, traces in sorted(groups.items(), key=lambda item: not (set(item[1]) & ended)):
-            if limit is not None and done >= limit:
-                break
-            if not force and not (set(traces) & ended) and now - max(seen[t] for t in traces) < quiet:
+        with self._lock:
+            now = time.monotonic()
+            for group, (stamp, traces) in due.items():
+                if any(owners.get(t, t) in failed for t in traces):
+                    if self._stamp.get(group) == stamp:
+                        self._last[group] = now  # wait another quiet period before the next try
+                        self._last.move_to_end(group)
+                    continue
+                self._forget(group, stamp)
+                done += 1
+        return done
+
+    def _strongest_keys(self, traces: set[str] | list[str]) -> dict[str, tuple[int, str]]:
+        """Each trace's strongest conversation key over all its stored spans: (precedence, value)."""
+        if not traces:
+            return {}
+        with id_table(self.con, traces) as ids:
+            rows = self.con.execute(
+                f"SELECT trace_id, min({_RANK}), arg_min(conversation_key, {_RANK}) FROM spans WHERE trace_id IN "
+                f"(SELECT id FROM {ids}) AND conversation_key IS NOT NULL GROUP BY trace_id").fetchall()
+        return {trace: (rank if rank is not None else _UNKEYED, key) for trace, rank, key in rows}
+
+    def _trace_keys(self, traces: set[str]) -> dict[str, str]:
+        """Each trace's conversation: the highest-precedence key on any of its spans (as the mapping does)."""
+        return {trace: key for trace, (_, key) in self._strongest_keys(traces).items()}
+
+    def _traces_named(self, keys: set[str]) -> list[tuple[str, str]]:
+        """(trace, key) for every stored trace with a span that names one of these conversation keys."""
+        with id_table(self.con, keys) as ids:
+            return self.con.execute(f"SELECT DISTINCT trace_id, conversation_key FROM spans WHERE conversation_key "
+                                    f"IN (SELECT id FROM {ids})").fetchall()
+
+    def _assemble_all(self, conversations: dict[str, set[str]]) -> set[str]:
+        """Read back, map and write every conversation, a bounded number of spans per query; the ids that failed
+        (retried after another quiet period)."""
+        traces = set().union(*conversations.values())
+        with id_table(self.con, traces) as ids:
+            counts = dict(self.con.execute(f"SELECT trace_id, count(*) FROM spans WHERE trace_id IN "
+                                           f"(SELECT id FROM {ids}) GROUP BY trace_id").fetchall())
+        limit = self.settings.conversations.max_spans
+        failed: set[str] = set()
+        batch: list[str] = []
+        size = 0
+        for conversation_id, members in conversations.items():
+            count = sum(counts.get(t, 0) for t in members)
+            if count > limit:  # bounded by design: one huge conversation must not take the server's memory
+                self.log.warning("conversation too large to assemble", conversation_id=conversation_id,
+                                 spans=count, max_spans=limit,
+                                 advice="raise [conversations] max_spans if it is a real conversation")
+                self._mark_assembled({conversation_id: members}, {})
                 continue
+            if batch and size + count > SPANS_PER_READ:
+                failed |= self._assemble_batch(batch, conversations)
+                batch, size = [], 0
+            batch.append(conversation_id)
+            size += count
+        if batch:
+            failed |= self._assemble_batch(batch, conversations)
+        return failed
+
+    def _assemble_batch(self, batch: list[str], conversations: dict[str, set[str]]) -> set[str]:
+        with id_table(self.con, set().union(*(conversations[c] for c in batch))) as ids:
+            rows = self.con.execute(f"SELECT {_COLUMNS} FROM spans WHERE trace_id IN (SELECT id FROM {ids})").fetchall()
+        by_trace: dict[str, list[tuple]] = {}
+        for row in rows:
+            by_trace.setdefault(row[0], []).append(row)
+        failed: set[str] = set()
+        assembled: dict[str, set[str]] = {}
+        newest: dict[str, datetime] = {}
+        for conversation_id in batch:
+            members = conversations[conversation_id]
+            mine = [r for t in members for r in by_trace.get(t, ())]
             try:
-                self._assemble(conversation_id, traces, keyed=conversation_id in keys.values())
+                self._assemble(conversation_id, mine)
             except Exception as exc:  # one bad conversation must not hold up the others; it is retried later
                 self.log.error("assembly failed", conversation_id=conversation_id,
                                reason=f"{type(exc).__name__}: {exc}")
-                with self._lock:
-                    for trace in traces:
-                        if self._seen.get(trace) == seen[trace]:
-                            self._seen[trace] = now  # wait another quiet period before the next try
+                failed.add(conversation_id)
                 continue
-            with self._lock:
-                for trace in traces:
-                    if self._seen.get(trace) == seen[trace]:  # no newer span arrived meanwhile
-                        del self._seen[trace]
-                        self._ended.discard(trace)
-            done += 1
-        return done
+            assembled[conversation_id] = members
+            # the newest span assembled, not the clock: a span committed meanwhile is still newer after a restart
+            newest[conversation_id] = max((r[15] for r in mine), default=datetime.now(UTC))
+        self._mark_assembled(assembled, newest)
+        return failed
 
-    def _trace_keys(self, traces: list[str]) -> dict[str, str]:
-        """Each trace's conversation: the highest-precedence key on any of its spans (as the mapping does)."""
-        return dict(self.con.execute(
-            f"SELECT trace_id, arg_min(conversation_key, {_RANK}) FROM spans WHERE trace_id IN "
-            "(SELECT unnest(?)) AND conversation_key IS NOT NULL GROUP BY trace_id", [traces]).fetchall())
-
-    def _assemble(self, conversation_id: str, traces: list[str], keyed: bool) -> None:
-        if keyed:
-            candidates = sorted(set(traces) | {t for (t,) in self.con.execute(
-                "SELECT DISTINCT trace_id FROM spans WHERE conversation_key = ?", [conversation_id]).fetchall()})
-            # a span may carry this value under a weaker key (say mcp.session.id) while its trace belongs to
-            # another conversation: keep only the traces whose own conversation this is
-            owners = self._trace_keys(candidates)
-            traces = [t for t in candidates if owners.get(t, t) == conversation_id]
-        limit = self.settings.conversations.max_spans
-        [(count,)] = self.con.execute("SELECT count(*) FROM spans WHERE trace_id IN (SELECT unnest(?))",
-                                      [traces]).fetchall()
-        if count > limit:  # bounded by design: one huge conversation must not take the server's memory
-            self.log.warning("conversation too large to assemble", conversation_id=conversation_id, spans=count,
-                             max_spans=limit, advice="raise [conversations] max_spans if it is a real conversation")
-            self.con.execute("INSERT OR REPLACE INTO assembled_traces SELECT unnest(?), ?, now()",
-                             [traces, conversation_id])
+    def _mark_assembled(self, conversations: dict[str, set[str]], newest: dict[str, datetime]) -> None:
+        if not conversations:
             return
-        rows = self.con.execute(
-            "SELECT trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, status_code, status_message, "
-            "scope_name, scope_version, attributes, resource_attributes, events, links, received_at FROM spans "
-            "WHERE trace_id IN (SELECT unnest(?))", [traces]).fetchall()
+        now = datetime.now(UTC)
+        table = pa.table({
+            "trace_id": [t for members in conversations.values() for t in members],
+            "conversation_id": [c for c, members in conversations.items() for _ in members],
+            "assembled_at": pa.array([newest.get(c, now) for c, members in conversations.items() for _ in members],
+                                     pa.timestamp("us", tz="UTC")),
+        })
+        self.con.register("assembled_now", table)
+        try:
+            self.con.execute("INSERT OR REPLACE INTO assembled_traces SELECT trace_id, conversation_id, assembled_at "
+                             "FROM assembled_now")
+        finally:
+            self.con.unregister("assembled_now")
+
+    def _assemble(self, conversation_id: str, rows: list[tuple]) -> None:
         spans = [Span.from_record({
             "trace_id": r[0], "span_id": r[1], "parent_span_id": r[2], "name": r[3], "kind": r[4],
             "start_ns": r[5], "end_ns": r[6], "status_code": r[7], "status_message": r[8], "scope_name": r[9],
@@ -161,10 +305,6 @@ class ConversationAssembler:
             mine = set(conversation.trace_ids)
             self.write_version(conversation, attribute_values(self.settings.sampling,
                                                               (s for s in spans if s.trace_id in mine)))
-        # the newest span assembled, not the clock: a span committed meanwhile is still newer after a restart
-        newest = max((r[15] for r in rows), default=datetime.now(UTC))
-        self.con.execute("INSERT OR REPLACE INTO assembled_traces SELECT unnest(?), ?, ?",
-                         [traces, conversation_id, newest])
 
     def write_version(self, conversation: Conversation,
                       attributes: dict[str, set[str]] | None = None) -> int | None:
@@ -206,5 +346,5 @@ class ConversationAssembler:
 
     def pending_traces(self) -> int:
         with self._lock:
-            return len(self._seen)
+            return len(self._group_of)
 
