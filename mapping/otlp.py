@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,15 +75,25 @@ def _cut(value: Any, length: int) -> tuple[Any, bool]:
     return value, False
 
 
-def _limited(span: Span, limits: SpanLimits, cut_before: bool) -> tuple[Span, bool]:
-    """The span within the value-length limit (counts were cut while decoding: `cut_before`)."""
-    cut = cut_before
-    for key, value in list(span.attributes.items()):
-        short, was_cut = _cut(value, limits.attribute_value_length)
+def _cut_values(attributes: dict[str, Any], length: int) -> bool:
+    """Cut string values (and strings in arrays) past `length` in place; whether any was cut."""
+    cut = False
+    for key, value in attributes.items():
+        short, was_cut = _cut(value, length)
         if was_cut:
-            span.attributes[key] = short
+            attributes[key] = short
             cut = True
-    return span, cut
+    return cut
+
+
+def _limited(span: Span, limits: SpanLimits, cut_before: bool) -> tuple[Span, bool]:
+    """The span within the value-length limit, on its events and links too (counts were cut while decoding:
+    `cut_before`)."""
+    length = limits.attribute_value_length
+    cut = _cut_values(span.attributes, length)
+    for item in (*span.events, *span.links):
+        cut = _cut_values(item.attributes, length) or cut
+    return span, cut or cut_before
 
 
 class _InvalidSpan(ValueError):
@@ -191,12 +202,30 @@ _SCALARS = frozenset({"string_value", "int_value", "bool_value", "double_value"}
 
 
 def _pb_attrs(items: Any) -> dict[str, Any]:
+    return _pb_attrs_cut(items, sys.maxsize)[0]
+
+
+def _pb_attrs_cut(items: Any, length: int) -> tuple[dict[str, Any], bool]:
+    """Attributes with string values cut to `length` characters, and whether any was cut."""
     out: dict[str, Any] = {}
+    cut = False
     for kv in items:  # the hot loop of ingest: scalars inline, nested values through _pb_any
         value = kv.value
         kind = value.WhichOneof("value")
-        out[kv.key] = getattr(value, kind) if kind in _SCALARS else (None if kind is None else _pb_any(value))
-    return out
+        if kind == "string_value":
+            text = value.string_value
+            if len(text) > length:
+                text, cut = text[:length], True
+            out[kv.key] = text
+        elif kind in _SCALARS:
+            out[kv.key] = getattr(value, kind)
+        elif kind is None:
+            out[kv.key] = None
+        else:
+            nested, was_cut = _cut(_pb_any(value), length)
+            out[kv.key] = nested
+            cut = cut or was_cut
+    return out, cut
 
 
 def _pb_span_record(span: Any, resource: dict[str, Any], scope: Any,
@@ -210,6 +239,18 @@ def _pb_span_record(span: Any, resource: dict[str, Any], scope: Any,
     if cut:
         attributes, events = attributes[:limits.attribute_count], events[:limits.event_count]
         links = links[:limits.link_count]
+    length = limits.attribute_value_length
+    span_attributes, values_cut = _pb_attrs_cut(attributes, length)
+    event_list: list[SpanEvent] = []
+    for e in events:
+        event_attributes, event_cut = _pb_attrs_cut(e.attributes[:limits.event_attribute_count], length)
+        event_list.append(SpanEvent(e.name, e.time_unix_nano, event_attributes))
+        values_cut = values_cut or event_cut or len(e.attributes) > limits.event_attribute_count
+    link_list: list[SpanLink] = []
+    for lk in links:
+        link_attributes, link_cut = _pb_attrs_cut(lk.attributes[:limits.attribute_count], length)
+        link_list.append(SpanLink(lk.trace_id.hex(), lk.span_id.hex(), link_attributes))
+        values_cut = values_cut or link_cut or len(lk.attributes) > limits.attribute_count
     record = Span(
         trace_id=_id_from_bytes(span.trace_id, 16, "trace_id"),  # type: ignore[arg-type]
         span_id=_id_from_bytes(span.span_id, 8, "span_id"),  # type: ignore[arg-type]
@@ -218,14 +259,10 @@ def _pb_span_record(span: Any, resource: dict[str, Any], scope: Any,
         start_ns=_in_range(span.start_time_unix_nano, "start_time_unix_nano"),
         end_ns=_in_range(span.end_time_unix_nano, "end_time_unix_nano"),
         status_code=span.status.code, status_message=span.status.message,
-        attributes=_pb_attrs(attributes),
-        events=[SpanEvent(e.name, e.time_unix_nano, _pb_attrs(e.attributes[:limits.event_attribute_count]))
-                for e in events] if events else [],
-        links=[SpanLink(lk.trace_id.hex(), lk.span_id.hex(), _pb_attrs(lk.attributes[:limits.attribute_count]))
-               for lk in links] if links else [],
+        attributes=span_attributes, events=event_list, links=link_list,
         resource=resource, scope_name=scope.name, scope_version=scope.version,
     )
-    return _limited(record, limits, cut)
+    return record, cut or values_cut
 
 
 def _decode_protobuf(payload: bytes, limits: SpanLimits = DEFAULT_LIMITS) -> DecodedRequest:

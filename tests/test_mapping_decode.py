@@ -12,6 +12,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, St
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
 from mapping import OTLPDecodeError, UnsupportedContentTypeError, decode_otlp
+from mapping.otlp import SpanLimits
 from tests.support.otlp_json import T0, request, sid, span, tid
 
 
@@ -119,3 +120,21 @@ def test_deeply_nested_any_values_are_a_span_problem_not_a_crash() -> None:
     deep["attributes"] = [{"key": "deep", "value": value}]
     decoded = decode_otlp(json.dumps(request(({}, [span(1, 1, "ok"), deep]))), "application/json")
     assert len(decoded.spans) == 1 and "nests deeper than 64" in str(decoded.problems[0])
+
+
+def test_long_values_are_cut_on_span_event_and_link_attributes_alike() -> None:
+    limits = SpanLimits(attribute_value_length=10)
+    long = "x" * 50
+    pb = _pb_span(b"\x01" * 16, b"\x02" * 8)
+    pb.events.append(PbSpan.Event(name="e", time_unix_nano=T0,
+                                      attributes=[KeyValue(key="v", value=AnyValue(string_value=long))]))
+    pb.links.append(PbSpan.Link(trace_id=b"\x03" * 16, span_id=b"\x04" * 8,
+                                    attributes=[KeyValue(key="v", value=AnyValue(string_value=long))]))
+    decoded = decode_otlp(_pb_request([pb]), "application/x-protobuf", limits)
+    [out] = decoded.spans
+    assert out.events[0].attributes["v"] == "x" * 10 and out.links[0].attributes["v"] == "x" * 10
+    assert decoded.truncated == 1
+
+    body = request(({}, [span(1, 1, "s", events=[{"name": "e", "attributes": {"v": long}}])]))
+    decoded = decode_otlp(json.dumps(body), "application/json", limits)
+    assert decoded.spans[0].events[0].attributes["v"] == "x" * 10 and decoded.truncated == 1
