@@ -17,6 +17,7 @@ from collector.history.report import build_report
 from collector.history.report_data import ReportError
 from collector.history.report_html import CSP
 from collector.metrics import CollectorMetrics
+from collector.pipeline.summary_tables import SummaryTables
 from collector.receivers.http_guard import GuardedSite
 from collector.receivers.ingest import bearer_matches
 from collector.store.span_store import SpanStore
@@ -45,7 +46,9 @@ class AdminServer:
         self.app.router.add_post("/api/query", self._query)
         self.app.router.add_get("/report", self._report)
         self.app.router.add_post("/api/score-pending", self._score_pending)
-        WebUI(self._cursor, self._queries, query_token, budget_usd=budget_usd, trace_url=trace_url).register(self.app)
+        self.summaries = SummaryTables()
+        WebUI(self._cursor, self._queries, query_token, self.summaries, budget_usd=budget_usd,
+              trace_url=trace_url).register(self.app)
         self._site: GuardedSite | None = None
         self._limits = (max_connections, header_timeout_s)
 

@@ -103,7 +103,10 @@ class Collector:
         if self.stage.unavailable:
             self.log.warning("judged metrics wait for a judge", advice=JUDGE_ADVICE)
         self._pipeline = [asyncio.create_task(self.assembler.run(self._stop_pipeline)),
-                          asyncio.create_task(self.stage.run(self._stop_pipeline))]
+                          asyncio.create_task(self.stage.run(self._stop_pipeline)),
+                          asyncio.create_task(self.admin.summaries.run(
+                              self.store.cursor(), self._stop_pipeline, self.settings.conversations.poll_s,
+                              self._log))]
         export = self.settings.export
         if export.endpoint:
             self.score_export = ScoreEventExporter(self.store.cursor(), otlp_log_exporter(

@@ -24,6 +24,7 @@ import duckdb
 import jinja2
 from aiohttp import web
 
+from collector.pipeline.summary_tables import SummaryTables
 from collector.receivers.ingest import bearer_matches
 from collector.ui import views
 from collector.ui.charts import trend_chart
@@ -39,9 +40,9 @@ def csp(nonce: str) -> str:
 
 
 class WebUI:
-    def __init__(self, cursor: Cursor, executor: Executor, query_token: str | None, *,
+    def __init__(self, cursor: Cursor, executor: Executor, query_token: str | None, summaries: SummaryTables, *,
                  budget_usd: float | None = None, trace_url: str | None = None) -> None:
-        self.cursor, self.executor = cursor, executor
+        self.cursor, self.executor, self.summaries = cursor, executor, summaries
         self._token = query_token.encode() if query_token else None
         self._session_key = secrets.token_bytes(32)  # a restart signs everyone out
         self.budget_usd, self.trace_url = budget_usd, trace_url
@@ -110,7 +111,11 @@ class WebUI:
     # --- pages ----------------------------------------------------------------------------------------
 
     async def _data(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, self.cursor(), *args)
+        def read() -> Any:
+            con = self.cursor()
+            self.summaries.refresh(con)  # what was written since the last refresh only
+            return fn(con, *args)
+        return await asyncio.get_running_loop().run_in_executor(self.executor, read)
 
     async def overview(self, request: web.Request) -> web.StreamResponse:
         window = request.query.get("window", "7d")

@@ -106,24 +106,26 @@ def overview(con: duckdb.DuckDBPyConnection, window: str, split: str, budget: fl
     since = window_start(window)
     bucket = "hour" if dt.datetime.now(dt.UTC) - since <= dt.timedelta(days=2) else "day"
     [(received, complete)] = con.execute(
-        "SELECT count(DISTINCT conversation_id), count(DISTINCT conversation_id) FILTER (WHERE status = 'complete') "
-        "FROM conversations WHERE assembled_at >= ?", [since]).fetchall()
-    [(scored,)] = con.execute("SELECT count(DISTINCT conversation_id) FROM latest_scores WHERE scored_at >= ? "
+        "SELECT count(*), count(*) FROM conversation_summary WHERE assembled_at >= ?", [since]).fetchall()
+    [(scored,)] = con.execute("SELECT count(DISTINCT conversation_id) FROM score_summary WHERE scored_at >= ? "
                               "AND score IS NOT NULL", [since]).fetchall()
     metrics = _rows(con, "SELECT metric, count(*) AS conversations, avg(score) AS mean, "
                          "quantile_cont(score, 0.1) AS p10, avg(CASE WHEN success THEN 1.0 WHEN NOT success "
-                         "THEN 0.0 END) AS pass_rate FROM latest_scores WHERE scored_at >= ? AND score IS NOT NULL "
+                         "THEN 0.0 END) AS pass_rate FROM score_summary WHERE scored_at >= ? AND score IS NOT NULL "
                          "GROUP BY metric ORDER BY metric", [since])
     group = {"service": "coalesce(service_name, '-')", "agent": "coalesce(agent_name, '-')"}.get(split, "'all'")
+    width = 3_600_000_000 if bucket == "hour" else 86_400_000_000  # UTC buckets by arithmetic: no time zone lookups
     points = con.execute(
-        f"SELECT metric, {group} AS grp, date_trunc('{bucket}', timezone('UTC', scored_at)) AS bucket, "
+        f"SELECT metric, {group} AS grp, to_timestamp(epoch_us(scored_at) // {width} * {width // 1_000_000}) "
+        "AS bucket, "
         "avg(score), quantile_cont(score, 0.1), avg(CASE WHEN success THEN 1.0 WHEN NOT success THEN 0.0 END) "
-        "FROM latest_scores WHERE scored_at >= ? AND score IS NOT NULL GROUP BY ALL ORDER BY 1, 2, 3",
+        "FROM score_summary WHERE scored_at >= ? AND score IS NOT NULL GROUP BY ALL ORDER BY 1, 2, 3",
         [since]).fetchall()
     trends: dict[tuple[str, str], Trend] = {}
     for metric, grp, at, mean, p10, rate in points:
         trends.setdefault((metric, grp), Trend(metric, grp, [])).points.append((at, mean, p10, rate))
-    spend = _rows(con, "SELECT CAST(timezone('UTC', scored_at) AS DATE) AS day, sum(evaluation_cost) AS cost "
+    spend = _rows(con, "SELECT DATE '1970-01-01' + CAST(epoch_us(scored_at) // 86400000000 AS INTEGER) AS day, "
+                       "sum(evaluation_cost) AS cost "
                        "FROM scores WHERE scored_at >= ? GROUP BY 1 ORDER BY 1", [since])
     jobs = dict(con.execute("SELECT status, count(*) FROM eval_jobs GROUP BY 1 ORDER BY 1").fetchall())
     failed = _rows(con, "SELECT conversation_id, metric, attempts, last_error, updated_at FROM eval_jobs "
@@ -159,12 +161,14 @@ def conversations(con: duckdb.DuckDBPyConnection, f: ConversationFilter) -> Conv
         where.append("c.agent_name = ?")
         params.append(f.agent)
     if f.q:
-        where.append("contains(lower(CAST(c.test_case AS VARCHAR)), lower(?))")
+        where.append("EXISTS (SELECT 1 FROM conversations t WHERE t.conversation_id = c.conversation_id "
+                     "AND t.version = c.version AND contains(lower(CAST(t.test_case AS VARCHAR)), lower(?)))")
         params.append(f.q)
     if f.mcp_error == "1":
-        where.append("c.conversation_id IN (SELECT conversation_id FROM mcp_calls WHERE is_error)")
+        where.append("c.mcp_errors > 0")
     if f.tool:
-        where.append("c.conversation_id IN (SELECT conversation_id FROM mcp_calls WHERE name = ?)")
+        where.append("EXISTS (SELECT 1 FROM call_summary k WHERE k.conversation_id = c.conversation_id "
+                     "AND k.version = c.version AND k.name = ?)")
         params.append(f.tool)
     score_filter = []
     if f.metric:
@@ -180,31 +184,27 @@ def conversations(con: duckdb.DuckDBPyConnection, f: ConversationFilter) -> Conv
         score_filter.append(f"s.score {op} ?")
         params.append(value)
     if score_filter:
-        where.append("c.conversation_id IN (SELECT s.conversation_id FROM latest_scores s WHERE "
+        where.append("c.conversation_id IN (SELECT s.conversation_id FROM score_summary s WHERE "
                      + " AND ".join(score_filter) + ")")
-    base = ("FROM conversations c WHERE " + " AND ".join(where)
-            + " QUALIFY row_number() OVER (PARTITION BY c.conversation_id ORDER BY c.version DESC) = 1")
-    [(total,)] = con.execute(f"SELECT count(*) FROM (SELECT c.conversation_id {base})", params).fetchall()
+    base = "FROM conversation_summary c WHERE " + " AND ".join(where)
+    [(total,)] = con.execute(f"SELECT count(*) {base}", params).fetchall()
     order = f"{SORTS[f.sort]} {'ASC' if f.order == 'asc' else 'DESC'} NULLS LAST, c.conversation_id"
     rows = _rows(con, "SELECT c.conversation_id, c.version, c.service_name, c.agent_name, c.turns, c.mcp_calls, "
-                      f"c.assembled_at {base} ORDER BY {order} LIMIT ? OFFSET ?",
+                      f"c.mcp_errors, c.assembled_at {base} ORDER BY {order} LIMIT ? OFFSET ?",
                  [*params, PAGE_SIZE, (f.page - 1) * PAGE_SIZE])
     ids = [r["conversation_id"] for r in rows]
-    scores = con.execute("SELECT conversation_id, metric, score, success FROM latest_scores "
+    scores = con.execute("SELECT conversation_id, metric, score, success FROM score_summary "
                          "WHERE conversation_id IN (SELECT unnest(?))", [ids]).fetchall() if ids else []
     by_id: dict[str, dict[str, tuple[float | None, bool | None]]] = {}
     for cid, metric, score, success in scores:
         by_id.setdefault(cid, {})[metric] = (score, success)
-    errors = {cid for (cid,) in con.execute(
-        "SELECT DISTINCT conversation_id FROM mcp_calls WHERE is_error AND conversation_id IN (SELECT unnest(?))",
-        [ids]).fetchall()} if ids else set()
     for row in rows:
         row["scores"] = by_id.get(row["conversation_id"], {})
-        row["mcp_error"] = row["conversation_id"] in errors
-    metrics = [m for (m,) in con.execute("SELECT DISTINCT metric FROM scores ORDER BY 1").fetchall()]
-    services = [s for (s,) in con.execute("SELECT DISTINCT service_name FROM conversations "
+        row["mcp_error"] = bool(row.pop("mcp_errors"))
+    metrics = [m for (m,) in con.execute("SELECT DISTINCT metric FROM score_summary ORDER BY 1").fetchall()]
+    services = [s for (s,) in con.execute("SELECT DISTINCT service_name FROM conversation_summary "
                                           "WHERE service_name IS NOT NULL ORDER BY 1 LIMIT 200").fetchall()]
-    agents = [a for (a,) in con.execute("SELECT DISTINCT agent_name FROM conversations "
+    agents = [a for (a,) in con.execute("SELECT DISTINCT agent_name FROM conversation_summary "
                                         "WHERE agent_name IS NOT NULL ORDER BY 1 LIMIT 200").fetchall()]
     return ConversationPage(f, rows, total, metrics, services, agents)
 
@@ -287,12 +287,23 @@ def _decisions(breakdown: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def tools(con: duckdb.DuckDBPyConnection, window: str) -> list[dict[str, Any]]:
-    return _rows(con, "SELECT coalesce(server, '-') AS server, kind, name, count(*) AS calls, "
-                      "avg(CASE WHEN is_error THEN 1.0 ELSE 0.0 END) AS error_rate, "
-                      "avg(CASE WHEN contains(CAST(violations AS VARCHAR), 'inputSchema') THEN 1.0 ELSE 0.0 END) "
-                      "AS invalid_rate, count(DISTINCT conversation_id) AS conversations "
-                      "FROM mcp_calls WHERE assembled_at >= ? GROUP BY ALL ORDER BY calls DESC, name LIMIT 500",
-                 [window_start(window)])
+    """Per server and tool of the latest conversation versions in the window: calls, error rate, the share of
+    calls whose arguments broke the tool's input schema (from the latest mcp_call_validity scores)."""
+    params = [window_start(window)]
+    rows = _rows(con, "SELECT coalesce(k.server, '-') AS server, k.kind, k.name, count(*) AS calls, "
+                      "avg(CASE WHEN k.is_error THEN 1.0 ELSE 0.0 END) AS error_rate, "
+                      "count(DISTINCT k.conversation_id) AS conversations FROM call_summary k "
+                      "JOIN conversation_summary c ON c.conversation_id = k.conversation_id AND c.version = k.version "
+                      "WHERE c.assembled_at >= ? GROUP BY ALL ORDER BY calls DESC, k.name LIMIT 500", params)
+    invalid = {(kind, name): n for kind, name, n in con.execute(
+        "SELECT split_part(call, '/', 1), substr(call, strpos(call, '/') + 1), count(*) FROM ("
+        "SELECT unnest(s.invalid_calls) AS call FROM score_summary s JOIN conversation_summary c "
+        "ON c.conversation_id = s.conversation_id AND c.version = s.conversation_version "
+        "WHERE s.metric = 'mcp_call_validity' AND len(s.invalid_calls) > 0 AND c.assembled_at >= ?) GROUP BY ALL",
+        params).fetchall()}
+    for row in rows:
+        row["invalid_rate"] = invalid.get((row["kind"], row["name"]), 0) / row["calls"]
+    return rows
 
 
 def change_token(con: duckdb.DuckDBPyConnection) -> str:

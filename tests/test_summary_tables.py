@@ -1,0 +1,105 @@
+"""The web UI's summary tables answer what the `latest_scores` and `mcp_calls` views answer, as conversations
+get new versions, scores arrive out of order and the collector restarts."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from collector.pipeline.summary_tables import SummaryTables
+from collector.store.span_store import SpanStore
+
+
+def _case(error: bool, extra_call: bool = False) -> str:
+    calls = [{"name": "get_weather", "args": {"city": "Paris"},
+              "result": {"content": [{"type": "text", "text": "Rainy"}], "isError": error}}]
+    if extra_call:
+        calls.append({"name": "get_forecast", "args": {"days": "three"}, "result": {"content": []}})
+    return json.dumps({
+        "turns": [{"role": "user", "content": "Weather in Paris?"},
+                  {"role": "assistant", "content": "Rainy.", "mcp_tools_called": calls,
+                   "mcp_resources_called": [{"uri": "file:///notes.md", "result": {"contents": []}}]}],
+        "mcp_servers": [{"server_name": "weather", "available_tools": [{"name": "get_weather"},
+                                                                       {"name": "get_forecast"}]}]})
+
+
+def _conversation(con: duckdb.DuckDBPyConnection, cid: str, version: int, case: str) -> None:
+    con.execute("INSERT INTO conversations (conversation_id, version, content_hash, status, service_name, agent_name, "
+                "turns, mcp_calls, trace_ids, test_case, assembled_at) VALUES (?, ?, ?, 'complete', 'svc', 'agent', "
+                "2, 2, ['t'], ?, now())", [cid, version, f"{cid}{version}", case])
+
+
+def _score(con: duckdb.DuckDBPyConnection, cid: str, version: int, metric: str, score: float,
+           breakdown: dict | None = None, config: str = "cfg") -> None:
+    con.execute("INSERT INTO scores (conversation_id, conversation_version, metric, metric_config, score, success, "
+                "service_name, agent_name, evaluation_cost, breakdown, scored_at) VALUES (?, ?, ?, ?, ?, ?, "
+                "'svc', 'agent', 0.01, ?, now())", [cid, version, metric, config, score, score >= 0.5,
+                                                    json.dumps(breakdown or {})])
+
+
+def _same_as_the_views(con: duckdb.DuckDBPyConnection) -> None:
+    assert con.execute("SELECT conversation_id, metric, conversation_version, score, success FROM score_summary "
+                       "ORDER BY 1, 2").fetchall() == \
+        con.execute("SELECT conversation_id, metric, conversation_version, score, success FROM latest_scores "
+                    "ORDER BY 1, 2").fetchall()
+    assert con.execute("SELECT k.conversation_id, k.version, k.turn, k.kind, k.server, k.name, k.is_error "
+                       "FROM call_summary k JOIN conversation_summary c ON c.conversation_id = k.conversation_id "
+                       "AND c.version = k.version ORDER BY ALL").fetchall() == \
+        con.execute("SELECT conversation_id, conversation_version, turn, kind, server, name, is_error FROM mcp_calls "
+                    "ORDER BY ALL").fetchall()
+    assert con.execute("SELECT conversation_id, version, mcp_errors FROM conversation_summary ORDER BY 1").fetchall() \
+        == con.execute("SELECT conversation_id, conversation_version, count(*) FILTER (WHERE is_error) FROM mcp_calls "
+                       "GROUP BY ALL ORDER BY 1").fetchall()
+    assert con.execute("SELECT unnest(invalid_calls) AS c FROM score_summary ORDER BY c").fetchall() == \
+        con.execute("SELECT kind || '/' || name AS c FROM mcp_calls WHERE contains(CAST(violations AS VARCHAR), "
+                    "'inputSchema') ORDER BY c").fetchall()
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    opened = SpanStore(tmp_path / "t.duckdb")
+    opened.open()
+    yield opened
+    opened.close()
+
+
+def test_summaries_follow_new_versions_late_scores_and_a_restart(store: SpanStore) -> None:
+    con = store.cursor()
+    summaries = SummaryTables()
+    _conversation(con, "a", 1, _case(error=True))
+    _conversation(con, "b", 1, _case(error=False, extra_call=True))
+    _score(con, "a", 1, "mcp_use", 0.2)
+    invalid = {"calls": [{"turn": 1, "kind": "tool", "name": "get_forecast",
+                          "violations": ["arguments do not match the inputSchema: days"]}]}
+    _score(con, "b", 1, "mcp_call_validity", 0.5, invalid)
+    summaries.refresh(con)
+    _same_as_the_views(con)
+    assert con.execute("SELECT mcp_errors FROM conversation_summary WHERE conversation_id = 'a'").fetchone() == (1,)
+
+    _conversation(con, "a", 2, _case(error=False, extra_call=True))  # a late span made a second version
+    _score(con, "a", 2, "mcp_use", 0.9)
+    _score(con, "a", 1, "mcp_task_completion", 0.4)  # version 1's job finished after version 2 was scored
+    summaries.refresh(con)
+    _same_as_the_views(con)
+    assert con.execute("SELECT version, mcp_errors FROM conversation_summary WHERE conversation_id = 'a'"
+                       ).fetchone() == (2, 0)
+
+    # the older version re-scored after version 2's score was summarized: version 2's score stays the latest
+    exact = SummaryTables(margin=dt.timedelta(0))
+    exact.refresh(con)
+    _score(con, "b", 1, "mcp_use", 0.7)  # moves the refresh on past version 2's score
+    exact.refresh(con)
+    _score(con, "a", 1, "mcp_use", 0.1, config="new-threshold")
+    exact.refresh(con)
+    _same_as_the_views(con)
+
+    restarted = SummaryTables()  # reads on from where the tables end: nothing counted twice
+    _score(con, "a", 2, "mcp_call_validity", 0.5, invalid)
+    restarted.refresh(con)
+    restarted.refresh(con)
+    _same_as_the_views(con)
+    assert con.execute("SELECT count(*) FROM call_summary").fetchone() == (3 + 2 + 3,)
