@@ -13,14 +13,13 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from collector.history.query import DEFAULT_LIMIT, QueryFailed, QueryRefused, run_read_query
-from collector.history.report import build_report
-from collector.history.report_data import ReportError
-from collector.history.report_html import CSP
 from collector.metrics import CollectorMetrics
 from collector.pipeline.summary_tables import SummaryTables
 from collector.receivers.http_guard import GuardedSite
 from collector.receivers.ingest import bearer_matches
 from collector.store.span_store import SpanStore
+from collector.ui.export import ReportError, export_views
+from collector.ui.rendering import STATIC_CSP
 from collector.ui.routes import WebUI
 from scoring.stage import ScoringStage
 
@@ -47,6 +46,7 @@ class AdminServer:
         self.app.router.add_get("/report", self._report)
         self.app.router.add_post("/api/score-pending", self._score_pending)
         self.summaries = SummaryTables()
+        self._budget_usd, self._trace_url = budget_usd, trace_url
         WebUI(self._cursor, self._queries, query_token, self.summaries, budget_usd=budget_usd,
               trace_url=trace_url).register(self.app)
         self._site: GuardedSite | None = None
@@ -129,13 +129,15 @@ class AdminServer:
         self._busy += 1
         try:
             page = await asyncio.get_running_loop().run_in_executor(
-                self._queries, build_report, self._cursor(), since, f"the collector at port {self.port}")
+                self._queries, lambda: export_views(self._cursor(), since, f"the collector at port {self.port}",
+                                                    summaries=self.summaries, budget_usd=self._budget_usd,
+                                                    trace_url=self._trace_url))
         except ReportError as exc:
             return _error(400, str(exc))
         finally:
             self._busy -= 1
         return web.Response(text=page, content_type="text/html", charset="utf-8",
-                            headers={"Content-Security-Policy": CSP})
+                            headers={"Content-Security-Policy": STATIC_CSP})
 
 
     async def _score_pending(self, request: web.Request) -> web.Response:

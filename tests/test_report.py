@@ -14,8 +14,8 @@ import duckdb
 import httpx
 import pytest
 
-from collector.history.report_data import ReportError, parse_since
 from collector.store.span_store import SpanStore
+from collector.ui.export import IN_FULL, ReportError, parse_since
 from tests.support.browser import chromium_path, visit
 from tests.support.cases import two_turn_case
 from tests.support.collector_process import CollectorProcess
@@ -58,24 +58,26 @@ def _report(*args: str) -> subprocess.CompletedProcess[str]:
 
 PAGE_FACTS = """JSON.stringify({
   title: document.title,
-  daily: [...document.querySelectorAll('figure[data-chart=daily]')].map(f => ({
-    title: f.dataset.title,
-    days: [...f.querySelectorAll('circle[data-series=mean]')].map(c => c.dataset.day),
-    drawn: f.querySelector('svg').getBoundingClientRect().width})),
-  histograms: [...document.querySelectorAll('figure[data-chart=histogram] rect.bar')]
-      .reduce((n, r) => n + Number(r.querySelector('title').textContent.split(': ')[1]), 0),
-  costBars: document.querySelectorAll('figure[data-chart=cost] rect.bar').length,
-  worst: document.querySelectorAll('details.worst').length,
+  cards: [...document.querySelectorAll('#content .card .n')].slice(0, 3).map(n => Number(n.textContent)),
+  charts: [...document.querySelectorAll('.chart')].map(c => ({
+    title: c.querySelector('.t').textContent, days: c.querySelectorAll('circle.mean').length,
+    drawn: c.querySelector('svg').getBoundingClientRect().width})),
+  failing: [...document.querySelectorAll('#conversations ~ table')][0].querySelectorAll('tr').length - 1,
+  details: document.querySelectorAll('section.detail').length,
+  linksResolve: [...document.querySelectorAll('a[href]')].every(a => a.getAttribute('href').startsWith('#')
+      && (a.getAttribute('href') === '#' || document.getElementById(
+          decodeURIComponent(a.getAttribute('href').slice(1))) !== null
+          || ['#overview', '#conversations', '#tools'].includes(a.getAttribute('href')))),
+  forms: document.querySelectorAll('form').length,
   pwned: window.__pwned === undefined ? null : window.__pwned,
-  shownAsText: document.body.innerText.includes('<script>window.__pwned = 1</script>')
-      || [...document.querySelectorAll('details')].some(d => d.textContent.includes('<script>window.__pwned')),
-  external: document.querySelectorAll('[src],[href],link,script,iframe').length,
+  shownAsText: document.body.innerText.includes('<script>window.__pwned = 1</script>'),
+  external: document.querySelectorAll('[src],link,script,iframe').length,
   text: document.body.innerText,
 })"""
 
 
 @pytest.mark.skipif(chromium_path() is None, reason="chromium is not installed (apt-get install chromium)")
-def test_the_report_renders_with_a_point_for_every_day_and_no_console_error(tmp_path: Path) -> None:
+def test_the_report_is_the_ui_views_in_one_file_with_no_script_and_no_console_error(tmp_path: Path) -> None:
     db = tmp_path / "t.duckdb"
     _history(db)
     out = tmp_path / "out" / "report.html"
@@ -87,18 +89,19 @@ def test_the_report_renders_with_a_point_for_every_day_and_no_console_error(tmp_
     assert page.errors == []
     facts = json.loads(page.value)
     with duckdb.connect(str(db), read_only=True) as con:
-        expected = {f"{m} · {s}": sorted(str(d) for (d,) in con.execute(
-            "SELECT day FROM daily_scores WHERE metric = ? AND service_name = ?", [m, s]).fetchall())
-            for m, s in con.execute("SELECT DISTINCT metric, service_name FROM scores").fetchall()}
-        (latest,) = con.execute("SELECT count(*) FROM latest_scores").fetchone()
-    assert {c["title"]: sorted(c["days"]) for c in facts["daily"]} == expected
-    assert all(len(days) == DAYS for days in expected.values()) and all(c["drawn"] > 100 for c in facts["daily"])
-    assert facts["histograms"] == latest  # every conversation's latest score is in a bin
-    assert facts["costBars"] == 7  # one bar per day of the 7-day window, empty days included
-    assert facts["worst"] == 10 and "JudgeOutputError: the judge kept answering prose" in facts["text"]
+        [(conversations, failing)] = con.execute(
+            "SELECT count(DISTINCT conversation_id), count(DISTINCT conversation_id) FILTER (WHERE NOT success) "
+            "FROM latest_scores").fetchall()
+        metrics = [m for (m,) in con.execute("SELECT DISTINCT metric FROM scores ORDER BY 1").fetchall()]
+    assert facts["cards"] == [conversations, conversations, conversations]  # received, complete, scored
+    assert sorted(c["title"] for c in facts["charts"]) == metrics
+    assert all(c["days"] == DAYS and c["drawn"] > 100 for c in facts["charts"])  # a point per day with scores
+    assert facts["failing"] == failing and facts["details"] == min(IN_FULL, conversations)
+    assert facts["linksResolve"] and facts["forms"] == 0, "every link must stay inside the file"
+    assert "JudgeOutputError: the judge kept answering prose" in facts["text"]
     assert "System One refused the connection" in facts["text"]
     assert facts["pwned"] is None and facts["shownAsText"], "conversation text must be shown, never run"
-    assert facts["external"] == 0, "the page must need no network"
+    assert facts["external"] == 0, "the page must need no network and run nothing"
 
 
 def test_collector_serves_the_report_and_the_cli_saves_it(tmp_path: Path, judge_server) -> None:
@@ -113,7 +116,7 @@ def test_collector_serves_the_report_and_the_cli_saves_it(tmp_path: Path, judge_
         reply = httpx.get(f"{collector.admin_url}/report", params={"since": "1d"}, headers=headers, timeout=60)
         assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/html")
         assert "default-src 'none'" in reply.headers["content-security-policy"]
-        assert "mcp_use · weather-agent" in reply.text and "Book an umbrella for me." in reply.text
+        assert "Failing conversations" in reply.text and "Book an umbrella for me." in reply.text
         bad = httpx.get(f"{collector.admin_url}/report", params={"since": "last tuesday"}, headers=headers)
         assert bad.status_code == 400 and "--since must be like 7d" in bad.json()["error"]
         out = tmp_path / "saved.html"
@@ -121,7 +124,7 @@ def test_collector_serves_the_report_and_the_cli_saves_it(tmp_path: Path, judge_
                                "--out", str(out)], capture_output=True, text=True, timeout=120,
                               env={**os.environ, "TRACEJUDGE_QUERY_TOKEN": "report-token-123"})
         assert done.returncode == 0, done.stderr
-        assert "mcp_task_completion · weather-agent" in out.read_text()
+        assert "mcp_task_completion" in out.read_text() and "MCP servers and tools" in out.read_text()
         collector.stop()
 
 

@@ -11,8 +11,7 @@ import httpx
 from collector.commands import EXIT_BAD_INPUT, EXIT_PASS
 from collector.commands.admin_client import from_collector
 from collector.history.output_paths import OutputPathError, confined
-from collector.history.report import build_report
-from collector.history.report_data import ReportError
+from collector.ui.export import ReportError, export_views
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_BAD_INPUT
         con, source = opened
         try:
-            page = build_report(con, args.since, source)
+            page = export_views(con, args.since, source)
         except ReportError as exc:
             print(f"tracejudge report: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT

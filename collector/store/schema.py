@@ -83,6 +83,48 @@ LEFT JOIN validity v ON v.conversation_id = n.conversation_id AND v.conversation
                     AND v.name = n.name AND v.nth = n.nth;
 """
 
+
+def summary_tables_ddl(temporary: bool = False) -> str:
+    """The web UI's summary tables; temporary when built over a read-only history (replicas' files, the lake)."""
+    create = "CREATE TEMP TABLE" if temporary else "CREATE TABLE IF NOT EXISTS"
+    return """
+    {create} conversation_summary (
+        conversation_id VARCHAR PRIMARY KEY,
+        version INTEGER NOT NULL,
+        service_name VARCHAR,
+        agent_name VARCHAR,
+        turns INTEGER,
+        mcp_calls INTEGER,
+        mcp_errors INTEGER,
+        assembled_at TIMESTAMPTZ NOT NULL
+    );
+    {create} call_summary (
+        conversation_id VARCHAR NOT NULL,
+        version INTEGER NOT NULL,
+        turn INTEGER,
+        call_index INTEGER,
+        kind VARCHAR,
+        server VARCHAR,
+        name VARCHAR,
+        is_error BOOLEAN,
+        assembled_at TIMESTAMPTZ NOT NULL
+    );
+    {create} score_summary (
+        conversation_id VARCHAR NOT NULL,
+        metric VARCHAR NOT NULL,
+        conversation_version INTEGER NOT NULL,
+        score DOUBLE,
+        success BOOLEAN,
+        evaluation_cost DOUBLE,
+        service_name VARCHAR,
+        agent_name VARCHAR,
+        invalid_calls VARCHAR[],
+        scored_at TIMESTAMPTZ NOT NULL,
+        PRIMARY KEY (conversation_id, metric)
+    );
+    """.replace("{create}", create)
+
+
 SCHEMA_VERSION = 6
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -195,42 +237,7 @@ MIGRATIONS: dict[int, str] = {
     """,
     # what the web UI reads, kept current from new rows only (collector.pipeline.summary_tables): the latest
     # version of each conversation, its MCP calls, and the latest score per conversation and metric
-    6: """
-    CREATE TABLE IF NOT EXISTS conversation_summary (
-        conversation_id VARCHAR PRIMARY KEY,
-        version INTEGER NOT NULL,
-        service_name VARCHAR,
-        agent_name VARCHAR,
-        turns INTEGER,
-        mcp_calls INTEGER,
-        mcp_errors INTEGER,
-        assembled_at TIMESTAMPTZ NOT NULL
-    );
-    CREATE TABLE IF NOT EXISTS call_summary (
-        conversation_id VARCHAR NOT NULL,
-        version INTEGER NOT NULL,
-        turn INTEGER,
-        call_index INTEGER,
-        kind VARCHAR,
-        server VARCHAR,
-        name VARCHAR,
-        is_error BOOLEAN,
-        assembled_at TIMESTAMPTZ NOT NULL
-    );
-    CREATE TABLE IF NOT EXISTS score_summary (
-        conversation_id VARCHAR NOT NULL,
-        metric VARCHAR NOT NULL,
-        conversation_version INTEGER NOT NULL,
-        score DOUBLE,
-        success BOOLEAN,
-        evaluation_cost DOUBLE,
-        service_name VARCHAR,
-        agent_name VARCHAR,
-        invalid_calls VARCHAR[],
-        scored_at TIMESTAMPTZ NOT NULL,
-        PRIMARY KEY (conversation_id, metric)
-    );
-    """,
+    6: summary_tables_ddl(),
 }
 
 

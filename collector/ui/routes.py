@@ -12,22 +12,20 @@ import asyncio
 import datetime as dt
 import hashlib
 import hmac
-import json
 import secrets
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 import duckdb
-import jinja2
 from aiohttp import web
 
 from collector.pipeline.summary_tables import SummaryTables
 from collector.receivers.ingest import bearer_matches
 from collector.ui import views
 from collector.ui.charts import trend_chart
+from collector.ui.rendering import environment
 
 COOKIE = "tracejudge_session"
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -46,10 +44,7 @@ class WebUI:
         self._token = query_token.encode() if query_token else None
         self._session_key = secrets.token_bytes(32)  # a restart signs everyone out
         self.budget_usd, self.trace_url = budget_usd, trace_url
-        self.env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
-                                      autoescape=jinja2.select_autoescape(default=True, default_for_string=True),
-                                      undefined=jinja2.StrictUndefined)
-        self.env.globals.update(url=self._url, pct=_pct, num=_num, when=_when)
+        self.env = environment(static=False)
 
     def register(self, app: web.Application) -> None:
         app.router.add_get("/", self._guard(self.overview))
@@ -161,11 +156,6 @@ class WebUI:
                             headers={"Content-Security-Policy": csp(nonce), "X-Content-Type-Options": "nosniff",
                                      "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"})
 
-    @staticmethod
-    def _url(path: str, params: dict[str, Any] | None = None) -> str:
-        query = urlencode({k: v for k, v in (params or {}).items() if v not in ("", None)})
-        return f"{path}?{query}" if query else path
-
 
 def _safe_next(target: str) -> str:
     """Only a path on this server (no `//host` or scheme): the login cannot send a user elsewhere."""
@@ -173,21 +163,3 @@ def _safe_next(target: str) -> str:
     safe = (target.startswith("/") and not target.startswith("//") and "\\" not in target
             and all(0x20 <= ord(ch) != 0x7F for ch in target) and not parts.scheme and not parts.netloc)
     return target if safe else "/"
-
-
-def _pct(value: float | None) -> str:
-    return "–" if value is None else f"{value * 100:.0f}%"
-
-
-def _num(value: float | None, digits: int = 2) -> str:
-    return "–" if value is None else f"{value:.{digits}f}"
-
-
-def _when(value: Any) -> str:
-    if isinstance(value, dt.datetime):
-        return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    return "–" if value is None else str(value)
-
-
-def pretty(value: Any) -> str:
-    return json.dumps(value, indent=2, ensure_ascii=False)

@@ -100,6 +100,7 @@ class Overview:
     budget: float | None
     jobs: dict[str, int]
     failed: list[dict[str, Any]]
+    jobs_known: bool = True  # False over the lake: jobs stay in each replica's own file
 
 
 def overview(con: duckdb.DuckDBPyConnection, window: str, split: str, budget: float | None) -> Overview:
@@ -127,9 +128,13 @@ def overview(con: duckdb.DuckDBPyConnection, window: str, split: str, budget: fl
     spend = _rows(con, "SELECT DATE '1970-01-01' + CAST(epoch_us(scored_at) // 86400000000 AS INTEGER) AS day, "
                        "sum(evaluation_cost) AS cost "
                        "FROM scores WHERE scored_at >= ? GROUP BY 1 ORDER BY 1", [since])
-    jobs = dict(con.execute("SELECT status, count(*) FROM eval_jobs GROUP BY 1 ORDER BY 1").fetchall())
-    failed = _rows(con, "SELECT conversation_id, metric, attempts, last_error, updated_at FROM eval_jobs "
-                        "WHERE status = 'failed' ORDER BY updated_at DESC LIMIT 10", [])
+    try:
+        jobs = dict(con.execute("SELECT status, count(*) FROM eval_jobs GROUP BY 1 ORDER BY 1").fetchall())
+        failed = _rows(con, "SELECT conversation_id, metric, attempts, last_error, updated_at FROM eval_jobs "
+                            "WHERE status = 'failed' ORDER BY updated_at DESC LIMIT 10", [])
+    except duckdb.CatalogException:  # a history without the job queue (the lake)
+        return Overview(window, split, received, complete, scored, metrics, list(trends.values()), bucket, spend,
+                        budget, {}, [], jobs_known=False)
     return Overview(window, split, received, complete, scored, metrics, list(trends.values()), bucket, spend,
                     budget, jobs, failed)
 
