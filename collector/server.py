@@ -83,6 +83,7 @@ class Collector:
         self.assembler = ConversationAssembler(self.store.cursor(), self.settings, self.log,
                                                self.stage.initial_status, self.stage.configs)
         self.store.listeners.append(self.assembler.observe)
+        self.metrics.traces_waiting.set_function(self.assembler.pending_traces)
         await asyncio.to_thread(self.assembler.recover)
         await asyncio.to_thread(self.stage.recover)
         self.admin.stage = self.stage

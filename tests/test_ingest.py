@@ -106,6 +106,35 @@ def test_redelivered_spans_are_stored_once(db: Path) -> None:
     assert len(stored(db)) == len(spans)
     stopped = next(json.loads(line) for line in collector.log_lines if '"stopped"' in line)
     assert (stopped["spans_committed"], stopped["spans_duplicate"]) == (len(spans), 3 * len(spans))
+    # an exporter retrying across a collector restart: the request's digest was committed with its spans
+    with CollectorProcess(db) as collector:
+        exporter = GrpcSpanExporter(endpoint=collector.grpc_endpoint, insecure=True)
+        assert exporter.export(spans) is SpanExportResult.SUCCESS
+        assert collector.metric("tracejudge_spans_duplicate_total") == len(spans)
+        collector.stop()
+    assert len(stored(db)) == len(spans)
+
+
+def test_a_database_from_before_schema_7_keeps_its_spans_and_loses_the_span_index(tmp_path: Path) -> None:
+    from collector.store.schema import MIGRATIONS
+    from collector.store.span_store import SpanStore
+
+    db = tmp_path / "old.duckdb"
+    with duckdb.connect(str(db)) as con:  # the file a collector of schema 6 left
+        con.execute("CREATE TABLE tracejudge_schema (version INTEGER NOT NULL, applied_at TIMESTAMPTZ)")
+        for version in range(1, 7):
+            con.execute(MIGRATIONS[version])
+            con.execute("INSERT INTO tracejudge_schema VALUES (?, now())", [version])
+        con.execute("INSERT INTO spans (trace_id, span_id, name, attributes, received_at) "
+                    "SELECT 't' || i, 's' || i, 'chat', '{}', now() FROM range(1000) r(i)")
+    store = SpanStore(db)
+    store.open()
+    con = store.cursor()
+    assert con.execute("SELECT count(*), count(DISTINCT span_id) FROM spans").fetchone() == (1000, 1000)
+    assert con.execute("SELECT count(*) FROM duckdb_constraints() WHERE table_name = 'spans' "
+                       "AND constraint_type = 'PRIMARY KEY'").fetchone() == (0,)
+    assert con.execute("SELECT max(version) FROM tracejudge_schema").fetchone() == (7,)
+    store.close()
 
 
 def test_ingest_token_is_required_when_configured(db: Path) -> None:

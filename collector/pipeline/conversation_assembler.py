@@ -253,8 +253,11 @@ class ConversationAssembler:
     def _assemble_batch(self, batch: list[str], conversations: dict[str, set[str]]) -> set[str]:
         with id_table(self.con, set().union(*(conversations[c] for c in batch))) as ids:
             rows = self.con.execute(f"SELECT {_COLUMNS} FROM spans WHERE trace_id IN (SELECT id FROM {ids})").fetchall()
+        unique: dict[tuple[str, str], tuple] = {}
+        for row in rows:  # a span sent again inside another request is stored twice; it counts once
+            unique.setdefault((row[0], row[1]), row)
         by_trace: dict[str, list[tuple]] = {}
-        for row in rows:
+        for row in unique.values():
             by_trace.setdefault(row[0], []).append(row)
         failed: set[str] = set()
         assembled: dict[str, set[str]] = {}

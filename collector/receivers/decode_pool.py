@@ -24,7 +24,7 @@ from typing import Literal
 
 import pyarrow as pa
 
-from collector.receivers.span_rows import spans_to_arrow
+from collector.receivers.span_rows import request_digest, spans_to_arrow
 from mapping.otlp import DEFAULT_LIMITS, SpanLimits, SpanProblem, decode_otlp
 from mapping.otlp_logs import decode_otlp_logs
 from mapping.redaction import Redactor
@@ -51,6 +51,7 @@ class DecodedBatch:
     spans: int
     problems: list[SpanProblem]
     truncated: int = 0  # spans stored with attributes, events or values cut to the span limits
+    digest: bytes | None = None  # the same spans redelivered have the same digest (span_rows.request_digest)
 
 
 def _to_ipc(table: pa.Table) -> bytes:
@@ -77,11 +78,11 @@ def _decode_to_arrow(payload: bytes, content_type: str, redactor: Redactor | Non
 
 
 def decode_request(payload: bytes, content_type: str, redactor: Redactor | None = None, signal: Signal = "traces",
-                   limits: SpanLimits = DEFAULT_LIMITS) -> tuple[bytes, int, list[SpanProblem], int]:
+                   limits: SpanLimits = DEFAULT_LIMITS) -> tuple[bytes, int, list[SpanProblem], int, bytes]:
     """Run in a worker: OTLPDecodeError propagates to the caller as itself."""
     try:
         table, problems, truncated = _decode_to_arrow(payload, content_type, redactor, signal, limits)
-        return _to_ipc(table), table.num_rows, problems, truncated
+        return _to_ipc(table), table.num_rows, problems, truncated, request_digest(table)
     finally:
         if len(payload) >= BIG_REQUEST:
             _give_memory_back()
@@ -137,17 +138,17 @@ class DecodePool:
         """The request's spans; OTLPDecodeError for a bad request, DecoderUnavailable when a worker died."""
         if self._executor is None:
             table, problems, truncated = _decode_to_arrow(payload, content_type, self.redactor, signal, self.limits)
-            return DecodedBatch(table, table.num_rows, problems, truncated)
+            return DecodedBatch(table, table.num_rows, problems, truncated, request_digest(table))
         loop = asyncio.get_running_loop()
         executor = self._executor
         try:
-            data, rows, problems, truncated = await loop.run_in_executor(
+            data, rows, problems, truncated, digest = await loop.run_in_executor(
                 executor, decode_request, payload, content_type, self.redactor, signal, self.limits)
         except BrokenProcessPool as exc:
             if self._executor is executor:  # the first to notice replaces the pool; the export is retried
                 await asyncio.to_thread(self._replace, executor)
             raise DecoderUnavailable("a decode worker stopped (out of memory?); it was restarted, retry") from exc
-        return DecodedBatch(_from_ipc(data), rows, problems, truncated)
+        return DecodedBatch(_from_ipc(data), rows, problems, truncated, digest)
 
     def _replace(self, broken: Executor) -> None:
         """A new pool, then the swap: requests meanwhile are told to retry, never decoded on the receiver's loop."""

@@ -5,6 +5,7 @@ Kept apart from the store so that a decode worker process imports pyarrow and th
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -12,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from mapping.conversation_key import resource_conversation_key, span_own_conversation_key
 from mapping.spans import Span
@@ -125,3 +127,11 @@ def spans_to_arrow(spans: list[Span], received_at: datetime) -> pa.Table:
         c_source.append(key[0] if key else None)
     columns["received_at"] = [received_at] * len(unique)
     return pa.table(columns, schema=_SCHEMA)
+
+
+def request_digest(table: pa.Table) -> bytes:
+    """What identifies a request's spans, whatever its encoding: a redelivery of the same spans has the same
+    digest (128 bits of BLAKE2b over the sorted trace and span ids)."""
+    keys = pc.binary_join_element_wise(table.column("trace_id"), table.column("span_id"), "")
+    ordered = pc.take(keys, pc.sort_indices(keys)).to_pylist()
+    return hashlib.blake2b("\n".join(ordered).encode(), digest_size=16).digest()

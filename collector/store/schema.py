@@ -84,6 +84,28 @@ LEFT JOIN validity v ON v.conversation_id = n.conversation_id AND v.conversation
 """
 
 
+SPANS_COLUMNS = """
+        trace_id VARCHAR NOT NULL,
+        span_id VARCHAR NOT NULL,
+        parent_span_id VARCHAR,
+        name VARCHAR,
+        kind TINYINT,
+        start_ns BIGINT,
+        end_ns BIGINT,
+        status_code TINYINT,
+        status_message VARCHAR,
+        service_name VARCHAR,
+        scope_name VARCHAR,
+        scope_version VARCHAR,
+        attributes JSON,
+        resource_attributes JSON,
+        events JSON,
+        links JSON,
+        conversation_key VARCHAR,
+        conversation_key_source VARCHAR,
+        received_at TIMESTAMPTZ NOT NULL"""
+
+
 def summary_tables_ddl(temporary: bool = False) -> str:
     """The web UI's summary tables; temporary when built over a read-only history (replicas' files, the lake)."""
     create = "CREATE TEMP TABLE" if temporary else "CREATE TABLE IF NOT EXISTS"
@@ -125,29 +147,10 @@ def summary_tables_ddl(temporary: bool = False) -> str:
     """.replace("{create}", create)
 
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 MIGRATIONS: dict[int, str] = {
-    1: """
-    CREATE TABLE IF NOT EXISTS spans (
-        trace_id VARCHAR NOT NULL,
-        span_id VARCHAR NOT NULL,
-        parent_span_id VARCHAR,
-        name VARCHAR,
-        kind TINYINT,
-        start_ns BIGINT,
-        end_ns BIGINT,
-        status_code TINYINT,
-        status_message VARCHAR,
-        service_name VARCHAR,
-        scope_name VARCHAR,
-        scope_version VARCHAR,
-        attributes JSON,
-        resource_attributes JSON,
-        events JSON,
-        links JSON,
-        conversation_key VARCHAR,
-        conversation_key_source VARCHAR,
-        received_at TIMESTAMPTZ NOT NULL,
+    1: f"""
+    CREATE TABLE IF NOT EXISTS spans ({SPANS_COLUMNS},
         PRIMARY KEY (trace_id, span_id)
     );
     """,
@@ -238,6 +241,19 @@ MIGRATIONS: dict[int, str] = {
     # what the web UI reads, kept current from new rows only (collector.pipeline.summary_tables): the latest
     # version of each conversation, its MCP calls, and the latest score per conversation and metric
     6: summary_tables_ddl(),
+    # spans without a primary key: its index made every append slower as the table grew (BENCHMARKS.md);
+    # redelivered requests are recognised by their digest instead (collector/store/span_store.py)
+    7: f"""
+    CREATE TABLE spans_unkeyed ({SPANS_COLUMNS}
+    );
+    INSERT INTO spans_unkeyed SELECT * FROM spans;
+    DROP TABLE spans;
+    ALTER TABLE spans_unkeyed RENAME TO spans;
+    CREATE TABLE IF NOT EXISTS ingest_requests (
+        digest BLOB PRIMARY KEY,
+        received_at TIMESTAMPTZ NOT NULL
+    );
+    """,
 }
 
 

@@ -2,17 +2,25 @@
 
 Receivers hand decoded spans to `write()` and await it; the writer takes everything queued (up to
 `max_batch_spans`), appends it as one Arrow table in one transaction, and only then resolves every
-waiting request. So an export is acknowledged only once its spans are committed, many requests share
-one commit, and redelivered spans (same trace_id, span_id) are ignored by the primary key.
+waiting request. So an export is acknowledged only once its spans are committed, and many requests share
+one commit.
+
+A redelivered request (an exporter retrying an export whose answer it never got) is recognised by the digest
+of its span ids, recorded in `ingest_requests` in the same transaction as its spans, for `DEDUP_WINDOW_S`: it
+is acknowledged and not stored again. `spans` has no primary key; its index made every append slower as the
+table grew. Spans sent again inside a different request are stored again, and the assembler reads each span
+once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import queue
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +31,8 @@ import pyarrow as pa
 
 from collector.store.schema import migrate
 from scoring.errors import TracejudgeError
+
+DEDUP_WINDOW_S = 900.0  # longer than the OTLP exporters' retry horizons (the Collector's: 300 s)
 
 
 class StoreError(TracejudgeError):
@@ -46,6 +56,7 @@ class _Pending:
     table: pa.Table
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[int]
+    digest: bytes | None = None
 
 
 @dataclass
@@ -75,6 +86,8 @@ class SpanStore:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._con: duckdb.DuckDBPyConnection | None = None
+        self._committed: OrderedDict[bytes, float] = OrderedDict()  # request digest -> when (epoch s), oldest first
+        self._last_prune = 0.0
         self.healthy = False
 
     @property
@@ -108,12 +121,17 @@ class SpanStore:
                 raise StoreOpenError(f"[store] {name} = {value!r} is not a size DuckDB accepts "
                                      f"(like '1GB' or '512MB'): {exc}") from exc
         lock_down(self._con)
+        since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=DEDUP_WINDOW_S)
+        for digest, at in self._con.execute("SELECT digest, received_at FROM ingest_requests WHERE received_at >= ? "
+                                            "ORDER BY received_at", [since]).fetchall():
+            self._committed[bytes(digest)] = at.timestamp()
         self.healthy = True
         self._thread = threading.Thread(target=self._run, name="tracejudge-span-writer", daemon=True)
         self._thread.start()
 
-    async def write(self, table: pa.Table) -> int:
-        """Return once the rows (from `spans_to_arrow`) are committed; Backpressure or StoreError otherwise."""
+    async def write(self, table: pa.Table, digest: bytes | None = None) -> int:
+        """Return once the rows (from `spans_to_arrow`) are committed, or known to be (a redelivery of the request
+        with this `digest`); Backpressure or StoreError otherwise."""
         rows = table.num_rows
         if not rows:
             return 0
@@ -124,7 +142,7 @@ class SpanStore:
             self._queued_spans += rows
         loop = asyncio.get_running_loop()
         future: asyncio.Future[int] = loop.create_future()
-        self._queue.put(_Pending(table, loop, future))
+        self._queue.put(_Pending(table, loop, future, digest))
         return await future
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
@@ -181,21 +199,44 @@ class SpanStore:
         assert self._con is not None
         started = time.perf_counter()
         error: BaseException | None = None
-        inserted = 0
-        table = pa.concat_tables([p.table for p in batch]) if len(batch) > 1 else batch[0].table
+        fresh: list[_Pending] = []
+        digests: set[bytes] = set()
+        for pending in batch:  # a redelivered request, or the same request twice in this batch, is stored once
+            if pending.digest is not None and (pending.digest in self._committed or pending.digest in digests):
+                continue
+            fresh.append(pending)
+            if pending.digest is not None:
+                digests.add(pending.digest)
+        table = pa.concat_tables([p.table for p in fresh]) if len(fresh) > 1 else \
+            fresh[0].table if fresh else batch[0].table.slice(0, 0)
+        inserted = table.num_rows
+        now = time.time()
         try:
             self._con.execute("BEGIN TRANSACTION")
-            self._con.register("incoming_spans", table)
-            try:
-                row = self._con.execute("INSERT OR IGNORE INTO spans SELECT * FROM incoming_spans").fetchone()
-                inserted = int(row[0]) if row else count
-            finally:
-                self._con.unregister("incoming_spans")
+            if inserted:
+                self._con.register("incoming_spans", table)
+                try:
+                    self._con.execute("INSERT INTO spans SELECT * FROM incoming_spans")
+                finally:
+                    self._con.unregister("incoming_spans")
+            if digests:
+                self._con.register("incoming_requests", pa.table({
+                    "digest": pa.array(list(digests), pa.binary()),
+                    "received_at": pa.array([dt.datetime.fromtimestamp(now, dt.UTC)] * len(digests),
+                                            pa.timestamp("us", tz="UTC"))}))
+                try:
+                    self._con.execute("INSERT OR REPLACE INTO ingest_requests SELECT * FROM incoming_requests")
+                finally:
+                    self._con.unregister("incoming_requests")
             self._con.execute("COMMIT")
         except Exception as exc:
             error = exc
             with contextlib.suppress(duckdb.Error):
                 self._con.execute("ROLLBACK")
+        if error is None:
+            for digest in digests:
+                self._committed[digest] = now
+            self._prune(now)
         elapsed = time.perf_counter() - started
         if error is not None and not answer_failure:
             return False
@@ -209,7 +250,7 @@ class SpanStore:
             self.stats.last_commit_s = elapsed
             if self.on_commit is not None:
                 self.on_commit(elapsed, inserted, count - inserted)
-            for listener in self.listeners:
+            for listener in self.listeners if inserted else ():
                 with contextlib.suppress(Exception):  # a listener must never fail a commit already made
                     listener(table)
         else:
@@ -224,6 +265,19 @@ class SpanStore:
                 with contextlib.suppress(RuntimeError):
                     pending.loop.call_soon_threadsafe(_resolve, pending.future, outcome)
         return error is None
+
+
+    def _prune(self, now: float) -> None:
+        """Forget request digests past the window, in memory at once and in the table once a minute."""
+        horizon = now - DEDUP_WINDOW_S
+        while self._committed and next(iter(self._committed.values())) < horizon:
+            self._committed.popitem(last=False)
+        if now - self._last_prune < 60 or self._con is None:
+            return
+        self._last_prune = now
+        with contextlib.suppress(duckdb.Error):  # pruning can wait for the next minute
+            self._con.execute("DELETE FROM ingest_requests WHERE received_at < ?",
+                              [dt.datetime.fromtimestamp(horizon, dt.UTC)])
 
 
 def lock_down(con: duckdb.DuckDBPyConnection) -> None:

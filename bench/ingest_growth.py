@@ -1,0 +1,82 @@
+"""Ingest cost as the run grows: does a span cost the same CPU after a million as after the first hundred thousand?
+
+Sends `--blocks` blocks of `--block-spans` agent-shaped spans over gRPC at full speed to one `tracejudge serve`
+(the requests of `bench/ingest.py`, 8 spans per trace, so the quiet window fills with traces as the run goes:
+12,500 more per 100,000 spans, none of them complete within the default 120 s quiet period), and prints per
+block: durable spans/s, CPU per span of the server and its decode workers (from /proc), the traces waiting in the
+quiet window, and the server's RSS. The last line compares the last block with the first.
+Run: `python bench/ingest_growth.py [--blocks 10] [--block-spans 100000] [--in-flight 8]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.ingest import EXPORT, build_requests, export_retrying, process_tree, run, status_mb  # noqa: E402
+from tests.support.collector_process import CollectorProcess  # noqa: E402
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pids: list[int]) -> float:
+    """User plus system CPU seconds of these processes so far."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / TICK
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--blocks", type=int, default=10)
+    parser.add_argument("--block-spans", type=int, default=100_000)
+    parser.add_argument("--spans", type=int, default=512, help="spans per request")
+    parser.add_argument("--in-flight", type=int, default=8)
+    args = parser.parse_args()
+    per_block = args.block_spans // args.spans
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        collector = CollectorProcess(Path(tmp) / "bench.duckdb").start()
+        try:
+            assert collector.proc is not None
+            server = collector.proc.pid
+            channel = grpc.insecure_channel(collector.grpc_endpoint,
+                                            options=[("grpc.max_send_message_length", 64 * 1024 * 1024)])
+            export = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
+            for block in range(args.blocks):
+                requests = build_requests(per_block, args.spans, block * per_block)
+                pids = process_tree(server)
+                before = cpu_s(pids)
+                wall, _ = run(lambda body: export_retrying(export, body), requests, args.in_flight, None, args.spans)
+                spans = per_block * args.spans
+                used = cpu_s(pids) - before
+                waiting = collector.metric("tracejudge_traces_waiting")
+                row = (block, spans / wall, used / spans * 1e6, waiting, status_mb(server, "VmRSS"),
+                       status_mb(server, "VmHWM"))
+                rows.append(row)
+                print(f"block {block + 1:2d}: {row[1]:8,.0f} durable spans/s, {row[2]:5.1f} µs CPU per span "
+                      f"(server + workers), {row[3]:9,.0f} traces waiting, server RSS {row[4]:4.0f} MB "
+                      f"(peak {row[5]:4.0f} MB)", flush=True)
+                time.sleep(1)
+            channel.close()
+        finally:
+            collector.stop()
+    first, last = rows[0], rows[-1]
+    print(f"last block / first: throughput {last[1] / first[1]:.2f}x, CPU per span {last[2] / first[2]:.2f}x, "
+          f"after {args.blocks * per_block * args.spans:,} spans")
+
+
+if __name__ == "__main__":
+    main()
