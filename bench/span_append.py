@@ -1,0 +1,90 @@
+"""What the span table's design costs the writer, measured in DuckDB alone on one connection.
+
+1. Appends of 4,096-row Arrow tables (the spans of `bench/ingest.py`'s requests, decoded as the collector
+   decodes them) into `spans` with the old primary key on (trace_id, span_id) and without it (schema 7), per
+   block of rows as the table grows: CPU per row and rows/s.
+2. A set of trace ids handed to a query as a Python list parameter (`IN (SELECT unnest(?))`, how the assembler
+   used to pass them) and as a registered Arrow table (`scoring/id_table.py`, how it does now).
+Run: `python bench/span_append.py [--blocks 8] [--block-rows 204800] [--ids 60000]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.ingest import build_requests  # noqa: E402
+from collector.receivers.decode_pool import _decode_to_arrow  # noqa: E402
+from collector.store.schema import SPANS_COLUMNS  # noqa: E402
+from scoring.id_table import id_table  # noqa: E402
+
+BATCH = 4096
+
+
+def appends(keyed: bool, blocks: int, block_rows: int, tmp: Path) -> list[tuple[float, float]]:
+    con = duckdb.connect(str(tmp / f"{'keyed' if keyed else 'unkeyed'}.duckdb"), config={"memory_limit": "256MB"})
+    key = ", PRIMARY KEY (trace_id, span_id)" if keyed else ""
+    con.execute(f"CREATE TABLE spans ({SPANS_COLUMNS}{key})")
+    con.execute("SET checkpoint_threshold = '256MB'")
+    insert = "INSERT OR IGNORE INTO spans SELECT * FROM t" if keyed else "INSERT INTO spans SELECT * FROM t"
+    out = []
+    for block in range(blocks):
+        per_block = block_rows // BATCH
+        tables = [_decode_to_arrow(r, "application/x-protobuf", None)[0]
+                  for r in build_requests(per_block, BATCH, block * per_block)]
+        wall, cpu = time.perf_counter(), time.process_time()
+        for t in tables:
+            con.execute("BEGIN")
+            con.register("t", t)
+            con.execute(insert)
+            con.unregister("t")
+            con.execute("COMMIT")
+        rows = sum(t.num_rows for t in tables)
+        out.append((rows / (time.perf_counter() - wall), (time.process_time() - cpu) / rows * 1e6))
+    con.close()
+    return out
+
+
+def id_sets(count: int) -> tuple[float, float]:
+    con = duckdb.connect()
+    con.execute("CREATE TABLE spans AS SELECT md5(i::VARCHAR) AS trace_id FROM range(1000000) t(i)")
+    ids = [r[0] for r in con.execute(f"SELECT trace_id FROM spans USING SAMPLE {count} ROWS").fetchall()]
+    cpu = time.process_time()
+    con.execute("SELECT count(*) FROM spans WHERE trace_id IN (SELECT unnest(?))", [ids]).fetchall()
+    as_list = time.process_time() - cpu
+    cpu = time.process_time()
+    with id_table(con, ids) as name:
+        con.execute(f"SELECT count(*) FROM spans WHERE trace_id IN (SELECT id FROM {name})").fetchall()
+    return as_list, time.process_time() - cpu
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--blocks", type=int, default=8)
+    parser.add_argument("--block-rows", type=int, default=204_800)
+    parser.add_argument("--ids", type=int, default=60_000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        keyed = appends(True, args.blocks, args.block_rows, Path(tmp))
+        unkeyed = appends(False, args.blocks, args.block_rows, Path(tmp))
+    for block, ((k_rate, k_cpu), (u_rate, u_cpu)) in enumerate(zip(keyed, unkeyed, strict=True)):
+        print(f"rows {block * args.block_rows:>9,}+: primary key {k_cpu:5.1f} µs CPU/row ({k_rate:8,.0f} rows/s); "
+              f"none {u_cpu:5.1f} µs CPU/row ({u_rate:8,.0f} rows/s); {k_cpu / u_cpu:.2f}x")
+    mean = [sum(c for _, c in runs) / len(runs) for runs in (keyed, unkeyed)]
+    print(f"mean CPU per row over {args.blocks * args.block_rows:,} rows: primary key {mean[0]:.1f} µs, none "
+          f"{mean[1]:.1f} µs ({mean[0] / mean[1]:.2f}x)")
+    as_list, as_arrow = id_sets(args.ids)
+    print(f"{args.ids:,} trace ids into a query over 1,000,000 rows: Python list parameter {as_list * 1000:,.0f} ms "
+          f"CPU, Arrow table {as_arrow * 1000:,.0f} ms CPU ({as_list / as_arrow:.0f}x)")
+
+
+if __name__ == "__main__":
+    pa.set_cpu_count(1)
+    main()
