@@ -102,9 +102,29 @@ class BaseMetric:
         clone._reset()
         return clone
 
-    def is_successful(self) -> bool:
-        """False on an error or a score under the threshold; True when score-only or not applicable."""
-        return self.error is None and self.success is not False
+    def is_successful(self) -> bool | None:
+        """False on an error or a score under the threshold; None without a threshold (a score only, as in
+        DeepEval); True when it passed or does not apply."""
+        if self.error is not None:
+            return False
+        if self.threshold is None:
+            return None
+        return self.success is not False
+
+    @property
+    def evaluation_model(self) -> str | None:
+        """The judge model(s) of the last measure, as DeepEval reports it; None for deterministic metrics."""
+        return ", ".join(self.usage.models) or None
+
+    @property
+    def input_tokens(self) -> int:
+        """Judge input tokens of the last measure."""
+        return self.usage.input_tokens
+
+    @property
+    def output_tokens(self) -> int:
+        """Judge output tokens of the last measure."""
+        return self.usage.output_tokens
 
     def measure(self, test_case: ConversationalTestCase | dict[str, Any]) -> float | None:
         """Score one test case; works from plain code and from inside a running event loop."""

@@ -9,10 +9,14 @@ objects are accepted wherever their JSON would be; the `mcp` package itself is n
 
 from __future__ import annotations
 
+import copy
 import json
+import re
+import warnings
 from typing import Any, Literal
 
 from pydantic import (
+    AliasChoices,
     AliasGenerator,
     BaseModel,
     ConfigDict,
@@ -216,7 +220,24 @@ class ToolCall(_CaseModel):
     reasoning: str | None = None
 
 
-class Turn(_CaseModel):
+class _AdditionalMetadata:
+    """DeepEval's older name for `metadata`, still read and set by its users' code (with its warning)."""
+
+    metadata: dict[str, Any] | None
+
+    @property
+    def additional_metadata(self) -> dict[str, Any] | None:
+        """DeepEval's older name for `metadata`."""
+        warnings.warn("'additional_metadata' is deprecated, use 'metadata'", DeprecationWarning, stacklevel=2)
+        return self.metadata
+
+    @additional_metadata.setter
+    def additional_metadata(self, value: dict[str, Any] | None) -> None:
+        warnings.warn("'additional_metadata' is deprecated, use 'metadata'", DeprecationWarning, stacklevel=2)
+        self.metadata = value
+
+
+class Turn(_AdditionalMetadata, _CaseModel):
     role: Literal["user", "assistant"]
     content: str = ""
     user_id: str | None = None
@@ -226,7 +247,8 @@ class Turn(_CaseModel):
     mcp_tools_called: list[MCPToolCall] | None = None
     mcp_resources_called: list[MCPResourceCall] | None = None
     mcp_prompts_called: list[MCPPromptCall] | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = Field(
+        None, validation_alias=AliasChoices("metadata", "additional_metadata", "additionalMetadata"))
 
     @field_validator("content", mode="before")
     @classmethod
@@ -238,7 +260,13 @@ class Turn(_CaseModel):
         return bool(self.mcp_tools_called or self.mcp_resources_called or self.mcp_prompts_called)
 
 
-class ConversationalTestCase(_CaseModel):
+_MULTIMODAL = re.compile(r"\[DEEPEVAL:(?:IMAGE|PDF):.*?\]")  # DeepEval's placeholder for an image in text
+
+
+class ConversationalTestCase(_AdditionalMetadata, _CaseModel):
+    """DeepEval's conversational test case: its fields and spellings, a copy of every turn given, and DeepEval's
+    `TypeError`s for what its users test (empty turns, a turn that is not a Turn or dict, a bad context)."""
+
     turns: list[Turn]
     scenario: str | None = None
     expected_outcome: str | None = None
@@ -247,15 +275,38 @@ class ConversationalTestCase(_CaseModel):
     context: list[str] | None = None
     name: str | None = None
     tags: list[str] | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = Field(
+        None, validation_alias=AliasChoices("metadata", "additional_metadata", "additionalMetadata"))
+    comments: str | None = None
+    flaky: bool = False
+    multimodal: bool = False
     mcp_servers: list[MCPServer] | None = None
 
-    @field_validator("turns")
+    @model_validator(mode="before")
     @classmethod
-    def _turns_not_empty(cls, turns: list[Turn]) -> list[Turn]:
-        if not turns:
-            raise ValueError("a conversational test case needs at least one turn")
-        return turns
+    def _deepeval_input(cls, data: Any) -> Any:
+        """Turns are copied (changing a Turn afterwards does not change the case); wrong shapes are TypeErrors."""
+        if not isinstance(data, dict):
+            return data
+        turns = data.get("turns")
+        if isinstance(turns, list | tuple):
+            if not turns:
+                raise TypeError("'turns' must not be empty: a conversational test case needs at least one turn")
+            for turn in turns:
+                if not isinstance(turn, Turn | dict):
+                    raise TypeError(f"'turns' must be a list of Turn or dict, got {type(turn)}")
+            data = {**data, "turns": [copy.deepcopy(t) if isinstance(t, Turn) else t for t in turns]}
+        context = data.get("context")
+        if context is not None and (not isinstance(context, list) or not all(isinstance(c, str) for c in context)):
+            raise TypeError("'context' must be None or a list of strings")
+        return data
+
+    @model_validator(mode="after")
+    def _set_multimodal(self) -> ConversationalTestCase:
+        texts = [self.scenario, self.expected_outcome, self.user_description, *(t.content for t in self.turns)]
+        if not self.multimodal and any(text and _MULTIMODAL.search(text) for text in texts):
+            self.multimodal = True
+        return self
 
 
 def _describe_location(loc: tuple[int | str, ...], data: Any) -> str:
@@ -292,3 +343,5 @@ def load_test_case(data: dict[str, Any] | str | bytes | ConversationalTestCase) 
     except ValidationError as exc:
         problems = [f"{_describe_location(err['loc'], data)}: {err['msg']}" for err in exc.errors()]
         raise InvalidTestCaseError(problems) from exc
+    except TypeError as exc:  # DeepEval's errors for the shape of `turns` and `context`
+        raise InvalidTestCaseError([str(exc)]) from exc

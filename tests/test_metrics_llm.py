@@ -124,7 +124,7 @@ def test_strict_mode_gives_one_or_zero_against_threshold_one(server, judge) -> N
 def test_threshold_none_scores_without_a_verdict(server, judge) -> None:
     metric = MCPTaskCompletionMetric(model=judge, threshold=None)
     assert metric.measure(three_task_case()) == pytest.approx(2.2 / 3)
-    assert metric.success is None and metric.is_successful()
+    assert metric.success is None and metric.is_successful() is None  # a score only, as DeepEval reports it
 
 
 def test_include_reason_off_makes_no_reason_call(server, judge) -> None:
@@ -236,6 +236,8 @@ def test_unknown_price_gives_no_cost_but_counts_tokens(server) -> None:
     assert metric.evaluation_cost is None
     assert (metric.usage.input_tokens, metric.usage.output_tokens) == (200, 40)
     assert server.calls()[0].body["model"] == "llama-3.3-70b-local"
+    # the attributes DeepEval's metrics carry, for code that reads them
+    assert (metric.input_tokens, metric.output_tokens, metric.evaluation_model) == (200, 40, "llama-3.3-70b-local")
 
 
 async def test_measure_works_inside_a_running_event_loop(server, judge) -> None:
