@@ -7,12 +7,15 @@ needs only `scoring.errors`) does not load the judges, the OpenAI client and the
 from __future__ import annotations
 
 import importlib
+import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from scoring.assertions import assert_test
     from scoring.call_validity import MCPCallValidityMetric
     from scoring.errors import (
         EvalModeError,
+        EvaluationError,
         InvalidTestCaseError,
         JudgeAuthenticationError,
         JudgeConfigurationError,
@@ -24,12 +27,16 @@ if TYPE_CHECKING:
         TracejudgeError,
     )
     from scoring.evaluate import EvaluationResult, MetricResult, TestResult, a_evaluate, evaluate
+    from scoring.evaluate_config import AsyncConfig, CacheConfig, DisplayConfig, ErrorConfig
     from scoring.judges import LLMJudge, RetryPolicy
     from scoring.mcp_use import MultiTurnMCPUseMetric
     from scoring.metric import BaseMetric
     from scoring.task_completion import MCPTaskCompletionMetric
 
 _WHERE = {
+    "assert_test": "scoring.assertions",
+    "AsyncConfig": "scoring.evaluate_config", "CacheConfig": "scoring.evaluate_config",
+    "DisplayConfig": "scoring.evaluate_config", "ErrorConfig": "scoring.evaluate_config",
     "MCPCallValidityMetric": "scoring.call_validity",
     "EvaluationResult": "scoring.evaluate", "MetricResult": "scoring.evaluate", "TestResult": "scoring.evaluate",
     "a_evaluate": "scoring.evaluate", "evaluate": "scoring.evaluate",
@@ -38,7 +45,8 @@ _WHERE = {
     "MCPTaskCompletionMetric": "scoring.task_completion",
     **{name: "scoring.errors" for name in (
         "EvalModeError", "InvalidTestCaseError", "JudgeAuthenticationError", "JudgeConfigurationError", "JudgeError",
-        "JudgeOutputError", "JudgeRequestError", "JudgeUnavailableError", "NoTaskError", "TracejudgeError")},
+        "JudgeOutputError", "JudgeRequestError", "JudgeUnavailableError", "NoTaskError", "TracejudgeError",
+        "EvaluationError")},
 }
 
 
@@ -50,6 +58,8 @@ def __getattr__(name: str) -> Any:
         return metrics
     if name in _WHERE:
         value = getattr(importlib.import_module(_WHERE[name]), name)
+        for shadowed in [n for n in _WHERE if isinstance(globals().get(n), types.ModuleType)]:
+            del globals()[shadowed]  # importing scoring.evaluate set the package's `evaluate` to the module
         globals()[name] = value
         return value
     raise AttributeError(f"module 'scoring' has no attribute {name!r}")
@@ -57,8 +67,13 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "METRICS",
+    "AsyncConfig",
     "BaseMetric",
+    "CacheConfig",
+    "DisplayConfig",
+    "ErrorConfig",
     "EvalModeError",
+    "EvaluationError",
     "EvaluationResult",
     "InvalidTestCaseError",
     "JudgeAuthenticationError",
@@ -77,5 +92,6 @@ __all__ = [
     "TestResult",
     "TracejudgeError",
     "a_evaluate",
+    "assert_test",
     "evaluate",
 ]

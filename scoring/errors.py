@@ -59,3 +59,7 @@ class JudgeOutputError(JudgeError):
 
 class ContextBudgetError(JudgeError):
     """The conversation does not fit the System One context budget; llm mode can still score it."""
+
+
+class EvaluationError(TracejudgeError):
+    """A metric failed during `evaluate()` with `ErrorConfig(ignore_errors=False)`, as DeepEval raises."""

@@ -10,6 +10,8 @@ from typing import Any, TextIO
 
 from pydantic import BaseModel
 
+from scoring.errors import EvaluationError, NoTaskError
+from scoring.evaluate_config import AsyncConfig, CacheConfig, DisplayConfig, ErrorConfig, RunSettings, run_settings
 from scoring.loop_bridge import run_sync
 from scoring.metric import BaseMetric
 from scoring.system_one_batch import decide_together
@@ -28,6 +30,12 @@ class MetricResult(BaseModel):
     confidence: float | None = None
     system_one_fallback_reason: str | None = None
     score_breakdown: dict[str, Any] | None = None
+    strict_mode: bool = False
+    evaluation_model: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    verbose_logs: str | None = None
+    skipped: bool = False  # ErrorConfig(skip_on_missing_params=True) and the case had no task for this metric
 
     @property
     def passed(self) -> bool:
@@ -43,6 +51,20 @@ class TestResult(BaseModel):
     @property
     def passed(self) -> bool:
         return all(m.passed for m in self.metrics)
+
+    @property
+    def success(self) -> bool:
+        """DeepEval's name for `passed`."""
+        return self.passed
+
+    @property
+    def metrics_data(self) -> list[MetricResult]:
+        """DeepEval's name for `metrics`."""
+        return self.metrics
+
+    @property
+    def conversational(self) -> bool:
+        return True
 
     @property
     def status(self) -> str:
@@ -65,10 +87,17 @@ class EvaluationResult(BaseModel):
         return None if any(c is None for c in costs) else sum(costs)  # type: ignore[misc]
 
 
-async def _run_one(metric: BaseMetric, case: ConversationalTestCase, gate: asyncio.Semaphore) -> MetricResult:
+async def _run_one(metric: BaseMetric, case: ConversationalTestCase, gate: asyncio.Semaphore,
+                   settings: RunSettings) -> MetricResult:
+    skipped = False
     async with gate:
         try:
             await metric.a_measure(case)
+        except NoTaskError:
+            if not settings.skip_without_task:
+                metric.error = metric.error or "NoTaskError: the conversation has no task for this metric"
+            else:
+                metric.error, metric.success, skipped = None, None, True
         except Exception as exc:  # recorded per metric; one failure must not hide the other results
             metric.error = metric.error or f"{type(exc).__name__}: {exc}"
     return MetricResult(
@@ -76,16 +105,21 @@ async def _run_one(metric: BaseMetric, case: ConversationalTestCase, gate: async
         threshold=metric.threshold, reason=metric.reason, evaluation_cost=metric.evaluation_cost,
         error=metric.error, confidence=metric.confidence,
         system_one_fallback_reason=getattr(metric, "system_one_fallback_reason", None),
-        score_breakdown=metric.score_breakdown,
+        score_breakdown=metric.score_breakdown, strict_mode=metric.strict_mode,
+        evaluation_model=metric.evaluation_model, input_tokens=metric.input_tokens,
+        output_tokens=metric.output_tokens, verbose_logs=metric.verbose_logs, skipped=skipped,
     )
 
 
 async def _run_case(case: ConversationalTestCase, metrics: Sequence[BaseMetric],
-                    gate: asyncio.Semaphore) -> list[MetricResult]:
+                    gate: asyncio.Semaphore, settings: RunSettings) -> list[MetricResult]:
     copies = [metric.copy() for metric in metrics]
+    for copied in copies:
+        if settings.verbose_mode is not None:
+            copied.verbose_mode = settings.verbose_mode
     async with gate:
         await decide_together(copies, case)
-    return list(await asyncio.gather(*(_run_one(metric, case, gate) for metric in copies)))
+    return list(await asyncio.gather(*(_run_one(metric, case, gate, settings) for metric in copies)))
 
 
 async def a_evaluate(
@@ -95,26 +129,38 @@ async def a_evaluate(
     max_concurrency: int = 8,
     print_results: bool = True,
     file: TextIO | None = None,
+    async_config: AsyncConfig | None = None,
+    display_config: DisplayConfig | None = None,
+    error_config: ErrorConfig | None = None,
+    cache_config: CacheConfig | None = None,
 ) -> EvaluationResult:
-    """Every metric on every test case, at most `max_concurrency` measures at once."""
+    """Every metric on every test case, at most `max_concurrency` measures at once. DeepEval's configs are
+    accepted too (`scoring.evaluate_config`); with `error_config` a metric error raises unless ignored."""
     if not metrics:
         raise ValueError("evaluate() needs at least one metric")
-    if max_concurrency < 1:
-        raise ValueError(f"max_concurrency must be at least 1, not {max_concurrency}")
+    settings = run_settings(async_config, display_config, error_config, cache_config,
+                            max_concurrency=max_concurrency, print_results=print_results)
+    if settings.max_concurrency < 1:
+        raise ValueError(f"max_concurrency must be at least 1, not {settings.max_concurrency}")
     cases = [load_test_case(c) for c in test_cases]
-    gate = asyncio.Semaphore(max_concurrency)
+    gate = asyncio.Semaphore(settings.max_concurrency)
     async with AsyncExitStack() as stack:
         judges = {id(j): j for m in metrics for j in (getattr(m, "model", None), getattr(m, "system_one", None))
                   if j is not None}
         for judge in judges.values():  # one connection pool per judge for the whole run
             await stack.enter_async_context(judge.session())
-        rows = await asyncio.gather(*(_run_case(case, metrics, gate) for case in cases))
+        rows = await asyncio.gather(*(_run_case(case, metrics, gate, settings) for case in cases))
     result = EvaluationResult(test_results=[
         TestResult(index=i, name=case.name, metrics=results)
         for i, (case, results) in enumerate(zip(cases, rows, strict=True))
     ])
-    if print_results:
+    if settings.print_results:
         print(format_summary(result), file=file or sys.stdout)
+    failed = [(t, m) for t in result.test_results for m in t.metrics if m.error]
+    if settings.raise_errors and failed:
+        t, m = failed[0]
+        raise EvaluationError(f"{m.metric} failed on test case {t.name or f'#{t.index}'}: {m.error}; pass "
+                              "error_config=ErrorConfig(ignore_errors=True) to record errors and go on")
     return result
 
 
@@ -125,10 +171,15 @@ def evaluate(
     max_concurrency: int = 8,
     print_results: bool = True,
     file: TextIO | None = None,
+    async_config: AsyncConfig | None = None,
+    display_config: DisplayConfig | None = None,
+    error_config: ErrorConfig | None = None,
+    cache_config: CacheConfig | None = None,
 ) -> EvaluationResult:
     """Synchronous `a_evaluate`; works inside a running event loop too."""
-    return run_sync(a_evaluate(test_cases, metrics, max_concurrency=max_concurrency,
-                               print_results=print_results, file=file))
+    return run_sync(a_evaluate(test_cases, metrics, max_concurrency=max_concurrency, print_results=print_results,
+                               file=file, async_config=async_config, display_config=display_config,
+                               error_config=error_config, cache_config=cache_config))
 
 
 def _verdict(m: MetricResult) -> str:

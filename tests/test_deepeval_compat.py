@@ -3,12 +3,28 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 
-from scoring.errors import InvalidTestCaseError
+from scoring import (
+    AsyncConfig,
+    CacheConfig,
+    DisplayConfig,
+    ErrorConfig,
+    LLMJudge,
+    MCPCallValidityMetric,
+    MCPTaskCompletionMetric,
+    assert_test,
+    evaluate,
+)
+from scoring.errors import EvaluationError, InvalidTestCaseError
 from scoring.test_case import ConversationalTestCase, Turn, load_test_case
+from tests.support.cases import two_turn_case
 
 
 def _turns() -> list[Turn]:
@@ -59,3 +75,66 @@ def test_wrong_shapes_raise_type_error_with_deepevals_message(kwargs: dict, mess
 def test_files_with_those_shapes_still_get_tracejudges_error_naming_the_problem() -> None:
     with pytest.raises(InvalidTestCaseError, match="'turns' must not be empty"):
         load_test_case({"turns": []})
+
+
+def _broken_case() -> dict:
+    """A call to a tool no server advertises: mcp_call_validity fails it without a judge."""
+    case = two_turn_case()
+    case["turns"][1]["mcpToolsCalled"][0]["name"] = "book_hotel"
+    return case
+
+
+def test_assert_test_passes_quietly_and_fails_naming_the_metric_and_its_reason() -> None:
+    assert_test(two_turn_case(), [MCPCallValidityMetric()])
+    with pytest.raises(AssertionError) as failed:
+        assert_test(_broken_case(), [MCPCallValidityMetric()])
+    message = str(failed.value)
+    assert message.startswith("Metrics: MCP Call Validity (score: 0.000, threshold: 0.5") and "book_hotel" in message
+
+
+def test_a_pytest_run_with_assert_test_fails_with_the_reason(tmp_path: Path) -> None:
+    test_file = tmp_path / "test_agent.py"
+    test_file.write_text(
+        "import json\n"
+        "from scoring import MCPCallValidityMetric, assert_test\n"
+        f"CASES = json.loads({json.dumps(json.dumps([two_turn_case(), _broken_case()]))})\n"
+        "def test_good():\n    assert_test(CASES[0], [MCPCallValidityMetric()])\n"
+        "def test_bad():\n    assert_test(CASES[1], [MCPCallValidityMetric()])\n")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 1, done.stdout
+    assert "1 failed, 1 passed" in done.stdout and "book_hotel" in done.stdout
+
+
+def test_evaluate_returns_deepevals_result_shape_and_takes_its_configs() -> None:
+    result = evaluate([two_turn_case(), _broken_case()], [MCPCallValidityMetric()],
+                      async_config=AsyncConfig(max_concurrent=2), display_config=DisplayConfig(print_results=False),
+                      error_config=ErrorConfig(ignore_errors=True), cache_config=CacheConfig(write_cache=False))
+    good, bad = result.test_results
+    assert (good.success, bad.success, good.conversational) == (True, False, True)
+    data = bad.metrics_data[0]
+    assert (data.name, data.success, data.strict_mode, data.evaluation_model, data.input_tokens) == \
+        ("MCP Call Validity", False, False, None, 0)
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"async_config": AsyncConfig(throttle_value=2)}, "lower max_concurrent"),
+    ({"display_config": DisplayConfig(file_output_dir="out")}, "model_dump_json"),
+    ({"cache_config": CacheConfig()}, "keeps no result cache"),
+    ({"cache_config": CacheConfig(write_cache=False, use_cache=True)}, "keeps no result cache"),
+])
+def test_configs_it_cannot_honour_are_refused_not_ignored(config: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        evaluate([two_turn_case()], [MCPCallValidityMetric()], print_results=False, **config)
+
+
+def test_error_config_raises_on_a_metric_error_or_skips_a_case_without_a_task() -> None:
+    no_task = {"turns": [{"role": "assistant", "content": "Hello, how can I help?"}]}
+    judge = LLMJudge("gpt-4.1-mini", base_url="http://127.0.0.1:9/v1", api_key="sk-test-not-a-secret")  # never called
+    with pytest.raises(EvaluationError, match="ignore_errors=True"):
+        evaluate([no_task], [MCPTaskCompletionMetric(model=judge)], print_results=False,
+                 error_config=ErrorConfig())
+    result = evaluate([no_task], [MCPTaskCompletionMetric(model=judge)], print_results=False,
+                      error_config=ErrorConfig(skip_on_missing_params=True))
+    [skipped] = result.test_results[0].metrics_data
+    assert skipped.skipped and skipped.error is None and skipped.score is None
