@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from scoring.assertions import assert_test
     from scoring.call_validity import MCPCallValidityMetric
+    from scoring.dataset import ConversationalGolden, DatasetError, EvaluationDataset
     from scoring.errors import (
         EvalModeError,
         EvaluationError,
@@ -38,6 +39,8 @@ _WHERE = {
     "AsyncConfig": "scoring.evaluate_config", "CacheConfig": "scoring.evaluate_config",
     "DisplayConfig": "scoring.evaluate_config", "ErrorConfig": "scoring.evaluate_config",
     "MCPCallValidityMetric": "scoring.call_validity",
+    "ConversationalGolden": "scoring.dataset", "DatasetError": "scoring.dataset",
+    "EvaluationDataset": "scoring.dataset",
     "EvaluationResult": "scoring.evaluate", "MetricResult": "scoring.evaluate", "TestResult": "scoring.evaluate",
     "a_evaluate": "scoring.evaluate", "evaluate": "scoring.evaluate",
     "LLMJudge": "scoring.judges", "RetryPolicy": "scoring.judges",
@@ -70,10 +73,13 @@ __all__ = [
     "AsyncConfig",
     "BaseMetric",
     "CacheConfig",
+    "ConversationalGolden",
+    "DatasetError",
     "DisplayConfig",
     "ErrorConfig",
     "EvalModeError",
     "EvaluationError",
+    "EvaluationDataset",
     "EvaluationResult",
     "InvalidTestCaseError",
     "JudgeAuthenticationError",

@@ -10,6 +10,7 @@ from typing import Any, TextIO
 
 from pydantic import BaseModel
 
+from scoring.dataset import EvaluationDataset
 from scoring.errors import EvaluationError, NoTaskError
 from scoring.evaluate_config import AsyncConfig, CacheConfig, DisplayConfig, ErrorConfig, RunSettings, run_settings
 from scoring.loop_bridge import run_sync
@@ -123,7 +124,7 @@ async def _run_case(case: ConversationalTestCase, metrics: Sequence[BaseMetric],
 
 
 async def a_evaluate(
-    test_cases: Sequence[ConversationalTestCase | dict[str, Any]],
+    test_cases: Sequence[ConversationalTestCase | dict[str, Any]] | EvaluationDataset,
     metrics: Sequence[BaseMetric],
     *,
     max_concurrency: int = 8,
@@ -142,6 +143,8 @@ async def a_evaluate(
                             max_concurrency=max_concurrency, print_results=print_results)
     if settings.max_concurrency < 1:
         raise ValueError(f"max_concurrency must be at least 1, not {settings.max_concurrency}")
+    if isinstance(test_cases, EvaluationDataset):
+        test_cases = test_cases.test_cases
     cases = [load_test_case(c) for c in test_cases]
     gate = asyncio.Semaphore(settings.max_concurrency)
     async with AsyncExitStack() as stack:
@@ -165,7 +168,7 @@ async def a_evaluate(
 
 
 def evaluate(
-    test_cases: Sequence[ConversationalTestCase | dict[str, Any]],
+    test_cases: Sequence[ConversationalTestCase | dict[str, Any]] | EvaluationDataset,
     metrics: Sequence[BaseMetric],
     *,
     max_concurrency: int = 8,

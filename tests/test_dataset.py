@@ -1,0 +1,78 @@
+"""Goldens and datasets: a dataset round-trips through every file type, bad records are named, and the
+collector's history becomes a dataset of the conversations that failed."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import pytest
+
+from collector.store.span_store import SpanStore
+from scoring import ConversationalGolden, DatasetError, EvaluationDataset, MCPCallValidityMetric, evaluate
+from scoring.test_case import ConversationalTestCase, load_test_case
+from tests.support.cases import three_task_case, two_turn_case
+
+
+def _goldens() -> list[ConversationalGolden]:
+    return [
+        ConversationalGolden(scenario="Find a flight to JFK for Christmas Eve", expected_outcome="a booked flight",
+                             user_description="a traveller in SFO", context=["prefers mornings"],
+                             additional_metadata={"team": "travel"}),
+        ConversationalGolden.from_test_case(_case_with_comments()),
+    ]
+
+
+def _case_with_comments() -> ConversationalTestCase:
+    case = load_test_case(two_turn_case())
+    case.comments = 'has "quotes", commas,\nand a newline'
+    return case
+
+
+@pytest.mark.parametrize("file_type", ["json", "jsonl", "csv"])
+def test_goldens_and_test_cases_round_trip_through_every_file_type(tmp_path: Path, file_type: str) -> None:
+    dataset = EvaluationDataset(goldens=_goldens(), test_cases=[three_task_case()])
+    path = dataset.save_as(file_type, tmp_path / "out", file_name="set", include_test_cases=True)
+    assert path == str(tmp_path / "out" / f"set.{file_type}")
+    loaded = EvaluationDataset()
+    if file_type == "csv":
+        loaded.add_goldens_from_csv_file(path)
+    else:
+        loaded.add_goldens_from_json_file(path)
+    expected = [g.model_dump(mode="json") for g in dataset.goldens] + \
+        [ConversationalGolden.from_test_case(c).model_dump(mode="json") for c in dataset.test_cases]
+    assert [g.model_dump(mode="json") for g in loaded] == expected
+    assert loaded.goldens[1].turns[1].mcp_tools_called[0].name == "search_flights"
+
+
+def test_bad_records_are_named_and_nothing_is_added(tmp_path: Path) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps([{"scenario": "ok"}, {"expected_outcome": "no scenario"}, {"scenario": 3}]))
+    dataset = EvaluationDataset()
+    with pytest.raises(DatasetError, match="2 invalid golden") as failed:
+        dataset.add_goldens_from_json_file(path)
+    assert "record 1" in str(failed.value) and "record 2" in str(failed.value) and len(dataset) == 0
+    with pytest.raises(DatasetError, match="no goldens to save"):
+        EvaluationDataset().save_as("json", tmp_path)
+
+
+def test_the_history_gives_the_failing_conversations_as_test_cases_and_goldens(tmp_path: Path) -> None:
+    store = SpanStore(tmp_path / "t.duckdb")
+    store.open()
+    con = store.cursor()
+    now = dt.datetime.now(dt.UTC)
+    for cid, score, at in (("good", 0.9, now), ("bad", 0.2, now), ("old-bad", 0.1, now - dt.timedelta(days=30))):
+        con.execute("INSERT INTO conversations (conversation_id, version, content_hash, status, test_case, "
+                    "assembled_at) VALUES (?, 1, 'h', 'complete', ?, ?)", [cid, json.dumps(two_turn_case()), at])
+        con.execute("INSERT INTO scores (conversation_id, conversation_version, metric, metric_config, score, "
+                    "success, scored_at) VALUES (?, 1, 'mcp_use', 'x', ?, ?, ?)", [cid, score, score >= 0.5, at])
+    failing = EvaluationDataset.from_history(con)
+    assert [c.metadata["conversation_id"] for c in failing.test_cases] == ["bad"]
+    assert failing.test_cases[0].metadata["failed_metrics"] == ["mcp_use"]
+    assert failing.goldens[0].scenario == two_turn_case()["turns"][0]["content"]
+    everything = EvaluationDataset.from_history(con, since=dt.timedelta(days=90), failing_only=False)
+    assert sorted(c.metadata["conversation_id"] for c in everything.test_cases) == ["bad", "good", "old-bad"]
+    result = evaluate(everything, [MCPCallValidityMetric()], print_results=False)
+    assert len(result.test_results) == 3 and all(t.success for t in result.test_results)
+    store.close()
