@@ -52,13 +52,16 @@ __all__ = [
 
 
 class _Model(BaseModel):
-    """Accepts another library's pydantic object (e.g. `mcp.types.Tool`) as its protocol JSON."""
+    """Accepts another library's pydantic object (e.g. `mcp.types.Tool`) as its protocol JSON, and any other
+    object by its public attributes (a `SimpleNamespace(name=..., description=...)`, another SDK's tool)."""
 
     @model_validator(mode="before")
     @classmethod
     def _accept_foreign_models(cls, value: Any) -> Any:
         if isinstance(value, BaseModel) and not isinstance(value, cls):
             return value.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if not isinstance(value, dict | BaseModel | str | bytes | list | tuple) and hasattr(value, "__dict__"):
+            return {k: v for k, v in vars(value).items() if not k.startswith("_") and v is not None}
         return value
 
 

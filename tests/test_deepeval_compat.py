@@ -23,7 +23,7 @@ from scoring import (
     evaluate,
 )
 from scoring.errors import EvaluationError, InvalidTestCaseError
-from scoring.test_case import ConversationalTestCase, Turn, load_test_case
+from scoring.test_case import ConversationalTestCase, MCPServer, Turn, load_test_case
 from tests.support.cases import two_turn_case
 
 
@@ -138,3 +138,18 @@ def test_error_config_raises_on_a_metric_error_or_skips_a_case_without_a_task() 
                       error_config=ErrorConfig(skip_on_missing_params=True))
     [skipped] = result.test_results[0].metrics_data
     assert skipped.skipped and skipped.error is None and skipped.score is None
+
+
+def test_servers_take_duck_typed_tools_and_the_mcp_sdks_types() -> None:
+    from types import SimpleNamespace
+
+    mcp_types = pytest.importorskip("mcp.types")
+    server = MCPServer(server_name="flights", available_tools=[
+        SimpleNamespace(name="search_flights", description="Find flights",
+                        inputSchema={"type": "object", "properties": {"to": {"type": "string"}}}),
+        mcp_types.Tool(name="book_flight", inputSchema={"type": "object"}),
+    ])
+    assert [t.name for t in server.available_tools] == ["search_flights", "book_flight"]
+    assert server.available_tools[0].input_schema["properties"] == {"to": {"type": "string"}}
+    case = ConversationalTestCase(turns=_turns(), mcp_servers=[server])
+    assert MCPCallValidityMetric().measure(case) is None  # no calls: not applicable, and no error
