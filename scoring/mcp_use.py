@@ -8,7 +8,7 @@ questions below.
 from __future__ import annotations
 
 from statistics import fmean
-from typing import Any
+from typing import Any, Literal
 
 from scoring.errors import NoTaskError
 from scoring.interactions import Task, inventory_data, render_tasks_text, split_tasks
@@ -41,6 +41,16 @@ class MultiTurnMCPUseMetric(JudgedMetric):
             "Overall, how well did the assistant use the MCP servers in `mcp_servers` to serve the user's "
             "requests in `turns`?", ("Wrong use", "Poor use", "Adequate use", "Correct use"))),
     )
+
+    def __init__(self, *args: Any, aggregation: Literal["mean_of_minima", "deepeval"] = "mean_of_minima",
+                 **kwargs: Any) -> None:
+        """`aggregation="deepeval"` scores min(mean primitive score, mean argument score) over the tasks, as
+        DeepEval does, for users who need its numbers; the default is the mean over tasks of each task's minimum,
+        so a task with a bad argument is not hidden by other tasks' good choices."""
+        if aggregation not in ("mean_of_minima", "deepeval"):
+            raise ValueError(f"aggregation must be 'mean_of_minima' or 'deepeval', not {aggregation!r}")
+        super().__init__(*args, **kwargs)
+        self.aggregation = aggregation
 
     async def _score_tasks(self, test_case: ConversationalTestCase, usage: Usage) -> Scored:
         all_tasks = split_tasks(test_case)
@@ -80,9 +90,11 @@ class MultiTurnMCPUseMetric(JudgedMetric):
             })
         mean_primitive = fmean(r["primitive_score"] for r in rows)
         mean_argument = fmean(r["argument_score"] for r in rows)
+        deepeval = self.aggregation == "deepeval"
         breakdown = {
             "eval_mode": self.eval_mode.value,
-            "equation": "mean over tasks of min(primitive_score, argument_score)",
+            "equation": "min(mean primitive_score, mean argument_score) over tasks (DeepEval's)" if deepeval
+            else "mean over tasks of min(primitive_score, argument_score)",
             "tasks": rows,
             "skipped_tasks": [t.index for t in all_tasks if not t.answered],
             "mean_primitive_score": mean_primitive,
@@ -91,5 +103,6 @@ class MultiTurnMCPUseMetric(JudgedMetric):
         }
         detail = [{k: r[k] for k in ("task", "alignment_score", "primitive_reason", "argument_reason")}
                   for r in rows]
-        return Scored(fmean(r["alignment_score"] for r in rows), breakdown, render_tasks_text(all_tasks),
+        score = breakdown["min_of_means"] if deepeval else fmean(r["alignment_score"] for r in rows)
+        return Scored(score, breakdown, render_tasks_text(all_tasks),
                       detail=detail, confidence=self._task_confidence(list(decided.values())))

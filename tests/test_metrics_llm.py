@@ -69,6 +69,14 @@ def test_mcp_use_is_the_mean_of_per_task_alignment(server, judge) -> None:
     assert metric.reason.startswith("final: score=0.666")
 
 
+def test_mcp_use_can_aggregate_as_deepeval_does(server, judge) -> None:
+    metric = MultiTurnMCPUseMetric(model=judge, aggregation="deepeval")
+    assert metric.measure(three_task_case()) == pytest.approx(2.4 / 3)  # min(mean primitive, mean argument)
+    assert "DeepEval" in metric.score_breakdown["equation"]
+    with pytest.raises(ValueError, match="aggregation must be"):
+        MultiTurnMCPUseMetric(model=judge, aggregation="max")
+
+
 def test_every_server_inventory_is_shown_to_the_primitive_judge(server, judge) -> None:
     MultiTurnMCPUseMetric(model=judge).measure(three_task_case())
     data = server.calls("mcp_primitive_selection")[0].data
