@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from scoring.evaluate import MetricResult, evaluate
+from scoring.evaluate import MetricResult, TestResult, evaluate
 from scoring.metric import BaseMetric
-from scoring.test_case import ConversationalTestCase
+from scoring.test_case import ConversationalTestCase, load_test_case
+
+Listener = Callable[[ConversationalTestCase, TestResult], None]
+listeners: list[Listener] = []  # told of every assert_test result (the pytest plugin records them to DuckDB)
 
 
 def _describe(m: MetricResult) -> str:
@@ -20,7 +23,10 @@ def assert_test(test_case: ConversationalTestCase | dict[str, Any], metrics: Seq
                 run_async: bool = True) -> None:
     """Measure every metric on the case; AssertionError naming each metric that failed or errored, with its
     score, threshold and reason, so a pytest run fails with what went wrong."""
-    result = evaluate([test_case], metrics, max_concurrency=8 if run_async else 1, print_results=False)
+    case = load_test_case(test_case)
+    result = evaluate([case], metrics, max_concurrency=8 if run_async else 1, print_results=False)
+    for listener in listeners:
+        listener(case, result.test_results[0])
     failed = [m for m in result.test_results[0].metrics if not m.passed]
     if failed:
         raise AssertionError(f"Metrics: {', '.join(_describe(m) for m in failed)} failed.")

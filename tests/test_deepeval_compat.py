@@ -9,6 +9,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import duckdb
 import pytest
 
 from scoring import (
@@ -104,6 +105,19 @@ def test_a_pytest_run_with_assert_test_fails_with_the_reason(tmp_path: Path) -> 
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 1, done.stdout
     assert "1 failed, 1 passed" in done.stdout and "book_hotel" in done.stdout
+
+    # the same run recorded in a tracejudge database: CI results answer the same SQL as production scores
+    db = tmp_path / "ci.duckdb"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file),
+                           "--tracejudge-db", str(db)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 1 and "recorded 2 assert_test result(s)" in done.stdout, done.stdout
+    with duckdb.connect(str(db), read_only=True) as con:
+        rows = con.execute("SELECT agent_name, metric, success, reason FROM latest_scores WHERE service_name = 'ci' "
+                           "ORDER BY agent_name").fetchall()
+        [(turns,)] = con.execute("SELECT DISTINCT turns FROM conversations").fetchall()
+    assert [(agent.split("::")[1], metric, success) for agent, metric, success, _ in rows] == \
+        [("test_bad", "mcp_call_validity", False), ("test_good", "mcp_call_validity", True)]
+    assert "book_hotel" in rows[0][3] and turns == 2
 
 
 def test_evaluate_returns_deepevals_result_shape_and_takes_its_configs() -> None:

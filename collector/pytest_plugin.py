@@ -1,0 +1,115 @@
+"""pytest plugin: `pytest --tracejudge-db ci.duckdb` records every `assert_test` of the run into a tracejudge
+database, so CI runs and production scores answer the same SQL (`latest_scores`, the web UI, `report`).
+
+Each test's cases become conversations `ci:<run>:<test id>#<n>` of service `ci` (agent: the test id), each
+metric result a score row. Without the option the plugin does nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from scoring.evaluate import TestResult
+    from scoring.test_case import ConversationalTestCase
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.getgroup("tracejudge").addoption(
+        "--tracejudge-db", default=None, metavar="FILE",
+        help="record every assert_test result into this tracejudge DuckDB file (service 'ci'); it must not be "
+             "held by a running collector")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    path = config.getoption("--tracejudge-db")
+    if path:
+        config.pluginmanager.register(Recorder(Path(path)), "tracejudge-recorder")
+
+
+class Recorder:
+    """Collects assert_test results during the run and writes them in one transaction at its end."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.run = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+        self.test: str | None = None
+        self.results: list[tuple[str, ConversationalTestCase, TestResult]] = []
+        self.outcome = ""
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        from scoring import assertions
+
+        assertions.listeners.append(self._record)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Any:
+        self.test = item.nodeid
+        try:
+            return (yield)
+        finally:
+            self.test = None
+
+    def _record(self, case: ConversationalTestCase, result: TestResult) -> None:
+        self.results.append((self.test or "outside a test", case, result))
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        from scoring import assertions
+
+        if self._record in assertions.listeners:
+            assertions.listeners.remove(self._record)
+        if not self.results:
+            self.outcome = f"tracejudge: no assert_test ran; nothing recorded in {self.path}"
+            return
+        try:
+            self._write()
+        except Exception as exc:  # the tests' own outcome stands; say why the record is missing
+            self.outcome = f"tracejudge: could not record into {self.path}: {type(exc).__name__}: {exc}"
+            return
+        self.outcome = (f"tracejudge: recorded {len(self.results)} assert_test result(s) of run {self.run} "
+                        f"in {self.path}")
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.outcome:
+            terminalreporter.write_line(self.outcome)
+
+    def _write(self) -> None:
+        import duckdb
+
+        from collector.store.schema import migrate
+
+        now = dt.datetime.now(dt.UTC)
+        seen: dict[str, int] = {}
+        with duckdb.connect(str(self.path)) as con:
+            migrate(con)
+            con.execute("BEGIN TRANSACTION")
+            for test, case, result in self.results:
+                seen[test] = seen.get(test, 0) + 1
+                cid = f"ci:{self.run}:{test}#{seen[test]}"
+                text = case.model_dump_json(exclude_none=True)
+                calls = sum(len(t.mcp_tools_called or []) + len(t.mcp_resources_called or [])
+                            + len(t.mcp_prompts_called or []) for t in case.turns)
+                con.execute("INSERT INTO conversations (conversation_id, version, content_hash, status, service_name, "
+                            "agent_name, turns, mcp_calls, trace_ids, test_case, assembled_at) VALUES "
+                            "(?, 1, ?, 'complete', 'ci', ?, ?, ?, [], ?, ?)",
+                            [cid, hashlib.sha256(text.encode()).hexdigest(), test, len(case.turns), calls, text, now])
+                for m in result.metrics:
+                    con.execute("INSERT INTO scores (conversation_id, conversation_version, metric, metric_config, "
+                                "score, success, threshold, strict_mode, reason, judge_model, evaluation_cost, "
+                                "input_tokens, output_tokens, breakdown, error, service_name, agent_name, scored_at) "
+                                "VALUES (?, 1, ?, 'ci', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'ci', ?, ?)",
+                                [cid, m.metric, m.score, m.success, m.threshold, m.strict_mode, m.reason,
+                                 m.evaluation_model, m.evaluation_cost, m.input_tokens, m.output_tokens,
+                                 _json(m.score_breakdown), m.error, test, now])
+            con.execute("COMMIT")
+
+
+def _json(value: Any) -> str | None:
+    import json
+
+    return None if value is None else json.dumps(value, default=str)
