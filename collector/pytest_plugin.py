@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from scoring.evaluate import TestResult
+    from scoring.evaluation import TestResult
     from scoring.test_case import ConversationalTestCase
 
 
@@ -98,13 +98,13 @@ class Recorder:
                             "agent_name, turns, mcp_calls, trace_ids, test_case, assembled_at) VALUES "
                             "(?, 1, ?, 'complete', 'ci', ?, ?, ?, [], ?, ?)",
                             [cid, hashlib.sha256(text.encode()).hexdigest(), test, len(case.turns), calls, text, now])
-                for m in result.metrics:
+                for position, m in enumerate(result.metrics):  # the same metric twice keeps both rows
                     con.execute("INSERT INTO scores (conversation_id, conversation_version, metric, metric_config, "
                                 "score, success, threshold, strict_mode, reason, judge_model, evaluation_cost, "
                                 "input_tokens, output_tokens, breakdown, error, service_name, agent_name, scored_at) "
-                                "VALUES (?, 1, ?, 'ci', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'ci', ?, ?)",
-                                [cid, m.metric, m.score, m.success, m.threshold, m.strict_mode, m.reason,
-                                 m.evaluation_model, m.evaluation_cost, m.input_tokens, m.output_tokens,
+                                "VALUES (?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'ci', ?, ?)",
+                                [cid, m.metric, f"ci:{position}", m.score, m.success, m.threshold, m.strict_mode,
+                                 m.reason, m.evaluation_model, m.evaluation_cost, m.input_tokens, m.output_tokens,
                                  _json(m.score_breakdown), m.error, test, now])
             con.execute("COMMIT")
 

@@ -7,7 +7,6 @@ needs only `scoring.errors`) does not load the judges, the OpenAI client and the
 from __future__ import annotations
 
 import importlib
-import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -27,8 +26,8 @@ if TYPE_CHECKING:
         NoTaskError,
         TracejudgeError,
     )
-    from scoring.evaluate import EvaluationResult, MetricResult, TestResult, a_evaluate, evaluate
     from scoring.evaluate_config import AsyncConfig, CacheConfig, DisplayConfig, ErrorConfig
+    from scoring.evaluation import EvaluationResult, MetricResult, TestResult, a_evaluate, evaluate
     from scoring.judges import LLMJudge, RetryPolicy
     from scoring.mcp_use import MultiTurnMCPUseMetric
     from scoring.metric import BaseMetric
@@ -41,8 +40,8 @@ _WHERE = {
     "MCPCallValidityMetric": "scoring.call_validity",
     "ConversationalGolden": "scoring.dataset", "DatasetError": "scoring.dataset",
     "EvaluationDataset": "scoring.dataset",
-    "EvaluationResult": "scoring.evaluate", "MetricResult": "scoring.evaluate", "TestResult": "scoring.evaluate",
-    "a_evaluate": "scoring.evaluate", "evaluate": "scoring.evaluate",
+    "EvaluationResult": "scoring.evaluation", "MetricResult": "scoring.evaluation", "TestResult": "scoring.evaluation",
+    "a_evaluate": "scoring.evaluation", "evaluate": "scoring.evaluation",
     "LLMJudge": "scoring.judges", "RetryPolicy": "scoring.judges",
     "MultiTurnMCPUseMetric": "scoring.mcp_use", "BaseMetric": "scoring.metric",
     "MCPTaskCompletionMetric": "scoring.task_completion",
@@ -61,8 +60,6 @@ def __getattr__(name: str) -> Any:
         return metrics
     if name in _WHERE:
         value = getattr(importlib.import_module(_WHERE[name]), name)
-        for shadowed in [n for n in _WHERE if isinstance(globals().get(n), types.ModuleType)]:
-            del globals()[shadowed]  # importing scoring.evaluate set the package's `evaluate` to the module
         globals()[name] = value
         return value
     raise AttributeError(f"module 'scoring' has no attribute {name!r}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from scoring.evaluate import MetricResult, TestResult, evaluate
+from scoring.evaluation import MetricResult, TestResult, evaluate
 from scoring.metric import BaseMetric
 from scoring.test_case import ConversationalTestCase, load_test_case
 

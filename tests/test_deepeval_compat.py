@@ -99,7 +99,7 @@ def test_a_pytest_run_with_assert_test_fails_with_the_reason(tmp_path: Path) -> 
         "import json\n"
         "from scoring import MCPCallValidityMetric, assert_test\n"
         f"CASES = json.loads({json.dumps(json.dumps([two_turn_case(), _broken_case()]))})\n"
-        "def test_good():\n    assert_test(CASES[0], [MCPCallValidityMetric()])\n"
+        "def test_good():\n    assert_test(CASES[0], [MCPCallValidityMetric(), MCPCallValidityMetric(threshold=0.9)])\n"
         "def test_bad():\n    assert_test(CASES[1], [MCPCallValidityMetric()])\n")
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file)],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
@@ -115,9 +115,10 @@ def test_a_pytest_run_with_assert_test_fails_with_the_reason(tmp_path: Path) -> 
         rows = con.execute("SELECT agent_name, metric, success, reason FROM latest_scores WHERE service_name = 'ci' "
                            "ORDER BY agent_name").fetchall()
         [(turns,)] = con.execute("SELECT DISTINCT turns FROM conversations").fetchall()
+        [(score_rows,)] = con.execute("SELECT count(*) FROM scores").fetchone(),  # the same metric twice: 2 rows
     assert [(agent.split("::")[1], metric, success) for agent, metric, success, _ in rows] == \
         [("test_bad", "mcp_call_validity", False), ("test_good", "mcp_call_validity", True)]
-    assert "book_hotel" in rows[0][3] and turns == 2
+    assert "book_hotel" in rows[0][3] and turns == 2 and score_rows == 3
 
 
 def test_evaluate_returns_deepevals_result_shape_and_takes_its_configs() -> None:

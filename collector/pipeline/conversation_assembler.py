@@ -181,6 +181,8 @@ class ConversationAssembler:
         conversations: dict[str, set[str]] = {}
         for trace in waiting:
             conversations.setdefault(owners.get(trace, trace), set()).add(trace)
+        if not force:
+            self._wait_with_active(due, owners, conversations)
         keyed = {c for c in conversations if c in owners.values()}
         if keyed:  # the conversation's earlier traces, assembled before, belong to it too
             earlier = self._traces_named(keyed)
@@ -201,6 +203,23 @@ class ConversationAssembler:
                 self._forget(group, stamp)
                 done += 1
         return done
+
+    def _wait_with_active(self, due: dict[str, tuple[int, set[str]]], owners: dict[str, str],
+                          conversations: dict[str, set[str]]) -> None:
+        """A due trace whose stored spans name a conversation that still has waiting, not yet quiet traces (a
+        late span without a key, after an earlier assembly) joins that conversation's wait instead of having it
+        assembled early."""
+        with self._lock:
+            active = {c for c in conversations if c in self._members and c not in due}
+            for group, (_, traces) in due.items():
+                for trace in traces:
+                    target = owners.get(trace, trace)
+                    if target in active and self._group_of.get(trace) == group:
+                        self._leave(trace, group)
+                        self._group_of[trace] = target
+                        self._members[target].add(trace)
+        for conversation_id in active:
+            del conversations[conversation_id]
 
     def _strongest_keys(self, traces: set[str] | list[str]) -> dict[str, tuple[int, str]]:
         """Each trace's strongest conversation key over all its stored spans: (precedence, value)."""
@@ -252,12 +271,12 @@ class ConversationAssembler:
 
     def _assemble_batch(self, batch: list[str], conversations: dict[str, set[str]]) -> set[str]:
         with id_table(self.con, set().union(*(conversations[c] for c in batch))) as ids:
-            rows = self.con.execute(f"SELECT {_COLUMNS} FROM spans WHERE trace_id IN (SELECT id FROM {ids})").fetchall()
-        unique: dict[tuple[str, str], tuple] = {}
-        for row in rows:  # a span sent again inside another request is stored twice; it counts once
-            unique.setdefault((row[0], row[1]), row)
+            # a span sent again inside another request is stored twice: the last copy received counts, once
+            rows = self.con.execute(
+                f"SELECT {_COLUMNS} FROM spans WHERE trace_id IN (SELECT id FROM {ids}) QUALIFY row_number() "
+                "OVER (PARTITION BY trace_id, span_id ORDER BY received_at DESC) = 1").fetchall()
         by_trace: dict[str, list[tuple]] = {}
-        for row in unique.values():
+        for row in rows:
             by_trace.setdefault(row[0], []).append(row)
         failed: set[str] = set()
         assembled: dict[str, set[str]] = {}

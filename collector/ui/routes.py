@@ -9,6 +9,7 @@ script only refreshes the page's main content when the data changed; every page 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import hashlib
 import hmac
@@ -108,7 +109,8 @@ class WebUI:
     async def _data(self, fn: Callable[..., Any], *args: Any) -> Any:
         def read() -> Any:
             con = self.cursor()
-            self.summaries.refresh(con)  # what was written since the last refresh only
+            with contextlib.suppress(duckdb.Error):  # the pipeline's refresh logs it; show what is summarized
+                self.summaries.refresh(con)  # what was written since the last refresh only
             return fn(con, *args)
         return await asyncio.get_running_loop().run_in_executor(self.executor, read)
 

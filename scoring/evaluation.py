@@ -144,6 +144,9 @@ async def a_evaluate(
     if settings.max_concurrency < 1:
         raise ValueError(f"max_concurrency must be at least 1, not {settings.max_concurrency}")
     if isinstance(test_cases, EvaluationDataset):
+        if not test_cases.test_cases and test_cases.goldens:
+            raise ValueError("the dataset has goldens but no test cases: run the agent on each golden and "
+                             "add_test_case() the conversations it produced, then evaluate the dataset")
         test_cases = test_cases.test_cases
     cases = [load_test_case(c) for c in test_cases]
     gate = asyncio.Semaphore(settings.max_concurrency)
