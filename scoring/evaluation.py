@@ -173,19 +173,10 @@ async def a_evaluate(
 def evaluate(
     test_cases: Sequence[ConversationalTestCase | dict[str, Any]] | EvaluationDataset,
     metrics: Sequence[BaseMetric],
-    *,
-    max_concurrency: int = 8,
-    print_results: bool = True,
-    file: TextIO | None = None,
-    async_config: AsyncConfig | None = None,
-    display_config: DisplayConfig | None = None,
-    error_config: ErrorConfig | None = None,
-    cache_config: CacheConfig | None = None,
+    **options: Any,
 ) -> EvaluationResult:
-    """Synchronous `a_evaluate`; works inside a running event loop too."""
-    return run_sync(a_evaluate(test_cases, metrics, max_concurrency=max_concurrency, print_results=print_results,
-                               file=file, async_config=async_config, display_config=display_config,
-                               error_config=error_config, cache_config=cache_config))
+    """Synchronous `a_evaluate`, with the same keyword options; works inside a running event loop too."""
+    return run_sync(a_evaluate(test_cases, metrics, **options))
 
 
 def _verdict(m: MetricResult) -> str:
