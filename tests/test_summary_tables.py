@@ -12,9 +12,10 @@ import pytest
 
 from collector.pipeline.summary_tables import SummaryTables
 from collector.store.span_store import SpanStore
+from collector.ui import views
 
 
-def _case(error: bool, extra_call: bool = False) -> str:
+def _case(error: bool, extra_call: bool = False, server: str = "weather") -> str:
     calls = [{"name": "get_weather", "args": {"city": "Paris"},
               "result": {"content": [{"type": "text", "text": "Rainy"}], "isError": error}}]
     if extra_call:
@@ -23,7 +24,7 @@ def _case(error: bool, extra_call: bool = False) -> str:
         "turns": [{"role": "user", "content": "Weather in Paris?"},
                   {"role": "assistant", "content": "Rainy.", "mcp_tools_called": calls,
                    "mcp_resources_called": [{"uri": "file:///notes.md", "result": {"contents": []}}]}],
-        "mcp_servers": [{"server_name": "weather", "available_tools": [{"name": "get_weather"},
+        "mcp_servers": [{"server_name": server, "available_tools": [{"name": "get_weather"},
                                                                        {"name": "get_forecast"}]}]})
 
 
@@ -54,9 +55,13 @@ def _same_as_the_views(con: duckdb.DuckDBPyConnection) -> None:
     assert con.execute("SELECT conversation_id, version, mcp_errors FROM conversation_summary ORDER BY 1").fetchall() \
         == con.execute("SELECT conversation_id, conversation_version, count(*) FILTER (WHERE is_error) FROM mcp_calls "
                        "GROUP BY ALL ORDER BY 1").fetchall()
+    tools = {(r["server"], r["kind"], r["name"]): (r["calls"], r["invalid_rate"]) for r in views.tools(con, "90d")}
+    per_call = con.execute("SELECT coalesce(server, '-'), kind, name, count(*), count(*) FILTER (WHERE "
+                           "contains(CAST(violations AS VARCHAR), 'inputSchema')) FROM mcp_calls GROUP BY ALL")
+    assert tools == {(srv, kind, name): (calls, bad / calls) for srv, kind, name, calls, bad in per_call.fetchall()}
     assert con.execute("SELECT unnest(invalid_calls) AS c FROM score_summary ORDER BY c").fetchall() == \
-        con.execute("SELECT kind || '/' || name AS c FROM mcp_calls WHERE contains(CAST(violations AS VARCHAR), "
-                    "'inputSchema') ORDER BY c").fetchall()
+        con.execute("SELECT turn || chr(9) || kind || chr(9) || name AS c FROM mcp_calls "
+                    "WHERE contains(CAST(violations AS VARCHAR), 'inputSchema') ORDER BY c").fetchall()
 
 
 @pytest.fixture
@@ -72,6 +77,7 @@ def test_summaries_follow_new_versions_late_scores_and_a_restart(store: SpanStor
     summaries = SummaryTables()
     _conversation(con, "a", 1, _case(error=True))
     _conversation(con, "b", 1, _case(error=False, extra_call=True))
+    _conversation(con, "c", 1, _case(error=False, extra_call=True, server="other"))  # the same tool name elsewhere
     _score(con, "a", 1, "mcp_use", 0.2)
     invalid = {"calls": [{"turn": 1, "kind": "tool", "name": "get_forecast",
                           "violations": ["arguments do not match the inputSchema: days"]}]}
@@ -102,4 +108,4 @@ def test_summaries_follow_new_versions_late_scores_and_a_restart(store: SpanStor
     restarted.refresh(con)
     restarted.refresh(con)
     _same_as_the_views(con)
-    assert con.execute("SELECT count(*) FROM call_summary").fetchone() == (3 + 2 + 3,)
+    assert con.execute("SELECT count(*) FROM call_summary").fetchone() == (3 + 2 + 3 + 3,)

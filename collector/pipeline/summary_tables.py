@@ -55,7 +55,8 @@ _SCORES = """
 INSERT INTO score_summary
 SELECT conversation_id, metric, conversation_version, score, success, evaluation_cost, service_name, agent_name,
        CASE WHEN metric = 'mcp_call_validity' THEN
-           (SELECT coalesce(list((c.value->>'kind') || '/' || (c.value->>'name')), [])
+           (SELECT coalesce(list((c.value->>'turn') || chr(9) || (c.value->>'kind') || chr(9)
+                                 || (c.value->>'name')), [])
             FROM json_each(breakdown, '$.calls') c
             WHERE contains(CAST(c.value->'violations' AS VARCHAR), 'inputSchema')) END,
        scored_at

@@ -292,23 +292,27 @@ def _decisions(breakdown: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def tools(con: duckdb.DuckDBPyConnection, window: str) -> list[dict[str, Any]]:
-    """Per server and tool of the latest conversation versions in the window: calls, error rate, the share of
-    calls whose arguments broke the tool's input schema (from the latest mcp_call_validity scores)."""
-    params = [window_start(window)]
-    rows = _rows(con, "SELECT coalesce(k.server, '-') AS server, k.kind, k.name, count(*) AS calls, "
-                      "avg(CASE WHEN k.is_error THEN 1.0 ELSE 0.0 END) AS error_rate, "
-                      "count(DISTINCT k.conversation_id) AS conversations FROM call_summary k "
-                      "JOIN conversation_summary c ON c.conversation_id = k.conversation_id AND c.version = k.version "
-                      "WHERE c.assembled_at >= ? GROUP BY ALL ORDER BY calls DESC, k.name LIMIT 500", params)
-    invalid = {(kind, name): n for kind, name, n in con.execute(
-        "SELECT split_part(call, '/', 1), substr(call, strpos(call, '/') + 1), count(*) FROM ("
-        "SELECT unnest(s.invalid_calls) AS call FROM score_summary s JOIN conversation_summary c "
-        "ON c.conversation_id = s.conversation_id AND c.version = s.conversation_version "
-        "WHERE s.metric = 'mcp_call_validity' AND len(s.invalid_calls) > 0 AND c.assembled_at >= ?) GROUP BY ALL",
-        params).fetchall()}
-    for row in rows:
-        row["invalid_rate"] = invalid.get((row["kind"], row["name"]), 0) / row["calls"]
-    return rows
+    """Per server and tool of the latest conversation versions in the window: calls, error rate, and the share of
+    calls whose arguments broke the tool's input schema (the latest mcp_call_validity scores name each such call
+    by turn, kind and name; it is counted on the server of that call)."""
+    return _rows(con, """
+        WITH invalid AS (
+            SELECT s.conversation_id, s.conversation_version AS version,
+                   CAST(split_part(x, chr(9), 1) AS INTEGER) AS turn, split_part(x, chr(9), 2) AS kind,
+                   split_part(x, chr(9), 3) AS name, count(*) AS n
+            FROM score_summary s, unnest(s.invalid_calls) AS u(x)
+            WHERE s.metric = 'mcp_call_validity' AND len(s.invalid_calls) > 0 GROUP BY ALL),
+        calls AS (
+            SELECT k.conversation_id, k.version, k.turn, k.kind, k.name, coalesce(k.server, '-') AS server,
+                   count(*) AS calls, count(*) FILTER (WHERE k.is_error) AS errors
+            FROM call_summary k JOIN conversation_summary c
+                 ON c.conversation_id = k.conversation_id AND c.version = k.version
+            WHERE c.assembled_at >= ? GROUP BY ALL)
+        SELECT c.server, c.kind, c.name, sum(c.calls) AS calls, sum(c.errors) / sum(c.calls) AS error_rate,
+               sum(least(coalesce(i.n, 0), c.calls)) / sum(c.calls) AS invalid_rate,
+               count(DISTINCT c.conversation_id) AS conversations
+        FROM calls c LEFT JOIN invalid i USING (conversation_id, version, turn, kind, name)
+        GROUP BY ALL ORDER BY calls DESC, c.name LIMIT 500""", [window_start(window)])
 
 
 def change_token(con: duckdb.DuckDBPyConnection) -> str:
