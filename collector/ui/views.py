@@ -128,15 +128,17 @@ def overview(con: duckdb.DuckDBPyConnection, window: str, split: str, budget: fl
     spend = _rows(con, "SELECT DATE '1970-01-01' + CAST(epoch_us(scored_at) // 86400000000 AS INTEGER) AS day, "
                        "sum(evaluation_cost) AS cost "
                        "FROM scores WHERE scored_at >= ? GROUP BY 1 ORDER BY 1", [since])
+    jobs: dict[str, int] = {}
+    failed: list[dict[str, Any]] = []
     try:
         jobs = dict(con.execute("SELECT status, count(*) FROM eval_jobs GROUP BY 1 ORDER BY 1").fetchall())
         failed = _rows(con, "SELECT conversation_id, metric, attempts, last_error, updated_at FROM eval_jobs "
                             "WHERE status = 'failed' ORDER BY updated_at DESC LIMIT 10", [])
+        jobs_known = True
     except duckdb.CatalogException:  # a history without the job queue (the lake)
-        return Overview(window, split, received, complete, scored, metrics, list(trends.values()), bucket, spend,
-                        budget, {}, [], jobs_known=False)
+        jobs_known = False
     return Overview(window, split, received, complete, scored, metrics, list(trends.values()), bucket, spend,
-                    budget, jobs, failed)
+                    budget, jobs, failed, jobs_known)
 
 
 # --- conversations ----------------------------------------------------------------------------------------
