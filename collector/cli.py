@@ -52,6 +52,17 @@ def _positive(value: str) -> int:
     return number
 
 
+def _judge_connection_flags(parser: argparse.ArgumentParser) -> None:
+    """How the LLM judge talks to its server; a slow local server needs a long timeout and one request at once."""
+    parser.add_argument("--judge-timeout", type=float, metavar="SECONDS",
+                        help="timeout of one LLM judge request (default 60; raise it for a slow local server)")
+    parser.add_argument("--judge-concurrency", type=_positive, metavar="N",
+                        help="LLM judge requests in flight at once (default 8; 1 for a one-at-a-time server)")
+    parser.add_argument("--judge-context-tokens", type=_positive, metavar="TOKENS",
+                        help="the judge model's context window; longer prompts are reduced to fit (default: known "
+                        "for OpenAI models, else 32768)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tracejudge",
@@ -84,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--judge-model", help="LLM judge model (default gpt-5.4 on api.openai.com; with "
                        "OPENAI_BASE_URL, the name your server serves)")
     serve.add_argument("--system-one-model", help="System One model for hybrid/system_one (default jev-latest)")
+    _judge_connection_flags(serve)
     serve.set_defaults(command_module="serve")
 
     ev = sub.add_parser(
@@ -107,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "TYPESAFE_API_KEY, TYPESAFE_BASE_URL) or logprob:MODEL for an OpenAI-compatible model's logprobs")
     ev.add_argument("--concurrency", type=_positive, default=8, help="measures run at once (default 8)")
     ev.add_argument("--format", choices=["table", "json"], default="table", help="output format")
+    _judge_connection_flags(ev)
     ev.set_defaults(command_module="evaluate")
 
     inspect = sub.add_parser(
@@ -190,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--url", default="http://127.0.0.1:4319", help="admin API of a running collector")
     score.add_argument("--wait", type=float, default=600, help="seconds to wait for a running collector to "
                        "score the jobs (default 600)")
+    _judge_connection_flags(score)
     score.set_defaults(command_module="score")
 
     exp = sub.add_parser("export", help="write scores and conversations as Parquet",

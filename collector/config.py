@@ -18,6 +18,9 @@ from collector.durations import parse_duration
 from mapping.otlp import SpanLimits
 from mapping.redaction import BUILTIN_RULES, RedactionRuleError, Redactor
 from scoring.errors import TracejudgeError
+
+if TYPE_CHECKING:
+    from scoring.judges.resolve import JudgeOptions
 from scoring.metric_ids import METRIC_IDS
 
 if TYPE_CHECKING:
@@ -182,6 +185,14 @@ class ScoringSettings(_Section):
     outage_backoff_s: float = Field(5.0, gt=0, description="a judge still unreachable after its own retries "
                                     "pauses its metric this long, doubling per failure; no attempt is used up")
     outage_max_backoff_s: float = Field(300.0, gt=0, description="longest pause of a metric during a judge outage")
+    judge_timeout_s: float = Field(60.0, gt=0, description="timeout of one LLM judge request; raise it for a slow "
+                                   "local server that computes one request at a time")
+    judge_concurrency: int = Field(8, ge=1, le=256, description="LLM judge requests in flight at once (1 for a "
+                                   "one-request-at-a-time local server)")
+    judge_context_tokens: int | None = Field(None, ge=1024, description="the judge model's context window; prompts "
+                                             "are reduced to fit it (default: known for OpenAI models, else 32768)")
+    judge_temperature: float | Literal["server-default"] = Field(
+        0.0, description="LLM judge temperature (0: repeatable scores); 'server-default' sends none")
 
     @field_validator("metrics")
     @classmethod
@@ -331,6 +342,9 @@ ENV_AND_FLAGS: tuple[tuple[str, str, str | None, str | None], ...] = (
     ("limits", "event_attribute_count", "OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT", None),
     ("scoring", "model", "TRACEJUDGE_JUDGE_MODEL", "--judge-model"),
     ("scoring", "system_one_model", "TRACEJUDGE_SYSTEM_ONE_MODEL", "--system-one-model"),
+    ("scoring", "judge_timeout_s", "TRACEJUDGE_JUDGE_TIMEOUT", "--judge-timeout"),
+    ("scoring", "judge_concurrency", "TRACEJUDGE_JUDGE_CONCURRENCY", "--judge-concurrency"),
+    ("scoring", "judge_context_tokens", "TRACEJUDGE_JUDGE_CONTEXT_TOKENS", "--judge-context-tokens"),
     ("redaction", "salt", "TRACEJUDGE_REDACTION_SALT", None),
     ("lake", "catalog", "TRACEJUDGE_LAKE_CATALOG", None),
     ("lake", "data_path", "TRACEJUDGE_LAKE_DATA_PATH", None),
@@ -339,6 +353,20 @@ ENV_AND_FLAGS: tuple[tuple[str, str, str | None, str | None], ...] = (
     ("export", "endpoint", "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", None),
     ("export", "protocol", "OTEL_EXPORTER_OTLP_LOGS_PROTOCOL", None),
 )
+
+
+def judge_options(sc: ScoringSettings) -> JudgeOptions:
+    """The LLM judge's connection settings from [scoring] (the judge modules load only when asked for)."""
+    from scoring.judges.resolve import JudgeOptions
+
+    temperature = None if sc.judge_temperature == "server-default" else sc.judge_temperature
+    return JudgeOptions(sc.judge_timeout_s, sc.judge_concurrency, sc.judge_context_tokens, temperature)
+
+
+def judge_flags(args: Any) -> dict[str, Any]:
+    """The judge connection flags of a parsed command line, by setting name."""
+    return {"judge_timeout_s": args.judge_timeout, "judge_concurrency": args.judge_concurrency,
+            "judge_context_tokens": args.judge_context_tokens}
 
 
 def load_settings(config_file: Path | None = None, flags: dict[str, Any] | None = None,

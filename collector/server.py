@@ -14,7 +14,7 @@ import signal
 import time
 
 from collector.admin import AdminServer
-from collector.config import Settings
+from collector.config import Settings, judge_options
 from collector.exporters.score_events import ScoreEventExporter, otlp_log_exporter
 from collector.history.lake import LakePublisher, publish_periodically
 from collector.log import Logger
@@ -39,7 +39,8 @@ def stage_config(settings: Settings) -> StageConfig:
                        system_one_model=sc.system_one_model, threshold=sc.threshold, strict_mode=sc.strict_mode,
                        concurrency=sc.concurrency, daily_budget_usd=sc.daily_budget_usd,
                        max_attempts=sc.max_attempts, lease_s=sc.lease_s, retry_backoff_s=sc.retry_backoff_s,
-                       outage_backoff_s=sc.outage_backoff_s, outage_max_backoff_s=sc.outage_max_backoff_s)
+                       outage_backoff_s=sc.outage_backoff_s, outage_max_backoff_s=sc.outage_max_backoff_s,
+                       judge=judge_options(sc))
 
 
 class Collector:

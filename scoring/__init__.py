@@ -19,6 +19,7 @@ if TYPE_CHECKING:
         InvalidTestCaseError,
         JudgeAuthenticationError,
         JudgeConfigurationError,
+        JudgeContextOverflowError,
         JudgeError,
         JudgeOutputError,
         JudgeRequestError,
@@ -46,7 +47,8 @@ _WHERE = {
     "MultiTurnMCPUseMetric": "scoring.mcp_use", "BaseMetric": "scoring.metric",
     "MCPTaskCompletionMetric": "scoring.task_completion",
     **{name: "scoring.errors" for name in (
-        "EvalModeError", "InvalidTestCaseError", "JudgeAuthenticationError", "JudgeConfigurationError", "JudgeError",
+        "EvalModeError", "InvalidTestCaseError", "JudgeAuthenticationError", "JudgeConfigurationError",
+        "JudgeContextOverflowError", "JudgeError",
         "JudgeOutputError", "JudgeRequestError", "JudgeUnavailableError", "NoTaskError", "TracejudgeError",
         "EvaluationError")},
 }
@@ -81,6 +83,7 @@ __all__ = [
     "InvalidTestCaseError",
     "JudgeAuthenticationError",
     "JudgeConfigurationError",
+    "JudgeContextOverflowError",
     "JudgeError",
     "JudgeOutputError",
     "JudgeRequestError",

@@ -53,6 +53,16 @@ class JudgeRequestError(JudgeError):
         self.status = status
 
 
+class JudgeContextOverflowError(JudgeRequestError):
+    """The judge said the prompt exceeds its context window; `limit` is the window it named, if any.
+
+    Metrics answer it by lowering the judge's `context_tokens` and sending a smaller prompt."""
+
+    def __init__(self, message: str, status: int | None = None, limit: int | None = None) -> None:
+        super().__init__(message, status)
+        self.limit = limit
+
+
 class JudgeOutputError(JudgeError):
     """The judge kept answering with output that is not the JSON object asked for."""
 

@@ -18,6 +18,7 @@ from scoring.errors import (
     ContextBudgetError,
     JudgeAuthenticationError,
     JudgeConfigurationError,
+    JudgeContextOverflowError,
     JudgeError,
     JudgeUnavailableError,
     NoTaskError,
@@ -30,13 +31,16 @@ from scoring.judges.questions import Question, ScoreLevels
 from scoring.judges.resolve import resolve_llm_judge, resolve_system_one_judge
 from scoring.judges.structured_output import ReasonVerdict, ScoreVerdict
 from scoring.judges.system_one import Decision
+from scoring.judges.tokens import CharCounter
 from scoring.metric import BaseMetric, Scored, Usage
-from scoring.prompts import FINAL_REASON, REASON_OUTPUT, SCORE_OUTPUT, build_messages
+from scoring.prompt_reduction import Reduction, reduce_to_fit
+from scoring.prompts import FINAL_REASON, REASON_OUTPUT, SCORE_OUTPUT, fit_messages
 from scoring.system_one_mode import WeightedQuestion, deterministic_reason, equation, weighted_score
 from scoring.task_group import gather_all
 from scoring.test_case import ConversationalTestCase
 
 T = TypeVar("T")
+OVERFLOW_RETRIES = 3  # a judge that keeps saying "too long" after this many smaller prompts fails the call
 
 
 @dataclass(frozen=True)
@@ -170,20 +174,34 @@ class JudgedMetric(BaseMetric):
         return decided
 
     async def _ask_llm(self, ask: Ask, usage: Usage, fallback: str | None = None) -> Verdict:
-        verdict = await self._llm(usage, ask.judge_name, ask.instructions, ask.data, ScoreVerdict)
+        verdict = await self._llm(usage, ask.judge_name, ask.instructions, ask.data, ScoreVerdict, ask.key)
         assert self.model is not None
         return Verdict(verdict.score, verdict.reason, self.model.id, fallback=fallback)
 
-    async def _llm(self, usage: Usage, name: str, instructions: str, data: Any, output: type[Any]) -> Any:
+    async def _llm(self, usage: Usage, name: str, instructions: str, data: dict[str, Any], output: type[Any],
+                   part: str = "final_reason") -> Any:
+        """One judged answer, its prompt reduced to the judge's window (and again if the server says so)."""
         assert self.model is not None
         spec = REASON_OUTPUT if output is ReasonVerdict else SCORE_OUTPUT
-        try:
-            judgement = await self.model.judge(build_messages(name, instructions, data, spec), output, spec)
-        except JudgeError as exc:
-            if exc.spent is not None:  # tokens of answers that were not usable still cost money
-                usage.add(*exc.spent)
-            raise
-        usage.add(judgement.model, judgement.input_tokens, judgement.output_tokens, judgement.cost)
+        for overflows in range(OVERFLOW_RETRIES + 1):
+            messages, reduction = fit_messages(name, instructions, data, spec, self.model.prompt_tokens,
+                                               self.model.tokens)
+            try:
+                judgement = await self.model.judge(messages, output, spec)
+            except JudgeContextOverflowError as exc:
+                if overflows == OVERFLOW_RETRIES:
+                    raise
+                self.model.lower_context(exc.limit)
+                continue
+            except JudgeError as exc:
+                if exc.spent is not None:  # tokens of answers that were not usable still cost money
+                    usage.add(*exc.spent)
+                raise
+            break
+        if reduction is not None:
+            usage.prompt_reductions.append({"part": part, "judge": name, **reduction.as_dict()})
+        usage.add(judgement.model, judgement.input_tokens, judgement.output_tokens, judgement.cost,
+                  cached_tokens=judgement.cached_tokens)
         return judgement.value
 
     @staticmethod
@@ -229,15 +247,27 @@ class JudgedMetric(BaseMetric):
     # --- system_one ----------------------------------------------------------------------------------
 
     def system_one_request(self, test_case: ConversationalTestCase) -> tuple[dict[str, Any], dict[str, Question]]:
-        """The state and the weighted questions of metrics.md section 7 for this conversation."""
+        """The state and the weighted questions of metrics.md section 7 for this conversation, the state reduced
+        (as llm prompts are) when it would not fit System One's budget with the longest question."""
+        return self._system_one_request(test_case)[:2]
+
+    def _system_one_request(
+        self, test_case: ConversationalTestCase
+    ) -> tuple[dict[str, Any], dict[str, Question], Reduction | None]:
         if not any(t.role == "user" for t in test_case.turns):
             raise NoTaskError("the conversation has no user turn, so there is no task to judge")
         state = conversation_data(test_case, include_inventory=self.include_inventory)
-        return state, {q.key: q.question for q in self.system_one_questions}
+        questions = {q.key: q.question for q in self.system_one_questions}
+        budget = getattr(self.system_one, "budget", DEFAULT_BUDGET)
+        room = budget.state_and_question - max(estimate_tokens(q.wire()) for q in questions.values())
+        state, reduction = reduce_to_fit(state, estimate_tokens, room, CharCounter().name)
+        return state, questions, reduction
 
     async def _score_system_one(self, test_case: ConversationalTestCase, usage: Usage) -> Scored:
         assert self.system_one is not None
-        state, questions = self.system_one_request(test_case)
+        state, questions, reduction = self._system_one_request(test_case)
+        if reduction is not None:
+            usage.prompt_reductions.append({"part": "conversation", "judge": "system_one", **reduction.as_dict()})
         prefetched, self._prefetched = self._prefetched, None
         if isinstance(prefetched, BaseException):
             raise prefetched

@@ -60,7 +60,8 @@ class MultiTurnMCPUseMetric(JudgedMetric):
         inventory = inventory_data(test_case.mcp_servers)
 
         def ask(task: Task, aspect: str, name: str, instructions: str, levels: tuple[str, ...], what: str) -> Ask:
-            return Ask(f"t{task.index}.{aspect}", task, name, instructions, {**task.data(), "mcp_servers": inventory},
+            # the inventory first: the same bytes open every request of this agent, so providers cache it
+            return Ask(f"t{task.index}.{aspect}", task, name, instructions, {"mcp_servers": inventory, **task.data()},
                        levels, f"For the task with task_index {task.index} in `tasks`: {what}")
 
         asks = [ask(t, "primitives", "mcp_primitive_selection", PRIMITIVE_SELECTION, PRIMITIVE_LEVELS,

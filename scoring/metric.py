@@ -36,15 +36,17 @@ class Usage:
     system_one_requests: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_input_tokens: int = 0
     cost: float | None = 0.0
     models: list[str] = field(default_factory=list)
+    prompt_reductions: list[dict[str, Any]] = field(default_factory=list)  # what was cut to fit the judge
 
     @property
     def calls(self) -> int:
         return self.llm_calls + self.system_one_requests
 
     def add(self, model: str, input_tokens: int, output_tokens: int, cost: float | None, *,
-            system_one_requests: int = 0) -> None:
+            system_one_requests: int = 0, cached_tokens: int = 0) -> None:
         """Count one LLM call, or (with `system_one_requests`) a System One decision's requests."""
         if system_one_requests:
             self.system_one_requests += system_one_requests
@@ -52,6 +54,7 @@ class Usage:
             self.llm_calls += 1
         self.input_tokens += input_tokens
         self.output_tokens += output_tokens
+        self.cached_input_tokens += cached_tokens
         self.cost = None if cost is None or self.cost is None else self.cost + cost
         if model not in self.models:
             self.models.append(model)
@@ -152,7 +155,10 @@ class BaseMetric:
                                     "llm_calls": self.usage.llm_calls,
                                     "system_one_requests": self.usage.system_one_requests,
                                     "input_tokens": self.usage.input_tokens,
+                                    "cached_input_tokens": self.usage.cached_input_tokens,
                                     "output_tokens": self.usage.output_tokens}
+            if self.usage.prompt_reductions:
+                self.score_breakdown["prompt_reductions"] = self.usage.prompt_reductions
         except Exception as exc:
             self.error = f"{type(exc).__name__}: {exc}"
             self.success = False

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from scoring.prompt_reduction import Reduction, reduce_to_fit
+
+if TYPE_CHECKING:
+    from scoring.judges.tokens import TokenCounter
 
 DATA_OPEN = "<data>"
 DATA_CLOSE = "</data>"
@@ -60,15 +65,44 @@ def encode_data(data: Any) -> str:
     return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
 
 
-def build_messages(judge_name: str, instructions: str, data: Any, output: OutputSpec) -> list[dict[str, str]]:
-    """System instructions (constant per judge) and one user message holding only the data block."""
-    system = (
+MESSAGE_OVERHEAD_TOKENS = 12  # role markers and separators of two chat messages
+
+
+def system_prompt(judge_name: str, instructions: str, output: OutputSpec) -> str:
+    """Constant per judge, so it opens every request's cacheable prefix."""
+    return (
         f"You are the tracejudge judge '{judge_name}'.\n\n{instructions.strip()}\n\n{GUARD}\n\n"
         f"Answer with exactly one JSON object and nothing else, matching the JSON schema "
         f"'{output.name}': {json.dumps(output.schema, sort_keys=True)}"
     )
+
+
+def build_messages(judge_name: str, instructions: str, data: Any, output: OutputSpec) -> list[dict[str, str]]:
+    """System instructions (constant per judge) and one user message holding only the data block.
+
+    Put what repeats across requests (the server inventory) first in `data`: providers cache the longest
+    byte-identical prefix, so the varying task data belongs at the end.
+    """
     user = f"{DATA_OPEN}\n{encode_data(data)}\n{DATA_CLOSE}"
-    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    return [{"role": "system", "content": system_prompt(judge_name, instructions, output)},
+            {"role": "user", "content": user}]
+
+
+def fit_messages(judge_name: str, instructions: str, data: dict[str, Any], output: OutputSpec, budget: int,
+                 counter: TokenCounter) -> tuple[list[dict[str, str]], Reduction | None]:
+    """The messages for `data`, reduced (see prompt_reduction) when they would exceed `budget` tokens."""
+    messages = build_messages(judge_name, instructions, data, output)
+    if sum(counter.upper_bound(m["content"]) for m in messages) + MESSAGE_OVERHEAD_TOKENS <= budget:
+        return messages, None
+    fixed = counter.count(messages[0]["content"]) + MESSAGE_OVERHEAD_TOKENS
+
+    def measure(candidate: dict[str, Any]) -> int:
+        return fixed + counter.count(f"{DATA_OPEN}\n{encode_data(candidate)}\n{DATA_CLOSE}")
+
+    reduced, reduction = reduce_to_fit(data, measure, budget, counter.name)
+    if reduction is None:
+        return messages, None
+    return build_messages(judge_name, instructions, reduced, output), reduction
 
 
 PRIMITIVE_SELECTION = (

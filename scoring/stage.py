@@ -29,7 +29,11 @@ from scoring.errors import (
     JudgeUnavailableError,
     NoTaskError,
 )
+from scoring.eval_mode import EvalMode, resolve_eval_mode
+from scoring.interactions import conversation_data
 from scoring.judged_metric import JudgedMetric
+from scoring.judges.llm import LLMJudge
+from scoring.judges.resolve import JudgeOptions
 from scoring.judges.secret_mask import mask_url
 from scoring.mcp_use import MultiTurnMCPUseMetric
 from scoring.metric import BaseMetric
@@ -59,6 +63,7 @@ class StageConfig:
     outage_backoff_s: float = 5.0
     outage_max_backoff_s: float = 300.0
     poll_s: float = 0.5
+    judge: JudgeOptions = JudgeOptions()
 
 
 @dataclass(frozen=True)
@@ -80,7 +85,29 @@ def metric_config(config: StageConfig, metric: str) -> str:
     relevant = {"metric": metric, "threshold": config.threshold, "strict_mode": config.strict_mode}
     if metric in JUDGED:
         relevant.update(eval_mode=config.eval_mode, model=config.model, system_one_model=config.system_one_model)
+        judge = config.judge  # only what changes a score, and only when set, so default hashes stay as they were
+        if judge.temperature != JudgeOptions.temperature:
+            relevant["temperature"] = judge.temperature
+        if judge.context_tokens is not None:
+            relevant["context_tokens"] = judge.context_tokens
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+
+
+SCORE_COLUMNS = ("conversation_id", "conversation_version", "metric", "metric_config", "eval_mode", "score",
+                 "success", "threshold", "strict_mode", "reason", "confidence", "judge_model", "system_one_model",
+                 "evaluation_cost", "input_tokens", "output_tokens", "judge_calls", "latency_ms", "breakdown",
+                 "fallback_reason", "error", "service_name", "agent_name", "conversation_end_time", "scored_at")
+
+
+def content_digest(test_case_json: str) -> str | None:
+    """What a judge sees of a conversation (turns, MCP calls and results, the servers), hashed; span ids, names
+    and metadata are not part of it. None for a test case that does not load."""
+    try:
+        case = load_test_case(test_case_json)
+    except InvalidTestCaseError:
+        return None
+    seen = conversation_data(case, include_inventory=True)
+    return hashlib.sha256(json.dumps(seen, sort_keys=True, default=str, separators=(",", ":")).encode()).hexdigest()
 
 
 def _next_utc_midnight(now: datetime) -> datetime:
@@ -97,6 +124,7 @@ class ScoringStage:
         self.on_measured = on_measured  # (metric, seconds, error kind or None) after every measure
         self.on_scored = on_scored  # every score written, for the Prometheus score metrics
         self.metrics: dict[str, BaseMetric] = {}
+        self._llm_judge: LLMJudge | None = None
         self.unavailable: dict[str, str] = {}  # metric -> why no judge could be built
         for metric in config.metrics:
             try:
@@ -118,7 +146,12 @@ class ScoringStage:
         c = self.config
         if metric == "mcp_call_validity":
             return MCPCallValidityMetric(threshold=c.threshold, strict_mode=c.strict_mode)
-        return JUDGED[metric](threshold=c.threshold, strict_mode=c.strict_mode, model=c.model,
+        model: str | LLMJudge | None = c.model
+        if resolve_eval_mode(c.eval_mode) is not EvalMode.SYSTEM_ONE:  # system_one never needs an LLM key
+            if self._llm_judge is None:  # one judge for every metric: `judge_concurrency` is the server's load
+                self._llm_judge = c.judge.llm_judge(c.model)
+            model = self._llm_judge
+        return JUDGED[metric](threshold=c.threshold, strict_mode=c.strict_mode, model=model,
                               system_one_model=c.system_one_model, eval_mode=c.eval_mode)
 
     def initial_status(self, metric: str) -> str:
@@ -231,6 +264,10 @@ class ScoringStage:
                             "WHERE job_id = ?", ["failed" if not rows else "waiting_for_judge", reason, job_id])
             return
         test_case_json, service, agent, last_ns = rows[0]
+        digest = content_digest(test_case_json) if metric_id in JUDGED else None
+        if digest is not None and await self._reuse(job_id, conversation_id, version, metric_id, digest,
+                                                    service, agent, last_ns):
+            return
         metric = template.copy()
         started = time.perf_counter()
         error: BaseException | None = None
@@ -250,7 +287,7 @@ class ScoringStage:
             if outage is not None:
                 outage.succeeded()
             await self._write_score(job_id, conversation_id, version, metric_id, metric, service, agent,
-                                    last_ns, latency_ms)
+                                    last_ns, latency_ms, digest)
             self.processed += 1
             result = "n/a" if metric.score is None else "scored" if metric.success is None else (
                 "pass" if metric.success else "fail")
@@ -295,9 +332,41 @@ class ScoringStage:
         self.log("warning", "scoring job will be retried", job_id=job_id, metric=metric_id, attempts=attempts,
                  retry_at=retry_at.isoformat(), reason=message)
 
+    async def _reuse(self, job_id: int, conversation_id: str, version: int, metric_id: str, digest: str,
+                     service: str | None, agent: str | None, last_ns: int | None) -> bool:
+        """Write the score of identical content measured before with the same metric config, if there is one:
+        the judge is never asked twice about the same conversation (a new version, a replay)."""
+        found = await self._sql(
+            "SELECT s.* FROM judged_content j JOIN scores s ON s.conversation_id = j.conversation_id AND "
+            "s.conversation_version = j.conversation_version AND s.metric = j.metric AND "
+            "s.metric_config = j.metric_config WHERE j.content_digest = ? AND j.metric = ? AND j.metric_config = ?",
+            [digest, metric_id, self.configs[metric_id]])
+        if not found:
+            return False
+        row = list(found[0])
+        breakdown = json.loads(row[SCORE_COLUMNS.index("breakdown")] or "{}")
+        source = breakdown.get("reused_from") or {"conversation_id": row[0], "conversation_version": row[1]}
+        end_time = datetime.fromtimestamp(last_ns / 1e9, UTC) if last_ns else None
+        row[SCORE_COLUMNS.index("breakdown")] = json.dumps({**breakdown, "reused_from": source})
+        replaced = {"conversation_id": conversation_id, "conversation_version": version, "evaluation_cost": 0.0,
+                    "input_tokens": 0, "output_tokens": 0, "judge_calls": 0, "latency_ms": 0.0,
+                    "service_name": service, "agent_name": agent, "conversation_end_time": end_time,
+                    "scored_at": datetime.now(UTC)}
+        for column, value in replaced.items():
+            row[SCORE_COLUMNS.index(column)] = value
+        await self._commit_score(job_id, row, None)
+        score, success = row[SCORE_COLUMNS.index("score")], row[SCORE_COLUMNS.index("success")]
+        result = "n/a" if score is None else "scored" if success is None else ("pass" if success else "fail")
+        self.processed += 1
+        if self.on_scored is not None:
+            self.on_scored(ScoredEvent(metric_id, service, agent, score, result, 0.0, 0, 0))
+        self.log("info", "score reused", conversation_id=conversation_id, version=version, metric=metric_id,
+                 from_conversation=source["conversation_id"], from_version=source["conversation_version"])
+        return True
+
     async def _write_score(self, job_id: int, conversation_id: str, version: int, metric_id: str,
                            metric: BaseMetric, service: str | None, agent: str | None, last_ns: int | None,
-                           latency_ms: float) -> None:
+                           latency_ms: float, digest: str | None = None) -> None:
         judged = isinstance(metric, JudgedMetric)
         breakdown = metric.score_breakdown or {}
         end_time = datetime.fromtimestamp(last_ns / 1e9, UTC) if last_ns else None
@@ -311,11 +380,17 @@ class ScoringStage:
             json.dumps(breakdown, default=str), getattr(metric, "system_one_fallback_reason", None), metric.error,
             service, agent, end_time, datetime.now(UTC),
         ]
+        await self._commit_score(job_id, row, digest if metric.error is None else None)
 
+    async def _commit_score(self, job_id: int, row: list[Any], digest: str | None) -> None:
+        """The score row, what content it was measured on (when `digest`), and the job done: one transaction."""
         def write() -> None:
             self.con.execute("BEGIN TRANSACTION")
             try:
                 self.con.execute("INSERT OR IGNORE INTO scores VALUES (" + ", ".join("?" * len(row)) + ")", row)
+                if digest is not None:
+                    self.con.execute("INSERT OR IGNORE INTO judged_content VALUES (?, ?, ?, ?, ?)",
+                                     [digest, row[2], row[3], row[0], row[1]])
                 self.con.execute("UPDATE eval_jobs SET status = 'done', lease_until = NULL, last_error = NULL, "
                                  "updated_at = now() WHERE job_id = ? AND status = 'running'", [job_id])
                 self.con.execute("COMMIT")

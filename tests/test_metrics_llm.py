@@ -23,7 +23,7 @@ from scoring import (
 )
 from scoring.prompts import REASON_OUTPUT
 from tests.support.cases import three_task_case, two_turn_case
-from tests.support.scripted_server import Reply, Request, completion, error
+from tests.support.scripted_server import Reply, Request, completion, error, in_flight_tracker
 
 FLIGHTS = "Find flights from SFO to JFK on 2026-12-24."
 WEATHER = "What's the weather in New York?"
@@ -212,18 +212,18 @@ def test_invalid_answers_become_the_metric_error_never_a_clamped_score(server, j
     assert len(server.calls()) == judge.output_retries + 1
 
 
-def test_server_without_json_schema_support_gets_plain_json_in_text(server, judge) -> None:
-    def no_schema(request: Request) -> Reply:
-        if request.structured:
-            return error(400, "response_format json_schema is not supported by this server")
+def test_server_without_any_json_format_gets_plain_json_in_text(server, judge) -> None:
+    def text_only(request: Request) -> Reply:
+        if request.format is not None:
+            return error(400, f"response_format {request.format} is not supported by this server")
         return scripted(request)
 
-    server.script = no_schema
+    server.script = text_only
     metric = MultiTurnMCPUseMetric(model=judge)
     assert metric.measure(three_task_case()) == pytest.approx(2 / 3)
-    structured = [r.structured for r in server.calls()]
-    assert structured[0] is True and structured.count(True) <= 5  # concurrent first calls may all try
-    assert structured[-1] is False and judge.structured_output is False
+    formats = [r.format for r in server.calls()]
+    assert formats[0] == "json_schema" and formats.count("json_schema") <= 5  # concurrent first calls may all try
+    assert formats[-1] is None and judge.output_format == "text" and judge.structured_output is False
     assert json.dumps(REASON_OUTPUT.schema, sort_keys=True) in server.calls()[-1].system  # schema in the prompt
 
 
@@ -269,19 +269,7 @@ def test_async_mode_sends_independent_judge_calls_concurrently(server, judge) ->
 
 
 def _in_flight_tracker():
-    state = {"now": 0, "max": 0}
-    lock = threading.Lock()
-
-    def script(request: Request) -> Reply:
-        with lock:
-            state["now"] += 1
-            state["max"] = max(state["max"], state["now"])
-        threading.Event().wait(0.05)
-        with lock:
-            state["now"] -= 1
-        return scripted(request)
-
-    return state, script
+    return in_flight_tracker(scripted)
 
 
 def test_sync_mode_and_the_concurrency_cap_bound_calls_in_flight(server, judge_server) -> None:
@@ -374,12 +362,12 @@ def test_slow_judge_times_out_and_is_retried(server, sleeps) -> None:
 
 
 def test_a_request_the_judge_rejects_is_reported_with_the_server_message(server, judge) -> None:
-    server.script = lambda r: error(400, "maximum context length is 8192 tokens")
+    server.script = lambda r: error(400, "unknown parameter 'logit_bias' for this deployment")
     metric = MCPTaskCompletionMetric(model=judge)
-    with pytest.raises(JudgeRequestError, match=r"\(HTTP 400\): maximum context length is 8192 tokens"):
+    with pytest.raises(JudgeRequestError, match=r"\(HTTP 400\): unknown parameter 'logit_bias'"):
         metric.measure(two_turn_case())
-    assert [r.structured for r in server.calls()] == [True, False]
-    assert judge.structured_output is True  # a failed fallback proves nothing about schema support
+    assert [r.format for r in server.calls()] == ["json_schema", "json_object", None]
+    assert judge.output_format == "json_schema"  # a failed fallback proves nothing about schema support
 
 
 def test_tokens_of_invalid_answers_are_costed_even_when_the_metric_fails(server, judge) -> None:

@@ -172,6 +172,32 @@ def test_a_late_span_makes_a_new_version_that_supersedes_the_old(tmp_path, judge
         collector.stop()
 
 
+def test_a_conversation_the_judge_has_seen_is_not_judged_again(tmp_path, judge_env, judge_server) -> None:
+    """A scripted health check asks the same thing every hour: identical content (other ids, other spans) gets
+    the score already measured for it, at no judge cost."""
+    with CollectorProcess(tmp_path / "t.duckdb", config=config(tmp_path), env=judge_env) as collector:
+        export(collector, conversations(end=True))
+        wait_for(collector, SCORES, 6)
+        calls = len(judge_server.calls())
+        memory = InMemorySpanExporter()
+        provider = TracerProvider(resource=Resource.create({"service.name": "weather-agent"}))
+        provider.add_span_processor(SimpleSpanProcessor(memory))
+        turn(provider.get_tracer("agent"), "conv-c", UMBRELLA, "book-umbrella", {"qty": 1}, "No umbrellas left",
+             "Sorry, none left.", failed=True, end=True)
+        provider.shutdown()
+        export(collector, list(memory.get_finished_spans()))
+        rows = wait_for(collector, SCORES, 9)
+        assert [r for r in rows if r[0] == "conv-c"] == [
+            ["conv-c", "mcp_call_validity", 0.0, 1], ["conv-c", "mcp_task_completion", 0.4, 1],
+            ["conv-c", "mcp_use", 0.4, 1]]
+        assert len(judge_server.calls()) == calls
+        reused = query(collector, "SELECT metric, judge_calls, evaluation_cost, "
+                                  "breakdown->>'$.reused_from.conversation_id' FROM scores "
+                                  "WHERE conversation_id = 'conv-c' AND metric <> 'mcp_call_validity' ORDER BY 1")
+        assert reused == [["mcp_task_completion", 0, 0.0, "conv-b"], ["mcp_use", 0, 0.0, "conv-b"]]
+        collector.stop()
+
+
 def test_without_a_judge_judged_jobs_wait_and_score_pending_scores_them(tmp_path, judge_env) -> None:
     db, cfg = tmp_path / "t.duckdb", config(tmp_path)
     with CollectorProcess(db, config=cfg) as collector:

@@ -238,11 +238,28 @@ def huge_case() -> dict:
     return case
 
 
-def test_over_budget_is_a_clear_error_in_system_one_and_nothing_is_sent(s1_server, s1) -> None:
+def test_a_conversation_over_budget_is_reduced_to_fit_system_one(s1_server, s1) -> None:
+    s1_server.script = lambda r: system_one_answers({"q_0": 0.9, "q_1": 0.8, "q_2": [0, 0, 0.2, 0.8]})
     metric = MultiTurnMCPUseMetric(eval_mode="system_one", system_one_model=s1)
-    with pytest.raises(ContextBudgetError, match="use|eval_mode='llm'") as info:
-        metric.measure(huge_case())
-    assert "eval_mode='llm'" in str(info.value) and "32,000" in str(info.value)
+    assert metric.measure(huge_case()) is not None
+    [request] = s1_server.calls()
+    result = request.state["turns"][1]["mcp_calls"][0]["result"]["text"]
+    assert "[... 100,000 characters omitted ...]" in result and len(result) < 20_100
+    [reduction] = metric.score_breakdown["prompt_reductions"]
+    assert reduction["judge"] == "system_one" and reduction["fits"] is True
+    assert reduction["tokens_before"] > 32_000 >= reduction["tokens_after"]
+
+
+def test_a_conversation_that_cannot_be_reduced_enough_is_a_clear_error_and_nothing_is_sent(s1_server, s1) -> None:
+    case = two_turn_case()
+    schema = {"type": "object", "properties": {f"p{j}": {"type": "string", "description": "d" * 40} for j in range(20)}}
+    case["mcp_servers"] = [{"server_name": "big", "available_tools": [
+        {"name": f"tool_{i}", "inputSchema": schema} for i in range(150)]}]
+    case["turns"][1]["mcpToolsCalled"] = [{"name": f"tool_{i}", "args": {}} for i in range(150)]
+    metric = MultiTurnMCPUseMetric(eval_mode="system_one", system_one_model=s1)
+    with pytest.raises(ContextBudgetError, match="eval_mode='llm'") as info:
+        metric.measure(case)
+    assert "32,000" in str(info.value)
     assert s1_server.calls() == []
 
 
@@ -299,8 +316,7 @@ def test_logprob_judge_without_logprobs_fails_clearly(judge_server) -> None:
 def test_joint_request_over_budget_lets_each_metric_ask_alone(s1_server, s1) -> None:
     s1_server.script = answer_all(GIVEN)
     case = two_turn_case()
-    case["mcp_servers"][0]["available_tools"].append(
-        {"name": "huge", "description": "d" * 100_000, "inputSchema": {"type": "object"}})
+    case["mcp_servers"][0]["available_tools"][0]["description"] = "d" * 100_000  # the called tool: kept in full
     metrics = [MultiTurnMCPUseMetric(eval_mode="system_one", system_one_model=s1),
                MCPTaskCompletionMetric(eval_mode="system_one", system_one_model=s1)]
     use, done = evaluate([case], metrics, file=io.StringIO()).test_results[0].metrics

@@ -8,25 +8,39 @@ from pathlib import Path
 from typing import Any
 
 from collector.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS
-from collector.config import load_settings
+from collector.config import Settings, judge_flags, judge_options, load_settings
 from collector.input_files import InputFileError, read_test_cases
 from scoring import METRICS, BaseMetric, TracejudgeError, evaluate
 from scoring.errors import JudgeConfigurationError
+from scoring.eval_mode import EvalMode, resolve_eval_mode
+from scoring.judges.llm import LLMJudge
 
 NO_JUDGE_ADVICE = ("set OPENAI_API_KEY, or OPENAI_BASE_URL for a local OpenAI-compatible server (then --model "
                    "NAME), to score it")
 
 
-def _build_metrics(args: argparse.Namespace) -> tuple[list[BaseMetric], dict[str, str]]:
+def _shared_judge(args: argparse.Namespace, settings: Settings) -> LLMJudge | str | None:
+    """One LLM judge for every metric, with the connection settings; the model name where none can be built
+    (each metric then says why) or none is needed (system_one)."""
+    if resolve_eval_mode(args.eval_mode) is EvalMode.SYSTEM_ONE:
+        return args.model
+    try:
+        return judge_options(settings.scoring).llm_judge(args.model)
+    except JudgeConfigurationError:
+        return args.model
+
+
+def _build_metrics(args: argparse.Namespace, settings: Settings) -> tuple[list[BaseMetric], dict[str, str]]:
     """The metrics asked for, and those left out for want of a judge (only when none were named)."""
     names = args.metric or list(METRICS)
     metrics: list[BaseMetric] = []
     skipped: dict[str, str] = {}
+    model = _shared_judge(args, settings) if any(n != "mcp_call_validity" for n in names) else None
     for name in dict.fromkeys(names):
         cls = METRICS[name]
         kwargs: dict[str, Any] = {"threshold": args.threshold, "strict_mode": args.strict}
         if name != "mcp_call_validity":
-            kwargs.update(model=args.model, eval_mode=args.eval_mode, system_one_model=args.system_one_model)
+            kwargs.update(model=model, eval_mode=args.eval_mode, system_one_model=args.system_one_model)
         try:
             metrics.append(cls(**kwargs))
         except JudgeConfigurationError as exc:
@@ -38,10 +52,10 @@ def _build_metrics(args: argparse.Namespace) -> tuple[list[BaseMetric], dict[str
 
 def run(args: argparse.Namespace) -> int:
     try:
-        settings = load_settings()
+        settings = load_settings(None, judge_flags(args))
         cases = read_test_cases(Path(args.file), settings.redaction.redactor(),
                                 mcp_tools=settings.mapping.mcp_tools)
-        metrics, skipped = _build_metrics(args)
+        metrics, skipped = _build_metrics(args, settings)
     except (InputFileError, JudgeConfigurationError, TracejudgeError, ValueError) as exc:
         print(f"tracejudge evaluate: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

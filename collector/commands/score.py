@@ -12,7 +12,7 @@ import httpx
 
 from collector.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS
 from collector.commands.admin_client import admin_headers
-from collector.config import ConfigError, load_settings
+from collector.config import ConfigError, judge_flags, load_settings
 from collector.log import Logger
 from collector.server import stage_config
 from collector.store.span_store import SpanStore, StoreOpenError
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     if on_collector is not None:
         return on_collector
     try:
-        settings = load_settings(Path(args.config) if args.config else None, {"db": args.db})
+        settings = load_settings(Path(args.config) if args.config else None, {"db": args.db, **judge_flags(args)})
     except ConfigError as exc:
         print(f"tracejudge score: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

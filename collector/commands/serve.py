@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from collector.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS
-from collector.config import ConfigError, load_settings
+from collector.config import ConfigError, judge_flags, load_settings
 from collector.log import Logger
 from collector.server import serve
 from collector.store.span_store import StoreOpenError
@@ -18,7 +18,7 @@ def run(args: argparse.Namespace) -> int:
     flags = {"host": args.host, "admin_host": args.admin_host, "grpc_port": args.grpc_port, "http_port": args.http_port,
              "admin_port": args.admin_port, "db": args.db, "level": args.log_level, "replica": args.replica,
              "model": args.judge_model, "system_one_model": args.system_one_model,
-             "quiet_period_s": args.quiet_period}
+             "quiet_period_s": args.quiet_period, **judge_flags(args)}
     try:
         settings = load_settings(Path(args.config) if args.config else None, flags)
         settings.lake.check_publishing()

@@ -147,7 +147,7 @@ def summary_tables_ddl(temporary: bool = False) -> str:
     """.replace("{create}", create)
 
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 MIGRATIONS: dict[int, str] = {
     1: f"""
     CREATE TABLE IF NOT EXISTS spans ({SPANS_COLUMNS},
@@ -252,6 +252,18 @@ MIGRATIONS: dict[int, str] = {
     CREATE TABLE IF NOT EXISTS ingest_requests (
         digest BLOB PRIMARY KEY,
         received_at TIMESTAMPTZ NOT NULL
+    );
+    """,
+    # which conversation content each judged score was measured on, so identical content (a new version that
+    # changed nothing judged, a replay) reuses the score instead of asking the judge again (scoring/stage.py)
+    8: """
+    CREATE TABLE IF NOT EXISTS judged_content (
+        content_digest VARCHAR NOT NULL,
+        metric VARCHAR NOT NULL,
+        metric_config VARCHAR NOT NULL,
+        conversation_id VARCHAR NOT NULL,
+        conversation_version INTEGER NOT NULL,
+        PRIMARY KEY (content_digest, metric, metric_config)
     );
     """,
 }

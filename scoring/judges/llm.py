@@ -1,13 +1,16 @@
 """An LLM judge over any OpenAI-compatible chat completions API (OpenAI, vLLM, Ollama, llama.cpp).
 
 Every call is bounded: a per-judge concurrency cap, a timeout, retries with backoff that honour
-Retry-After, and strict output parsing with a few retries for invalid answers. Structured output
-(JSON schema) is asked for first; a server that rejects it gets plain JSON-in-text from then on.
+Retry-After, and strict output parsing with a few retries for invalid answers. The output format falls
+back per judge, on a refusal of the format whatever its status code: `json_schema`, then `json_object` with
+the schema (llama.cpp's server), then plain JSON-in-text. Judges ask at temperature 0 (repeatable scores)
+unless the model refuses a temperature. A prompt the server says is too long lowers the judge's window.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -18,19 +21,33 @@ from pydantic import BaseModel
 from scoring.errors import (
     JudgeAuthenticationError,
     JudgeConfigurationError,
+    JudgeContextOverflowError,
     JudgeOutputError,
     JudgeRequestError,
     JudgeUnavailableError,
 )
+from scoring.judges.context_windows import DEFAULT_CONTEXT_TOKENS, known_context_tokens, overflow_limit, prompt_budget
 from scoring.judges.loop_pool import LoopPool
 from scoring.judges.pricing import TokenPrice, known_price
 from scoring.judges.retry import Retry, RetryPolicy, call_with_retries, parse_retry_after, retryable_status
 from scoring.judges.secret_mask import mask_secret, mask_url
 from scoring.judges.ssl_context import shared_ssl_context
 from scoring.judges.structured_output import parse_output
+from scoring.judges.tokens import TokenCounter, counter_for_model
 from scoring.prompts import OutputSpec
 
 DEFAULT_MODEL = "gpt-5.4"
+OUTPUT_FORMATS = ("json_schema", "json_object", "text")  # tried in this order, per judge
+_FORMAT_WORDS = re.compile(r"response_format|json_schema|json_object|structured output|grammar|schema", re.I)
+_TEMPERATURE = re.compile(r"temperature", re.I)
+
+
+class _Refused(Exception):
+    """The server refused one optional request field (`response_format` or `temperature`)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -45,6 +62,7 @@ class Judgement(Generic[T]):
     output_tokens: int
     cost: float | None
     attempts: int
+    cached_tokens: int = 0  # input tokens the server read from its prompt cache (priced at the cached rate)
 
 
 class LLMJudge:
@@ -58,13 +76,17 @@ class LLMJudge:
         api_key: str | None = None,
         input_price_per_token: float | None = None,
         output_price_per_token: float | None = None,
+        cached_input_price_per_token: float | None = None,
         timeout: float = 60.0,
         max_retries: int = 4,
         max_concurrency: int = 8,
         output_retries: int = 2,
-        temperature: float | None = None,
+        temperature: float | None = 0.0,
         retry_policy: RetryPolicy | None = None,
+        context_tokens: int | None = None,
     ) -> None:
+        """`temperature=None` sends none (the server's default); `context_tokens` is the model's window
+        (default: the known window of OpenAI models, else 32,768)."""
         if not model or not isinstance(model, str):
             raise JudgeConfigurationError("the judge model must be a non-empty model name, e.g. 'gpt-5.4'")
         if (input_price_per_token is None) != (output_price_per_token is None):
@@ -73,6 +95,8 @@ class LLMJudge:
             )
         if max_concurrency < 1:
             raise JudgeConfigurationError("max_concurrency must be at least 1")
+        if context_tokens is not None and context_tokens < 1024:
+            raise JudgeConfigurationError(f"context_tokens must be at least 1024, not {context_tokens}")
         self.model = model
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
         key = api_key or os.environ.get("OPENAI_API_KEY") or None
@@ -83,7 +107,8 @@ class LLMJudge:
             )
         self._api_key = key or "not-needed"
         self._given_price: TokenPrice | None = (
-            TokenPrice(input_price_per_token, output_price_per_token)  # type: ignore[arg-type]
+            TokenPrice(input_price_per_token, output_price_per_token,  # type: ignore[arg-type]
+                       cached_input_price_per_token)
             if input_price_per_token is not None else None
         )
         self.answered_model: str | None = None  # the model the server says answered, once one did
@@ -91,7 +116,11 @@ class LLMJudge:
         self.output_retries = output_retries
         self.temperature = temperature
         self.retry = retry_policy or RetryPolicy(max_retries=max_retries)
-        self.structured_output = True
+        self.output_format = OUTPUT_FORMATS[0]  # lowered for good when the server refuses a format
+        self.format_confirmed = False  # a valid answer came back in `output_format`
+        self.send_temperature = temperature is not None
+        self.context_tokens = context_tokens or known_context_tokens(model) or DEFAULT_CONTEXT_TOKENS
+        self.tokens: TokenCounter = counter_for_model(model)
         self._pool: LoopPool[openai.AsyncOpenAI] = LoopPool(
             lambda: openai.AsyncOpenAI(api_key=self._api_key, base_url=self.base_url, timeout=self.timeout,
                                        max_retries=0,
@@ -112,6 +141,20 @@ class LLMJudge:
         """Given prices, else the list price of the model that answered (or was asked for, before any answer)."""
         return self._given_price or known_price(self.answered_model or self.model)
 
+    @property
+    def structured_output(self) -> bool:
+        """Whether the server is sent a JSON schema format (`json_schema` or `json_object` with a schema)."""
+        return self.output_format != "text"
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The most tokens a prompt may take: the context window less room for the answer."""
+        return prompt_budget(self.context_tokens)
+
+    def lower_context(self, limit: int | None) -> None:
+        """The server said a prompt was too long: take its stated window, or halve ours when it named none."""
+        self.context_tokens = max(1024, min(self.context_tokens, limit) if limit else self.context_tokens // 2)
+
     def session(self) -> AbstractAsyncContextManager[None]:
         """Reuse one connection pool for the calls inside (metrics and `evaluate()` open one per run)."""
         return self._pool.session()
@@ -119,14 +162,15 @@ class LLMJudge:
     async def complete(self, **request: Any) -> Any:
         """One chat completion under the concurrency cap, retried on 429, 5xx, timeouts and connection errors.
 
-        Raises JudgeAuthenticationError (401/403), JudgeRequestError (other 4xx) or JudgeUnavailableError.
+        Raises JudgeAuthenticationError (401/403), JudgeContextOverflowError, JudgeRequestError (other 4xx)
+        or JudgeUnavailableError.
         """
         async with self._pool.slot() as client:
             try:
                 return await call_with_retries(
                     self.retry,
                     lambda: client.chat.completions.create(model=self.model, **request),
-                    self._classify,
+                    lambda exc: self._classify(exc, request),
                     self._unavailable,
                 )
             except (ValueError, TypeError, AttributeError) as exc:  # a 200 whose body is not a completion
@@ -135,7 +179,7 @@ class LLMJudge:
                     f"{str(exc)[:200]}"
                 ) from exc
 
-    def _classify(self, exc: Exception) -> Retry | None:
+    def _classify(self, exc: Exception, request: dict[str, Any] | None = None) -> Retry | None:
         if isinstance(exc, openai.APIStatusError):
             status = exc.status_code
             if status in (401, 403):
@@ -143,6 +187,20 @@ class LLMJudge:
                     f"the LLM judge at {self._where()} refused the credentials (HTTP {status}): "
                     f"{self._server_message(exc)}; check OPENAI_API_KEY or the judge's api_key"
                 ) from exc
+            message = self._server_message(exc)
+            if status not in (408, 409, 429):
+                overflow = overflow_limit(message)
+                if overflow is not False:
+                    raise JudgeContextOverflowError(
+                        f"the LLM judge at {self._where()} says the prompt is too long (HTTP {status}): {message}",
+                        status=status, limit=overflow if isinstance(overflow, int) and overflow > 1 else None,
+                    ) from exc
+                request = request or {}
+                client_error = status in (400, 422)
+                if "temperature" in request and _TEMPERATURE.search(message) and (client_error or status >= 500):
+                    raise _Refused("temperature", message) from exc
+                if "response_format" in request and (client_error or _FORMAT_WORDS.search(message)):
+                    raise _Refused("response_format", message) from exc
             if retryable_status(status):
                 return Retry(f"HTTP {status}: {self._server_message(exc)}", parse_retry_after(exc.response.headers))
             raise JudgeRequestError(
@@ -155,30 +213,30 @@ class LLMJudge:
 
     async def judge(self, messages: list[dict[str, str]], output: type[T], spec: OutputSpec) -> Judgement[T]:
         """Ask until a valid answer arrives; invalid answers are retried a few times, then JudgeOutputError."""
-        input_tokens = output_tokens = attempts = invalid = 0
+        input_tokens = output_tokens = cached_tokens = attempts = invalid = 0
         usage_known = True
-        structured = self.structured_output
+        fmt, temperature = self.output_format, self.send_temperature
         while True:
             attempts += 1
             try:
-                completion = await self.complete(**self._request(messages, spec, structured))
-            except JudgeRequestError as exc:
-                if structured and exc.status in (400, 422):
-                    structured = False  # ask again with the schema spelled out in the prompt only
-                    continue
-                raise
-            if structured != self.structured_output:
-                self.structured_output = False  # this server answers without a JSON schema format
+                completion = await self.complete(**self._request(messages, spec, fmt, temperature))
+            except _Refused as refused:
+                if refused.field == "temperature":
+                    temperature = self.send_temperature = False  # a reasoning model: its default only
+                else:
+                    fmt = self._lower_format(fmt, refused)
+                continue
             usage = getattr(completion, "usage", None)
             if usage is not None and usage.prompt_tokens is not None:
                 input_tokens += usage.prompt_tokens or 0
                 output_tokens += usage.completion_tokens or 0
+                cached_tokens += _cached_tokens(usage)
             else:
                 usage_known = False  # the server did not say what it cost: cost unknown, not free
             model = getattr(completion, "model", None) or self.model
             self.answered_model = model
             price = self._given_price or known_price(model)  # the model that answered, not the one asked for
-            cost = price.cost(input_tokens, output_tokens) if price and usage_known else None
+            cost = price.cost(input_tokens, output_tokens, cached_tokens) if price and usage_known else None
             try:
                 value = parse_output(_content(completion), output)
             except JudgeOutputError as exc:
@@ -188,16 +246,29 @@ class LLMJudge:
                     error.spent = (model, input_tokens, output_tokens, cost)
                     raise error from exc
                 continue
-            return Judgement(value, model, input_tokens, output_tokens, cost, attempts)
+            if fmt == self.output_format:
+                self.format_confirmed = True
+            elif OUTPUT_FORMATS.index(fmt) > OUTPUT_FORMATS.index(self.output_format):
+                self.output_format, self.format_confirmed = fmt, True  # remembered for every later call
+            return Judgement(value, model, input_tokens, output_tokens, cost, attempts, cached_tokens)
 
-    def _request(self, messages: list[dict[str, str]], spec: OutputSpec, structured: bool) -> dict[str, Any]:
+    def _lower_format(self, fmt: str, cause: Exception) -> str:
+        """The next output format after a refusal; the refusal itself when there is none left."""
+        if fmt == "text":
+            raise JudgeRequestError(f"the LLM judge at {self._where()} rejected the request: {cause}") from cause
+        return OUTPUT_FORMATS[OUTPUT_FORMATS.index(fmt) + 1]
+
+    def _request(self, messages: list[dict[str, str]], spec: OutputSpec, fmt: str,
+                 temperature: bool) -> dict[str, Any]:
         request: dict[str, Any] = {"messages": messages}
-        if structured:
+        if fmt == "json_schema":
             request["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {"name": spec.name, "schema": spec.schema, "strict": True},
             }
-        if self.temperature is not None:
+        elif fmt == "json_object":
+            request["response_format"] = {"type": "json_object", "schema": spec.schema}
+        if temperature and self.temperature is not None:
             request["temperature"] = self.temperature
         return request
 
@@ -212,6 +283,15 @@ class LLMJudge:
             f"the LLM judge at {self._where()} kept failing after {attempts} attempts (last: {last}); "
             "the judge may be down or rate-limiting: retry later or lower max_concurrency"
         )
+
+
+def _cached_tokens(usage: Any) -> int:
+    """OpenAI's `prompt_tokens_details.cached_tokens` (vLLM reports it too), 0 where absent."""
+    details = getattr(usage, "prompt_tokens_details", None)
+    if details is None:
+        return 0
+    cached = details.get("cached_tokens") if isinstance(details, dict) else getattr(details, "cached_tokens", None)
+    return cached if isinstance(cached, int) and cached > 0 else 0
 
 
 def _content(completion: Any) -> str | None:

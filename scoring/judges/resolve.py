@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from scoring.errors import JudgeConfigurationError
@@ -19,6 +20,21 @@ def resolve_llm_judge(model: str | LLMJudge | None) -> LLMJudge:
     if model is None or isinstance(model, str):
         return LLMJudge(model or DEFAULT_MODEL)
     raise JudgeConfigurationError(f"model must be a model name or an LLMJudge, not {type(model).__name__}")
+
+
+@dataclass(frozen=True)
+class JudgeOptions:
+    """How an LLM judge built from settings talks to its server: request timeout, requests in flight, the
+    model's context window (None: known or default) and temperature (None: the server's default)."""
+
+    timeout_s: float = 60.0
+    concurrency: int = 8
+    context_tokens: int | None = None
+    temperature: float | None = 0.0
+
+    def llm_judge(self, model: str | None) -> LLMJudge:
+        return LLMJudge(model or DEFAULT_MODEL, timeout=self.timeout_s, max_concurrency=self.concurrency,
+                        context_tokens=self.context_tokens, temperature=self.temperature)
 
 
 LOGPROB_PREFIX = "logprob:"

@@ -92,3 +92,31 @@ def three_task_case() -> dict[str, Any]:
         ],
         "mcp_servers": copy.deepcopy([FLIGHTS_SERVER, WEATHER_SERVER]),
     }
+
+
+def wide_server(tools: int = 120, name: str = "github") -> dict[str, Any]:
+    """A server advertising many tools with schemas as long as real ones (GitHub's server has over 100)."""
+    def schema(i: int) -> dict[str, Any]:
+        props = {f"field_{j}": {"type": "string", "description": f"Field {j} of operation {i}: the value to set, "
+                                "as the API documents it, with its format and limits spelled out in full."}
+                 for j in range(8)}
+        return {"type": "object", "properties": {"owner": {"type": "string"}, "repo": {"type": "string"}, **props},
+                "required": ["owner", "repo"]}
+    return {"server_name": name, "available_tools": [
+        {"name": f"operation_{i}", "description": f"Operation {i} on a repository.\nLonger notes on operation {i} "
+         "that span several lines, as real servers write them.", "inputSchema": schema(i)} for i in range(tools)]}
+
+
+def wide_case(turns: int = 5, tools: int = 120, result_chars: int = 400, seed: int = 0) -> dict[str, Any]:
+    """`turns` user requests, each answered after one call to one of `tools` tools returning `result_chars`."""
+    body: list[dict[str, Any]] = []
+    for t in range(turns):
+        tool = (seed * 7 + t * 13) % tools
+        text = (f"row {t}: " + "lorem ipsum dolor sit amet " * (result_chars // 27 + 1))[:result_chars]
+        body += [
+            {"role": "user", "content": f"Run operation {tool} on octo/repo (request {seed}.{t})."},
+            {"role": "assistant", "content": f"Done: operation {tool} returned its rows.",
+             "mcp_tools_called": [{"name": f"operation_{tool}", "args": {"owner": "octo", "repo": "repo"},
+                                   "result": {"content": [{"type": "text", "text": text}]}}]},
+        ]
+    return {"name": f"wide-{seed}", "turns": body, "mcp_servers": [wide_server(tools)]}

@@ -56,7 +56,12 @@ class Request:
 
     @property
     def structured(self) -> bool:
-        return (self.body.get("response_format") or {}).get("type") == "json_schema"
+        return self.format == "json_schema"
+
+    @property
+    def format(self) -> str | None:
+        """The `response_format` type asked for, None for plain text."""
+        return (self.body.get("response_format") or {}).get("type")
 
     @property
     def state(self) -> Any:
@@ -68,9 +73,13 @@ class Request:
 
 
 def completion(content: str | dict[str, Any], prompt_tokens: int = 100, completion_tokens: int = 20,
-               model: str | None = None) -> Reply:
+               model: str | None = None, cached_tokens: int | None = None) -> Reply:
     """A chat completion; `model` None answers with the model the request asked for, as OpenAI does."""
     text = content if isinstance(content, str) else json.dumps(content)
+    usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                             "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
     return Reply(body={
         "id": "chatcmpl-test",
         "object": "chat.completion",
@@ -78,8 +87,7 @@ def completion(content: str | dict[str, Any], prompt_tokens: int = 100, completi
         "model": model,
         "choices": [{"index": 0, "finish_reason": "stop",
                      "message": {"role": "assistant", "content": text}}],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_tokens + completion_tokens},
+        "usage": usage,
     })
 
 
@@ -102,6 +110,23 @@ def system_one_answers(answers: dict[str, Any], model: str = "jev-1.13.0", input
 
 
 Script = Callable[[Request], Reply]
+
+
+def in_flight_tracker(answer: Script, delay_s: float = 0.05) -> tuple[dict[str, int], Script]:
+    """A script that answers like `answer` after `delay_s`, and a dict with the most requests it saw at once."""
+    state = {"now": 0, "max": 0}
+    lock = threading.Lock()
+
+    def script(request: Request) -> Reply:
+        with lock:
+            state["now"] += 1
+            state["max"] = max(state["max"], state["now"])
+        threading.Event().wait(delay_s)
+        with lock:
+            state["now"] -= 1
+        return answer(request)
+
+    return state, script
 
 CHAT_PATH = "/v1/chat/completions"
 SYSTEM_ONE_PATH = "/v1/systemone"

@@ -1,0 +1,54 @@
+"""Context windows of well-known judge models, and how much of one a judge prompt may fill.
+
+A model missing here gets DEFAULT_CONTEXT_TOKENS, small enough for a local server's usual setting; set
+`LLMJudge(context_tokens=...)` (or `[scoring] judge_context_tokens`) for yours. A server that answers
+"maximum context length is N tokens" also corrects the window for that judge.
+"""
+
+from __future__ import annotations
+
+import re
+
+DEFAULT_CONTEXT_TOKENS = 32_768
+ANSWER_RESERVE_TOKENS = 2_048  # room left for the judge's answer (a reason and a score), reasoning excluded
+MAX_PROMPT_TOKENS = 200_000  # past this a prompt costs more than it helps, even where the window allows it
+
+_WINDOWS: tuple[tuple[str, int], ...] = (  # longest prefix first
+    ("gpt-5", 400_000),
+    ("gpt-4.1", 1_047_576),
+    ("gpt-4o", 128_000),
+    ("gpt-4-turbo", 128_000),
+    ("gpt-4", 8_192),
+    ("gpt-3.5-turbo", 16_385),
+    ("o1", 200_000),
+    ("o3", 200_000),
+    ("o4", 200_000),
+    ("gpt-oss", 131_072),
+)
+
+_LIMIT = re.compile(r"(?:maximum context length|context length|context window|n_ctx)[^0-9]{0,40}?(\d[\d,]{2,})",
+                    re.IGNORECASE)
+_OVERFLOW = re.compile(r"context length|context window|too many tokens|maximum context|exceeds? (?:the )?(?:"
+                       r"model'?s? )?(?:context|max)|n_ctx|prompt is too long|reduce the length", re.IGNORECASE)
+
+
+def known_context_tokens(model: str) -> int | None:
+    name = model.strip().lower().removeprefix("openai/")
+    for prefix, window in _WINDOWS:
+        if name.startswith(prefix):
+            return window
+    return None
+
+
+def prompt_budget(context_tokens: int) -> int:
+    """Tokens a prompt may take in a window of `context_tokens`, leaving room for the answer."""
+    return max(512, min(MAX_PROMPT_TOKENS, context_tokens - ANSWER_RESERVE_TOKENS))
+
+
+def overflow_limit(message: str) -> int | None | bool:
+    """For a server's error text: the window it names (int), True when it says only that the prompt was too
+    long, False when the error is about something else."""
+    if not _OVERFLOW.search(message):
+        return False
+    match = _LIMIT.search(message)
+    return int(match.group(1).replace(",", "")) if match else True
