@@ -204,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--wait", type=float, default=600, help="seconds to wait for a running collector to "
                        "score the jobs (default 600)")
     _judge_connection_flags(score)
+    score.add_argument("--batch", action="store_true", help="send the judge requests through the OpenAI Batch "
+                       "API (half price; waits until the provider finishes the batch, up to 24h; a rerun after an "
+                       "interruption waits on the batches already submitted)")
     score.set_defaults(command_module="score")
 
     exp = sub.add_parser("export", help="write scores and conversations as Parquet",

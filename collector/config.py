@@ -193,6 +193,10 @@ class ScoringSettings(_Section):
                                              "are reduced to fit it (default: known for OpenAI models, else 32768)")
     judge_temperature: float | Literal["server-default"] = Field(
         0.0, description="LLM judge temperature (0: repeatable scores); 'server-default' sends none")
+    batch: bool = Field(False, description="send LLM judge requests through the OpenAI Batch API: half price, "
+                        "scores within the provider's 24h window; durable across restarts")
+    batch_flush_s: float = Field(30.0, gt=0, description="judge requests gather this long before a batch is sent")
+    batch_poll_s: float = Field(60.0, gt=0, description="how often a submitted batch is polled")
 
     @field_validator("metrics")
     @classmethod
@@ -345,6 +349,7 @@ ENV_AND_FLAGS: tuple[tuple[str, str, str | None, str | None], ...] = (
     ("scoring", "judge_timeout_s", "TRACEJUDGE_JUDGE_TIMEOUT", "--judge-timeout"),
     ("scoring", "judge_concurrency", "TRACEJUDGE_JUDGE_CONCURRENCY", "--judge-concurrency"),
     ("scoring", "judge_context_tokens", "TRACEJUDGE_JUDGE_CONTEXT_TOKENS", "--judge-context-tokens"),
+    ("scoring", "batch", "TRACEJUDGE_JUDGE_BATCH", "--batch"),
     ("redaction", "salt", "TRACEJUDGE_REDACTION_SALT", None),
     ("lake", "catalog", "TRACEJUDGE_LAKE_CATALOG", None),
     ("lake", "data_path", "TRACEJUDGE_LAKE_DATA_PATH", None),
@@ -360,13 +365,14 @@ def judge_options(sc: ScoringSettings) -> JudgeOptions:
     from scoring.judges.resolve import JudgeOptions
 
     temperature = None if sc.judge_temperature == "server-default" else sc.judge_temperature
-    return JudgeOptions(sc.judge_timeout_s, sc.judge_concurrency, sc.judge_context_tokens, temperature)
+    return JudgeOptions(sc.judge_timeout_s, sc.judge_concurrency, sc.judge_context_tokens, temperature,
+                        sc.batch, sc.batch_flush_s, sc.batch_poll_s)
 
 
 def judge_flags(args: Any) -> dict[str, Any]:
     """The judge connection flags of a parsed command line, by setting name."""
     return {"judge_timeout_s": args.judge_timeout, "judge_concurrency": args.judge_concurrency,
-            "judge_context_tokens": args.judge_context_tokens}
+            "judge_context_tokens": args.judge_context_tokens, "batch": getattr(args, "batch", None) or None}
 
 
 def load_settings(config_file: Path | None = None, flags: dict[str, Any] | None = None,

@@ -21,6 +21,7 @@ from typing import Any
 
 import duckdb
 
+from scoring.batch_ledger import DuckDBBatchLedger
 from scoring.call_validity import MCPCallValidityMetric
 from scoring.errors import (
     EvalModeError,
@@ -43,6 +44,7 @@ from scoring.test_case import load_test_case
 
 JUDGED = {"mcp_use": MultiTurnMCPUseMetric, "mcp_task_completion": MCPTaskCompletionMetric}
 OUTAGE_GIVE_UP_STREAK = 4  # `score --pending` stops waiting for a judge after this many failures in a row
+BATCH_CONCURRENCY = 2_000  # jobs measured at once in batch mode
 OWN_FAILURE_STRIKES = 3  # unavailable this often while the judge answered others: the job's own failure
 Log = Callable[..., None]
 
@@ -149,7 +151,7 @@ class ScoringStage:
         model: str | LLMJudge | None = c.model
         if resolve_eval_mode(c.eval_mode) is not EvalMode.SYSTEM_ONE:  # system_one never needs an LLM key
             if self._llm_judge is None:  # one judge for every metric: `judge_concurrency` is the server's load
-                self._llm_judge = c.judge.llm_judge(c.model)
+                self._llm_judge = c.judge.llm_judge(c.model, DuckDBBatchLedger(self._sql))
             model = self._llm_judge
         return JUDGED[metric](threshold=c.threshold, strict_mode=c.strict_mode, model=model,
                               system_one_model=c.system_one_model, eval_mode=c.eval_mode)
@@ -212,7 +214,9 @@ class ScoringStage:
                         "OR (status = 'budget' AND not_before <= ?)",
                         [self.config.max_attempts, now, now, list(self._active) or [-1], now])
         judged_allowed = await self._within_budget(now)
-        free = self.config.concurrency - len(self._running)
+        # a batch answers within hours: lease enough jobs to fill one, since each waits without using the judge
+        limit = BATCH_CONCURRENCY if self.config.judge.batch else self.config.concurrency
+        free = limit - len(self._running)
         if free <= 0:
             return 0
         paused = [m for m, outage in self.outages.items() if outage.blocks(now)]

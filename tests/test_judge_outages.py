@@ -24,11 +24,11 @@ JUDGE_TRIES = 5  # the LLM judge's first try and its 4 retries
 OUTAGE_CALLS = 160
 
 
-def _conversations(n: int) -> list[Any]:
+def _conversations(n: int, start: int = 0) -> list[Any]:
     memory = InMemorySpanExporter()
     provider = TracerProvider(resource=Resource.create({"service.name": "outage-agent"}))
     provider.add_span_processor(SimpleSpanProcessor(memory))
-    for i in range(n):
+    for i in range(start, n):
         turn(provider.get_tracer("agent"), f"conv-{i}", f"Question {i}?", "lookup", {"i": i}, f"result {i}",
              f"Answer {i}.", end=True)
     provider.shutdown()
@@ -134,7 +134,14 @@ def test_a_job_the_judge_always_fails_while_others_score_still_fails(tmp_path: P
     env = {"OPENAI_BASE_URL": judge_server.base_url, "OPENAI_API_KEY": "sk-test-not-a-secret"}
     cfg = config(tmp_path, OUTAGE + "concurrency = 1\n")
     with CollectorProcess(tmp_path / "t.duckdb", config=cfg, env=env) as collector:
-        export(collector, _conversations(3))
+        # conv-0 first: its failures must be seen while the judge still answers the others (with nothing else
+        # left to score, a job the judge keeps failing looks like an outage and waits)
+        export(collector, _conversations(1))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not query(collector, "SELECT 1 FROM eval_jobs WHERE attempts > 0 "
+                                                                   "AND metric = 'mcp_use'"):
+            time.sleep(0.05)
+        export(collector, _conversations(3, start=1))
         states = _wait_done(collector, 9)
         failed = query(collector, "SELECT DISTINCT conversation_id FROM eval_jobs WHERE status = 'failed'")
         collector.stop()

@@ -22,6 +22,18 @@ from scoring.stage import ScoringStage
 def _score_on_collector(args: argparse.Namespace) -> int | None:
     """`score --pending` through a running collector's admin API: it re-queues the jobs and its own scoring stage
     runs them; this waits (printing progress) until they are done. None when no collector answers."""
+    given = [flag for flag, value in (("--batch", args.batch), ("--judge-timeout", args.judge_timeout),
+                                      ("--judge-concurrency", args.judge_concurrency),
+                                      ("--judge-context-tokens", args.judge_context_tokens)) if value]
+    if given:
+        try:
+            httpx.get(f"{args.url.rstrip('/')}/healthz", timeout=5)
+        except httpx.HTTPError:
+            return None  # no collector: this process scores the file with the flags given
+        print(f"tracejudge score: a collector is running at {args.url} and scores with its own judge settings, so "
+              f"{', '.join(given)} would be ignored; set them in its [scoring] settings and restart it, or stop it "
+              "and run this again", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         reply = httpx.post(f"{args.url.rstrip('/')}/api/score-pending", headers=admin_headers(), timeout=30)
     except httpx.HTTPError:

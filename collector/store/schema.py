@@ -147,7 +147,7 @@ def summary_tables_ddl(temporary: bool = False) -> str:
     """.replace("{create}", create)
 
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 MIGRATIONS: dict[int, str] = {
     1: f"""
     CREATE TABLE IF NOT EXISTS spans ({SPANS_COLUMNS},
@@ -264,6 +264,17 @@ MIGRATIONS: dict[int, str] = {
         conversation_id VARCHAR NOT NULL,
         conversation_version INTEGER NOT NULL,
         PRIMARY KEY (content_digest, metric, metric_config)
+    );
+    """,
+    # judge requests sent through the OpenAI Batch API ([scoring] batch): which batch holds each request and
+    # its answer once downloaded, so a job retried after a restart waits on its batch instead of paying again
+    9: """
+    CREATE TABLE IF NOT EXISTS judge_batch_requests (
+        request_digest VARCHAR PRIMARY KEY,
+        batch_id VARCHAR NOT NULL,
+        submitted_at TIMESTAMPTZ NOT NULL,
+        answer_status INTEGER,
+        answer JSON
     );
     """,
 }

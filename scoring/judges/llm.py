@@ -15,7 +15,9 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+import httpx
 import openai
+from openai.types.chat import ChatCompletion
 from pydantic import BaseModel
 
 from scoring.errors import (
@@ -26,6 +28,7 @@ from scoring.errors import (
     JudgeRequestError,
     JudgeUnavailableError,
 )
+from scoring.judges.batch import BATCH_DISCOUNT, BatchOptions, BatchQueue
 from scoring.judges.context_windows import DEFAULT_CONTEXT_TOKENS, known_context_tokens, overflow_limit, prompt_budget
 from scoring.judges.loop_pool import LoopPool
 from scoring.judges.pricing import TokenPrice, known_price
@@ -84,9 +87,11 @@ class LLMJudge:
         temperature: float | None = 0.0,
         retry_policy: RetryPolicy | None = None,
         context_tokens: int | None = None,
+        batch: BatchOptions | bool = False,
     ) -> None:
         """`temperature=None` sends none (the server's default); `context_tokens` is the model's window
-        (default: the known window of OpenAI models, else 32,768)."""
+        (default: the known window of OpenAI models, else 32,768); `batch=True` (or BatchOptions with a durable
+        ledger) sends every request through the OpenAI Batch API at half price."""
         if not model or not isinstance(model, str):
             raise JudgeConfigurationError("the judge model must be a non-empty model name, e.g. 'gpt-5.4'")
         if (input_price_per_token is None) != (output_price_per_token is None):
@@ -121,13 +126,16 @@ class LLMJudge:
         self.send_temperature = temperature is not None
         self.context_tokens = context_tokens or known_context_tokens(model) or DEFAULT_CONTEXT_TOKENS
         self.tokens: TokenCounter = counter_for_model(model)
-        self._pool: LoopPool[openai.AsyncOpenAI] = LoopPool(
-            lambda: openai.AsyncOpenAI(api_key=self._api_key, base_url=self.base_url, timeout=self.timeout,
-                                       max_retries=0,
-                                       http_client=openai.DefaultAsyncHttpxClient(verify=shared_ssl_context())),
-            lambda client: client.close(),
-            max_concurrency,
-        )
+        self._pool: LoopPool[openai.AsyncOpenAI] = LoopPool(self._new_client, lambda client: client.close(),
+                                                            max_concurrency)
+        options = BatchOptions() if batch is True else batch or None
+        self.batch: BatchQueue | None = None if options is None else BatchQueue(
+            self._new_client, options.ledger, flush_s=options.flush_s, max_requests=options.max_requests,
+            poll_s=options.poll_s)
+
+    def _new_client(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(api_key=self._api_key, base_url=self.base_url, timeout=self.timeout, max_retries=0,
+                                  http_client=openai.DefaultAsyncHttpxClient(verify=shared_ssl_context()))
 
     def __repr__(self) -> str:
         return f"LLMJudge(model={self.model!r}, base_url={mask_url(self.base_url) if self.base_url else None!r})"
@@ -165,6 +173,8 @@ class LLMJudge:
         Raises JudgeAuthenticationError (401/403), JudgeContextOverflowError, JudgeRequestError (other 4xx)
         or JudgeUnavailableError.
         """
+        if self.batch is not None:
+            return await self._complete_in_batch(request)
         async with self._pool.slot() as client:
             try:
                 return await call_with_retries(
@@ -178,6 +188,21 @@ class LLMJudge:
                     f"the LLM judge at {self._where()} answered with a malformed response: {type(exc).__name__}: "
                     f"{str(exc)[:200]}"
                 ) from exc
+
+    async def _complete_in_batch(self, request: dict[str, Any]) -> Any:
+        """The request's line in a batch; a failed line is classified like the same synchronous answer."""
+        assert self.batch is not None
+        answer = await self.batch.answer({"model": self.model, **request})
+        if answer.status == 200:
+            try:
+                return ChatCompletion.model_validate(answer.body)
+            except ValueError as exc:
+                raise JudgeOutputError(f"the LLM judge's batch answer is not a chat completion: {exc}") from exc
+        response = httpx.Response(answer.status, json=answer.body,
+                                  request=httpx.Request("POST", f"{self.base_url or 'https://api.openai.com/v1'}"))
+        error = openai.APIStatusError(str(answer.body)[:200], response=response, body=answer.body)
+        retry = self._classify(error, request)
+        raise self._unavailable(retry.what if retry else str(answer.body)[:200], 1)
 
     def _classify(self, exc: Exception, request: dict[str, Any] | None = None) -> Retry | None:
         if isinstance(exc, openai.APIStatusError):
@@ -237,6 +262,8 @@ class LLMJudge:
             self.answered_model = model
             price = self._given_price or known_price(model)  # the model that answered, not the one asked for
             cost = price.cost(input_tokens, output_tokens, cached_tokens) if price and usage_known else None
+            if cost is not None and self.batch is not None:
+                cost *= BATCH_DISCOUNT
             try:
                 value = parse_output(_content(completion), output)
             except JudgeOutputError as exc:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scoring.errors import JudgeConfigurationError
+from scoring.judges.batch import BatchLedger, BatchOptions
 from scoring.judges.llm import DEFAULT_MODEL, LLMJudge
 from scoring.judges.logprob import LogprobJudge
 from scoring.judges.system_one import SystemOneJudge
@@ -31,10 +32,15 @@ class JudgeOptions:
     concurrency: int = 8
     context_tokens: int | None = None
     temperature: float | None = 0.0
+    batch: bool = False
+    batch_flush_s: float = 5.0
+    batch_poll_s: float = 30.0
 
-    def llm_judge(self, model: str | None) -> LLMJudge:
+    def llm_judge(self, model: str | None, ledger: BatchLedger | None = None) -> LLMJudge:
+        """The judge; with `batch`, its requests go through the Batch API, recorded in `ledger`."""
+        batch = BatchOptions(ledger, self.batch_flush_s, poll_s=self.batch_poll_s) if self.batch else False
         return LLMJudge(model or DEFAULT_MODEL, timeout=self.timeout_s, max_concurrency=self.concurrency,
-                        context_tokens=self.context_tokens, temperature=self.temperature)
+                        context_tokens=self.context_tokens, temperature=self.temperature, batch=batch)
 
 
 LOGPROB_PREFIX = "logprob:"
