@@ -11,13 +11,12 @@ import threading
 import time
 from email.parser import BytesParser
 from email.policy import HTTP
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from tests.support.scripted_server import Request, Script, completion
+from tests.support.scripted_server import LoopbackServer, QuietHandler, Request, Script, completion
 
 
-class BatchServer:
+class BatchServer(LoopbackServer):
     def __init__(self, script: Script | None = None, auto_complete: bool = True) -> None:
         self.script: Script = script or (lambda r: completion({"reason": "ok", "score": 1.0}))
         self.auto_complete = auto_complete
@@ -29,12 +28,7 @@ class BatchServer:
         self._lock = threading.Lock()
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def _send(self, status: int, body: Any, raw: bytes | None = None) -> None:
                 payload = raw if raw is not None else json.dumps(body).encode()
                 self.send_response(status)
@@ -61,19 +55,7 @@ class BatchServer:
                 else:
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
-        self.base_url = f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02},
-                                        daemon=True)
-
-    def __enter__(self) -> BatchServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        self._listen(Handler)
 
     def release(self) -> None:
         """Let every batch created so far complete at its next poll."""

@@ -132,7 +132,39 @@ CHAT_PATH = "/v1/chat/completions"
 SYSTEM_ONE_PATH = "/v1/systemone"
 
 
-class ScriptedServer:
+class QuietHandler(BaseHTTPRequestHandler):
+    """HTTP/1.1 keep-alive, no access log on stderr."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+class LoopbackServer:
+    """A threaded HTTP server on a free loopback port, served from a daemon thread while in a `with` block."""
+
+    def _listen(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 512  # many concurrent judge calls must queue, not be refused
+
+        self._httpd = Server(("127.0.0.1", 0), handler)
+        self._httpd.daemon_threads = True
+        self.port = self._httpd.server_address[1]
+        self.root_url = f"http://127.0.0.1:{self.port}"
+        self.base_url = f"{self.root_url}/v1"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+
+    def __enter__(self) -> Any:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+class ScriptedServer(LoopbackServer):
     def __init__(self, path: str = CHAT_PATH, script: Script | None = None) -> None:
         self.path = path
         self.script: Script = script or (lambda r: completion({"reason": "ok", "score": 1.0}))
@@ -140,12 +172,7 @@ class ScriptedServer:
         self._lock = threading.Lock()
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length", "0"))
                 raw = self.rfile.read(length)
@@ -177,23 +204,7 @@ class ScriptedServer:
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (a timeout test); nothing to answer
 
-        class Server(ThreadingHTTPServer):
-            request_queue_size = 512  # many concurrent judge calls must queue, not be refused
-
-        self._httpd = Server(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
-        self.port = self._httpd.server_address[1]
-        self.root_url = f"http://127.0.0.1:{self.port}"
-        self.base_url = f"{self.root_url}/v1"
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-
-    def __enter__(self) -> ScriptedServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        self._listen(Handler)
 
     def calls(self, judge: str | None = None) -> list[Request]:
         with self._lock:
