@@ -24,7 +24,7 @@ ONE_LINE = 160
 class Level:
     """One reduction: values cut to `cap` characters, inventory level 0-3, steps kept at each end."""
 
-    cap: int | None
+    cap: int
     inventory: int = 0
     keep_steps: int | None = None
 
@@ -73,7 +73,10 @@ def reduce_to_fit(data: dict[str, Any], measure: Callable[[dict[str, Any]], int]
         return data, None
     called = _called(data)
     reduced, tokens, stats = data, before, _Stats()
-    for level in LEVELS:
+    # a large budget first gets gentle cuts in proportion to it (about 3 characters a token), so a 500 KB result
+    # keeps as much as a 128k window holds rather than the fixed 20,000 characters
+    gentle = [Level(cap) for cap in (budget * 3 // 2, budget * 3 // 4, budget * 3 // 8) if cap > LEVELS[0].cap]
+    for level in (*gentle, *LEVELS):
         stats = _Stats()
         reduced = _apply(data, level, called, stats)
         tokens = measure(reduced)
