@@ -1,0 +1,1 @@
+"""The labelled validity corpus and its generator; `bench/validity.py` runs judges over it."""
