@@ -69,6 +69,9 @@ class AdminServer:
         problems = []
         if not self.store.healthy:
             problems.append(f"the span store cannot write: {self.store.stats.last_error}")
+        refused = self.store.refusal()
+        if refused is not None:
+            problems.append(refused)
         if self.store.saturated:
             problems.append(f"{self.store.queued_spans} spans wait for a commit (limit {self.store.max_queue_spans})")
         body = {"ready": not problems, "problems": problems, "queued_spans": self.store.queued_spans}

@@ -166,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "replica's conversations and scores)")
     query.add_argument("--config", metavar="FILE", help="config file for --lake (default: TRACEJUDGE_CONFIG "
                        "or ./tracejudge.toml)")
+    query.add_argument("--archive", metavar="DIR", help="also read what retention archived to DIR ([retention] "
+                       "archive_dir): views archived_spans, archived_conversations, archived_scores, "
+                       "archived_failed_jobs, and all_<table> with the live rows too (reads the database file)")
     query.add_argument("--format", choices=["table", "csv", "json"], default="table")
     query.add_argument("--limit", type=_positive, default=1000, help="most rows returned (default 1000)")
     query.add_argument("--timeout", type=float, default=30.0, help="seconds before the query is stopped")
@@ -208,6 +211,15 @@ def build_parser() -> argparse.ArgumentParser:
                        "API (half price; waits until the provider finishes the batch, up to 24h; a rerun after an "
                        "interruption waits on the batches already submitted)")
     score.set_defaults(command_module="score")
+
+    compact = sub.add_parser(
+        "compact", help="rewrite the database file to give freed space back to the filesystem",
+        description="DuckDB reuses the space that deleted rows (retention) free, so the file stops growing, but "
+        "it never shrinks. This copies every table into a new file and replaces the old one with it; the old "
+        "file is kept as FILE.bak until the copy is complete. Stop the collector first.")
+    compact.add_argument("--db", help="database file (default TRACEJUDGE_DB or ./tracejudge.duckdb)")
+    compact.add_argument("--keep-backup", action="store_true", help="keep FILE.bak after a successful compaction")
+    compact.set_defaults(command_module="compact")
 
     exp = sub.add_parser("export", help="write scores and conversations as Parquet",
                          description="Write scores and conversations since a date to DIR/scores.parquet and "

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from collector.durations import parse_duration
+from collector.sizes import parse_size
 from mapping.otlp import SpanLimits
 from mapping.redaction import BUILTIN_RULES, RedactionRuleError, Redactor
 from scoring.errors import TracejudgeError
@@ -98,6 +99,37 @@ class StoreSettings(_Section):
                                      "(none: DuckDB's default, 80% of RAM)")
     temp_limit: str | None = Field("2GB", description="most disk a query may spill to (none: DuckDB's default, "
                                    "90% of the free space)")
+    max_disk: int | None = Field(None, ge=1, description="disk budget of the database file and its WAL, like 50GB: "
+                                 "near it the oldest complete conversations' spans are pruned (archived first when "
+                                 "[retention] archive_dir is set); ingest answers 503 only when nothing can be freed")
+
+    @field_validator("max_disk", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        return parse_size(value) if isinstance(value, str) else value
+
+
+class RetentionSettings(_Section):
+    """How long each table keeps its rows; "forever" (the default) keeps them. Durations like 7d, 90d, 12h."""
+
+    spans: float | None = Field(None, description="spans of a conversation this long after it was last assembled "
+                                "(complete and past the late-span window); its conversation rows and scores stay")
+    conversations: float | None = Field(None, description="conversation versions this long after assembly")
+    scores: float | None = Field(None, description="scores this long after they were written")
+    failed_jobs: float | None = Field(None, description="failed scoring jobs this long after their last attempt")
+    archive_dir: Path | None = Field(None, description="pruned rows go here first, as Parquet partitioned by day "
+                                     "(written and fsynced before the rows are deleted); read them back with "
+                                     "tracejudge query --archive DIR")
+    interval_s: float = Field(60.0, gt=0, description="how often retention and the disk budget are applied")
+    batch_conversations: int = Field(200, ge=1, description="conversations pruned per transaction, so a large "
+                                     "prune never holds up ingest")
+
+    @field_validator("spans", "conversations", "scores", "failed_jobs", "interval_s", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().lower() in ("forever", "none", ""):
+            return None
+        return parse_duration(value) if isinstance(value, str) else value
 
 
 class ConversationSettings(_Section):
@@ -300,6 +332,7 @@ class Settings(_Section):
     server: ServerSettings = Field(default_factory=ServerSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
     conversations: ConversationSettings = Field(default_factory=ConversationSettings)
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
     mapping: MappingSettings = Field(default_factory=MappingSettings)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
     sampling: SamplingSettings = Field(default_factory=SamplingSettings)
@@ -420,7 +453,8 @@ def settings_help() -> str:
     env_flags = {(s, k): (e, f) for s, k, e, f in ENV_AND_FLAGS}
     lines = []
     for section, model in (("server", ServerSettings), ("store", StoreSettings),
-                           ("conversations", ConversationSettings), ("mapping", MappingSettings),
+                           ("conversations", ConversationSettings), ("retention", RetentionSettings),
+                           ("mapping", MappingSettings),
                            ("limits", LimitsSettings),
                            ("sampling", SamplingSettings), ("scoring", ScoringSettings),
                            ("redaction", RedactionSettings),

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 if TYPE_CHECKING:
+    from collector.pipeline.retention import StorageReport
     from scoring.stage import ScoredEvent
 
 MAX_LABEL_VALUES = 50  # distinct services (and agents) labelled apart; the rest are "other"
@@ -75,6 +76,18 @@ class CollectorMetrics:
         self.oldest_waiting = Gauge("tracejudge_oldest_waiting_job_seconds", "Age of the oldest job not yet scored "
                                     "(pending, waiting for a judge or the budget)", registry=self.registry)
         self._service, self._agent = BoundedLabel(), BoundedLabel()
+        self.table_rows = Gauge("tracejudge_table_rows", "Rows per table (DuckDB's estimate)", ["table"],
+                                registry=self.registry)
+        self.db_bytes = Gauge("tracejudge_db_bytes", "Database blocks in use and free for reuse, and the WAL",
+                              ["kind"], registry=self.registry)
+        self.rows_pruned = Gauge("tracejudge_rows_pruned_total", "Rows retention deleted since the start, by table",
+                                 ["table"], registry=self.registry)
+        self.rows_archived = Gauge("tracejudge_rows_archived_total", "Rows retention archived since the start, by "
+                                   "table", ["table"], registry=self.registry)
+        self.last_prune = Gauge("tracejudge_last_prune_timestamp_seconds", "When retention last ran (Unix time)",
+                                registry=self.registry)
+        self.late_after_prune = Gauge("tracejudge_late_spans_after_prune_total", "Conversations that got spans "
+                                      "after retention pruned theirs (stored, not assembled)", registry=self.registry)
 
     def on_commit(self, seconds: float, spans: int, duplicates: int = 0) -> None:
         """One group commit: `spans` newly stored, `duplicates` redelivered and ignored."""
@@ -97,6 +110,19 @@ class CollectorMetrics:
             self.judge_cost.labels(event.metric).inc(event.cost_usd)
         self.judge_tokens.labels(event.metric, "input").inc(event.input_tokens)
         self.judge_tokens.labels(event.metric, "output").inc(event.output_tokens)
+
+    def on_storage(self, report: StorageReport) -> None:
+        """Table sizes and retention's work, refreshed by the retention loop."""
+        for table, rows in report.table_rows.items():
+            self.table_rows.labels(table).set(rows)
+        for kind, size in report.db_bytes.items():
+            self.db_bytes.labels(kind).set(size)
+        for table, rows in report.pruned.items():
+            self.rows_pruned.labels(table).set(rows)
+        for table, rows in report.archived.items():
+            self.rows_archived.labels(table).set(rows)
+        if report.last_prune_at is not None:
+            self.last_prune.set(report.last_prune_at)
 
     def watch(self, queue_spans: Callable[[], float], store_bytes: Callable[[], float]) -> None:
         self.queue_spans.set_function(queue_spans)

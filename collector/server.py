@@ -20,6 +20,7 @@ from collector.history.lake import LakePublisher, publish_periodically
 from collector.log import Logger
 from collector.metrics import CollectorMetrics
 from collector.pipeline.conversation_assembler import ConversationAssembler
+from collector.pipeline.retention import Retention, StorageReport
 from collector.receivers.decode_pool import DecodePool, usable_cpus
 from collector.receivers.http_guard import raise_open_file_limit
 from collector.receivers.ingest import Ingest
@@ -65,6 +66,7 @@ class Collector:
                                  header_timeout_s=settings.server.header_timeout_s,
                                  budget_usd=settings.scoring.daily_budget_usd, trace_url=settings.ui.trace_url)
         self.stage: ScoringStage | None = None
+        self.retention: Retention | None = None
         self.assembler: ConversationAssembler | None = None
         self.score_export: ScoreEventExporter | None = None
         self._stop_pipeline = asyncio.Event()
@@ -75,6 +77,11 @@ class Collector:
 
     def _log(self, level: str, event: str, **fields: object) -> None:
         self.log.log(level, event, **fields)
+
+    def _on_storage(self, report: StorageReport) -> None:
+        self.metrics.on_storage(report)
+        if self.assembler is not None:
+            self.metrics.late_after_prune.set(self.assembler.late_after_prune)
 
     async def start(self) -> None:
         raise_open_file_limit()  # connection caps, not the descriptor limit, decide who is turned away
@@ -88,6 +95,10 @@ class Collector:
         await asyncio.to_thread(self.assembler.recover)
         await asyncio.to_thread(self.stage.recover)
         self.admin.stage = self.stage
+        self.retention = Retention(self.store.cursor(), self.settings.retention, self._log, self.settings.store.db,
+                                   self.settings.store.max_disk, self._on_storage,
+                                   late_window_s=2 * self.settings.conversations.quiet_period_s)
+        self.store.refusal = lambda: self.retention.stats.disk_full if self.retention else None
         await asyncio.to_thread(self.decoder.start)  # before gRPC starts its threads
         s, sc = self.settings.server, self.settings.scoring
         grpc_port = await self.grpc.start()
@@ -108,7 +119,8 @@ class Collector:
                           asyncio.create_task(self.stage.run(self._stop_pipeline)),
                           asyncio.create_task(self.admin.summaries.run(
                               self.store.cursor(), self._stop_pipeline, self.settings.conversations.poll_s,
-                              self._log))]
+                              self._log)),
+                          asyncio.create_task(self.retention.run(self._stop_pipeline))]
         export = self.settings.export
         if export.endpoint:
             self.score_export = ScoreEventExporter(self.store.cursor(), otlp_log_exporter(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import duckdb
 
@@ -15,7 +16,8 @@ from collector.history.replica_files import ReplicaFileError
 
 def history(args: argparse.Namespace, command: str) -> tuple[duckdb.DuckDBPyConnection, str] | None:
     try:
-        return open_history(args.lake, args.db, args.config)
+        archive = getattr(args, "archive", None)
+        return open_history(args.lake, args.db, args.config, Path(archive) if archive else None)
     except (LakeError, ReplicaFileError, ConfigError) as exc:
         hint = "" if args.lake or args.db else f"no collector answers at {args.url}, and "
         print(f"tracejudge {command}: {hint}{exc}", file=sys.stderr)

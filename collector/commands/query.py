@@ -14,7 +14,7 @@ from collector.history.query_result import QueryResult
 
 
 def run(args: argparse.Namespace) -> int:
-    reply = from_collector(args, lambda url, headers: httpx.post(
+    reply = None if args.archive else from_collector(args, lambda url, headers: httpx.post(
         f"{url}/api/query", json={"sql": args.sql, "limit": args.limit}, headers=headers, timeout=args.timeout + 5))
     if reply is not None:
         if reply.status_code != 200:

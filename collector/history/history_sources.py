@@ -13,9 +13,14 @@ from collector.history.lake import LakeError, open_lake_for_query
 from collector.history.replica_files import ReplicaFileError, open_replica_files
 from collector.store.span_store import lock_down
 
+ARCHIVED = ("spans", "conversations", "scores", "failed_jobs")
+LIVE = {"spans": "spans", "conversations": "conversations", "scores": "scores", "failed_jobs": "eval_jobs"}
 
-def open_history(lake: bool, dbs: list[str] | None, config: str | None) -> tuple[duckdb.DuckDBPyConnection, str]:
-    """A read-only connection with the history tables and views, and a description of its source.
+
+def open_history(lake: bool, dbs: list[str] | None, config: str | None,
+                 archive: Path | None = None) -> tuple[duckdb.DuckDBPyConnection, str]:
+    """A read-only connection with the history tables and views, and a description of its source; with
+    `archive`, also `archived_<table>` (the Parquet files retention wrote) and `all_<table>` (live and archived).
 
     Raises LakeError, ReplicaFileError or ConfigError with what to fix.
     """
@@ -34,5 +39,28 @@ def open_history(lake: bool, dbs: list[str] | None, config: str | None) -> tuple
     except duckdb.Error as exc:
         raise ReplicaFileError(f"cannot open {paths[0]} ({exc}); if a collector holds it, pass its admin --url") \
             from exc
+    if archive is not None:
+        attach_archive(con, archive)
     lock_down(con)
-    return con, str(paths[0])
+    return con, str(paths[0]) + (f" and the archive {archive}" if archive is not None else "")
+
+
+def attach_archive(con: duckdb.DuckDBPyConnection, archive: Path) -> None:
+    """Views over the archive's Parquet files; reading is allowed under `archive` only."""
+    if not archive.is_dir():
+        raise ReplicaFileError(f"there is no archive directory {archive}")
+    root = archive.resolve()
+    con.execute(f"SET allowed_directories = ['{_quoted(str(root))}']")
+    for name in ARCHIVED:
+        if not any((root / name).glob("day=*/*.parquet")):
+            continue
+        files = _quoted(str(root / name / "day=*" / "*.parquet"))
+        con.execute(f"CREATE TEMP VIEW archived_{name} AS SELECT * EXCLUDE (day) FROM read_parquet('{files}', "
+                    "hive_partitioning = true, union_by_name = true)")
+        live = LIVE[name] + (" WHERE status = 'failed'" if name == "failed_jobs" else "")
+        con.execute(f"CREATE TEMP VIEW all_{name} AS SELECT * FROM {live} UNION ALL BY NAME "
+                    f"SELECT * FROM archived_{name}")
+
+
+def _quoted(text: str) -> str:
+    return text.replace("'", "''")

@@ -80,6 +80,7 @@ class ConversationAssembler:
         self._changes = 0
         self._lock = threading.Lock()
         self.assembled = 0
+        self.late_after_prune = 0  # conversations that got spans after retention pruned theirs (not assembled)
 
     def observe(self, table: pa.Table) -> None:
         """Called by the span writer after each commit (its thread)."""
@@ -333,6 +334,12 @@ class ConversationAssembler:
         """A new version when the content changed (with its jobs); None when this content is already stored.
         `attributes`: the values of the sampling filters' attribute keys in the conversation's spans."""
         cid = conversation.conversation_id
+        if self.con.execute("SELECT 1 FROM pruned_conversations WHERE conversation_id = ?", [cid]).fetchone():
+            # its earlier spans were pruned by retention: what is left would be a truncated conversation
+            self.late_after_prune += 1
+            self.log.warning("late spans for a pruned conversation: stored, not assembled", conversation_id=cid,
+                             traces=len(conversation.trace_ids))
+            return None
         latest = self.con.execute("SELECT version, content_hash FROM conversations WHERE conversation_id = ? "
                                   "ORDER BY version DESC LIMIT 1", [cid]).fetchone()
         if latest is not None and latest[1] == conversation.content_hash:

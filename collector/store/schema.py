@@ -147,7 +147,7 @@ def summary_tables_ddl(temporary: bool = False) -> str:
     """.replace("{create}", create)
 
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 MIGRATIONS: dict[int, str] = {
     1: f"""
     CREATE TABLE IF NOT EXISTS spans ({SPANS_COLUMNS},
@@ -275,6 +275,20 @@ MIGRATIONS: dict[int, str] = {
         submitted_at TIMESTAMPTZ NOT NULL,
         answer_status INTEGER,
         answer JSON
+    );
+    """,
+    # retention (collector/pipeline/retention.py): a span batch is journaled before it is archived and deleted,
+    # so a restart finishes it exactly once; a conversation whose spans went is never re-assembled from the rest
+    10: """
+    CREATE TABLE IF NOT EXISTS retention_batches (
+        batch_id VARCHAR PRIMARY KEY,
+        snapshot_at TIMESTAMPTZ NOT NULL,
+        conversation_ids VARCHAR[] NOT NULL,
+        trace_ids VARCHAR[] NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS pruned_conversations (
+        conversation_id VARCHAR PRIMARY KEY,
+        pruned_at TIMESTAMPTZ NOT NULL
     );
     """,
 }

@@ -79,6 +79,7 @@ class SpanStore:
         self.listeners: list[Callable[[pa.Table], None]] = []  # told of every committed table (writer thread)
         self.max_batch_spans = max_batch_spans
         self.max_queue_spans = max_queue_spans
+        self.refusal: Callable[[], str | None] = lambda: None  # why ingest is refused (the disk budget), if it is
         self.retry_after_s = retry_after_s
         self.stats = StoreStats()
         self._queue: queue.Queue[_Pending | None] = queue.Queue()
@@ -135,6 +136,9 @@ class SpanStore:
         rows = table.num_rows
         if not rows:
             return 0
+        refused = self.refusal()
+        if refused is not None:
+            raise Backpressure(f"not accepting spans: {refused}", self.retry_after_s * 30)
         with self._lock:
             if self._queued_spans + rows > self.max_queue_spans and self._queued_spans > 0:
                 raise Backpressure(f"{self._queued_spans} spans are waiting for the database; retry shortly",

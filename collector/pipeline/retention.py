@@ -1,0 +1,286 @@
+"""Retention, archive and the disk budget: old rows go in small batches, archived first when asked.
+
+Spans go per conversation, once the conversation is complete and was last assembled before the cutoff, so a
+conversation never loses part of its spans while it can still change. A span batch is journaled
+(`retention_batches`, with a snapshot time) before it is archived and deleted; the archive file's name comes
+from the batch, so a restart in the middle writes the same file again and deletes the same rows: nothing is
+lost or duplicated. The conversation is then recorded in `pruned_conversations`, and a late span for it is
+stored but never assembled into a new, truncated version. Conversations, scores and failed jobs go by age, in
+batches bounded by a timestamp, archived the same way.
+
+DuckDB reuses the blocks that deleted rows free, so the file stops growing at steady state, but it does not
+give them back to the filesystem; `tracejudge compact` rewrites the file for that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from collector.config import RetentionSettings
+from scoring.id_table import id_table
+
+Log = Callable[..., None]
+DISK_HIGH, DISK_LOW = 0.9, 0.8  # share of max_disk where the budget starts pruning, and where it stops
+
+
+@dataclass
+class RetentionStats:
+    """What retention did since the collector started, for /metrics."""
+
+    pruned: dict[str, int] = field(default_factory=dict)
+    archived: dict[str, int] = field(default_factory=dict)
+    last_prune_at: float | None = None
+    disk_full: str | None = None  # why ingest is refused, while nothing can be freed under the disk budget
+
+    def add(self, table: str, pruned: int, archived: int) -> None:
+        self.pruned[table] = self.pruned.get(table, 0) + pruned
+        self.archived[table] = self.archived.get(table, 0) + archived
+
+
+@dataclass(frozen=True)
+class StorageReport:
+    """Rows per table, the database's bytes (used and free blocks, WAL) and retention's totals, for /metrics."""
+
+    table_rows: dict[str, int]
+    db_bytes: dict[str, int]
+    pruned: dict[str, int]
+    archived: dict[str, int]
+    last_prune_at: float | None
+
+
+@dataclass(frozen=True)
+class _AgedTable:
+    table: str
+    column: str  # the timestamp that ages a row
+    extra: str = ""  # more conditions, e.g. only failed jobs
+    summaries: tuple[str, ...] = ()  # the web UI's summary rows that go with the pruned rows
+
+
+AGED = {
+    "conversations": _AgedTable("conversations", "assembled_at", summaries=(
+        "DELETE FROM conversation_summary WHERE assembled_at <= ? AND conversation_id NOT IN "
+        "(SELECT conversation_id FROM conversations)",
+        "DELETE FROM call_summary WHERE assembled_at <= ? AND conversation_id NOT IN "
+        "(SELECT conversation_id FROM conversations)")),
+    "scores": _AgedTable("scores", "scored_at", summaries=("DELETE FROM score_summary WHERE scored_at <= ?",)),
+    "failed_jobs": _AgedTable("eval_jobs", "updated_at", "AND status = 'failed'"),
+}
+
+
+class Retention:
+    def __init__(self, con: duckdb.DuckDBPyConnection, settings: RetentionSettings, log: Log, db_path: Path,
+                 max_disk: int | None = None, on_report: Callable[[StorageReport], None] | None = None,
+                 late_window_s: float = 240.0) -> None:
+        """`late_window_s`: the disk budget never takes spans of a conversation assembled more recently."""
+        self.con = con
+        self.late_window_s = late_window_s
+        self.settings = settings
+        self.log = log
+        self.db_path = db_path
+        self.max_disk = max_disk
+        self.on_report = on_report
+        self.stats = RetentionStats()
+
+    @property
+    def enabled(self) -> bool:
+        s = self.settings
+        return self.max_disk is not None or any(v is not None for v in (s.spans, s.conversations, s.scores,
+                                                                         s.failed_jobs))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                if self.enabled:
+                    await asyncio.to_thread(self.apply)
+                if self.on_report is not None:
+                    self.on_report(await asyncio.to_thread(self.report))
+            except Exception as exc:  # retention must never stop the collector; it tries again next interval
+                self.log("error", "retention failed", reason=f"{type(exc).__name__}: {exc}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.interval_s)
+
+    def apply(self) -> None:
+        """One round: unfinished batches, then each table's retention, then the disk budget."""
+        now = datetime.now(UTC)
+        for batch_id, in self.con.execute("SELECT batch_id FROM retention_batches ORDER BY snapshot_at").fetchall():
+            self._finish_span_batch(batch_id)
+        if self.settings.spans is not None:
+            self.prune_spans(now - timedelta(seconds=self.settings.spans))
+        for name, aged in AGED.items():
+            keep = getattr(self.settings, name)
+            if keep is not None:
+                self._prune_aged(aged, now - timedelta(seconds=keep), name)
+        self._disk_budget(now)
+        self.stats.last_prune_at = time.time()
+
+    def report(self) -> StorageReport:
+        rows = dict(self.con.execute("SELECT table_name, estimated_size FROM duckdb_tables() WHERE database_name = "
+                                     "current_database()").fetchall())
+        block, used, free = self.con.execute(
+            "SELECT block_size, used_blocks, free_blocks FROM pragma_database_size() "
+            "WHERE database_name = current_database()").fetchone()
+        wal = Path(str(self.db_path) + ".wal")
+        sizes = {"used": block * used, "free": block * free, "wal": wal.stat().st_size if wal.exists() else 0}
+        return StorageReport(rows, sizes, dict(self.stats.pruned), dict(self.stats.archived), self.stats.last_prune_at)
+
+    def used_bytes(self) -> int:
+        """Bytes the database holds in use (not the free blocks DuckDB will reuse), plus its WAL."""
+        report = self.report()
+        return report.db_bytes["used"] + report.db_bytes["wal"]
+
+    # --- spans -----------------------------------------------------------------------------------------
+
+    def prune_spans(self, cutoff: datetime, limit: int | None = None) -> int:
+        """Prune the spans of every conversation last assembled before `cutoff` (or the `limit` oldest)."""
+        total = 0
+        while limit is None or total < limit:
+            size = self.settings.batch_conversations if limit is None else min(self.settings.batch_conversations,
+                                                                                limit - total)
+            picked = self.con.execute(
+                "SELECT conversation_id, list(trace_id ORDER BY trace_id) FROM assembled_traces GROUP BY 1 "
+                "HAVING max(assembled_at) < ? ORDER BY max(assembled_at), conversation_id LIMIT ?",
+                [cutoff, size]).fetchall()
+            orphans = [] if picked else [t for (t,) in self.con.execute(
+                "SELECT trace_id FROM spans WHERE trace_id NOT IN (SELECT trace_id FROM assembled_traces) "
+                "GROUP BY 1 HAVING max(received_at) < ? ORDER BY trace_id LIMIT ?",
+                [cutoff, size * 10]).fetchall()]
+            if not picked and not orphans:
+                return total
+            conversations = [c for c, _ in picked]
+            traces = sorted({t for _, ts in picked for t in ts} | set(orphans))
+            batch_id = hashlib.sha256("\n".join(conversations + traces).encode()).hexdigest()[:24]
+            self.con.execute("INSERT OR IGNORE INTO retention_batches VALUES (?, now(), ?, ?)",
+                             [batch_id, conversations, traces])
+            self._finish_span_batch(batch_id)
+            total += len(conversations) or len(orphans)
+        return total
+
+    def _finish_span_batch(self, batch_id: str) -> None:
+        """Archive (idempotently) and delete the journaled batch's spans, in that order."""
+        snapshot, conversations, traces = self.con.execute(
+            "SELECT snapshot_at, conversation_ids, trace_ids FROM retention_batches WHERE batch_id = ?",
+            [batch_id]).fetchone()
+        with id_table(self.con, traces) as ids:
+            where = f"trace_id IN (SELECT id FROM {ids}) AND received_at <= ?"
+            archived = self._archive("spans", f"SELECT * FROM spans WHERE {where}", [snapshot],
+                                     "CAST(coalesce(make_timestamp(start_ns // 1000), timezone('UTC', received_at)) "
+                                     "AS DATE)", batch_id)
+            self.con.execute("BEGIN TRANSACTION")
+            try:
+                [(deleted,)] = self.con.execute(f"DELETE FROM spans WHERE {where}", [snapshot]).fetchall()
+                self.con.execute(f"DELETE FROM assembled_traces WHERE trace_id IN (SELECT id FROM {ids})")
+                self.con.execute("INSERT OR REPLACE INTO pruned_conversations SELECT unnest(?), now()",
+                                 [conversations])
+                self.con.execute("DELETE FROM retention_batches WHERE batch_id = ?", [batch_id])
+                self.con.execute("COMMIT")
+            except Exception:
+                self.con.execute("ROLLBACK")
+                raise
+        self.stats.add("spans", deleted, archived)
+        self.log("debug", "spans pruned", conversations=len(conversations), traces=len(traces), spans=deleted,
+                 archived=archived)
+
+    # --- conversations, scores, failed jobs ------------------------------------------------------------
+
+    def _prune_aged(self, aged: _AgedTable, cutoff: datetime, name: str) -> None:
+        size = self.settings.batch_conversations * 10
+        while True:
+            bound = self.con.execute(
+                f"SELECT max({aged.column}) FROM (SELECT {aged.column} FROM {aged.table} WHERE {aged.column} < ? "
+                f"{aged.extra} ORDER BY {aged.column} LIMIT ?)", [cutoff, size]).fetchone()[0]
+            if bound is None:
+                return
+            where = f"{aged.column} <= ? {aged.extra}"
+            batch_id = f"{int(bound.timestamp() * 1e6)}"
+            archived = self._archive(name, f"SELECT * FROM {aged.table} WHERE {where}", [bound],
+                                     f"CAST(timezone('UTC', {aged.column}) AS DATE)", batch_id)
+            self.con.execute("BEGIN TRANSACTION")
+            try:
+                [(deleted,)] = self.con.execute(f"DELETE FROM {aged.table} WHERE {where}", [bound]).fetchall()
+                for statement in aged.summaries:
+                    self.con.execute(statement, [bound])
+                self.con.execute("COMMIT")
+            except Exception:
+                self.con.execute("ROLLBACK")
+                raise
+            self.stats.add(name, deleted, archived)
+            self.log("debug", f"{name} pruned", rows=deleted, archived=archived, up_to=bound.isoformat())
+            if deleted < size:
+                return
+
+    # --- archive ---------------------------------------------------------------------------------------
+
+    def _archive(self, name: str, select: str, params: list[Any], day: str, batch_id: str) -> int:
+        """Write the rows of `select` under archive_dir/name/day=YYYY-MM-DD/, one file per day named for the
+        batch, fsynced before returning; 0 without an archive_dir."""
+        root = self.settings.archive_dir
+        if root is None:
+            return 0
+        table = self.con.execute(f"SELECT *, {day} AS __day FROM ({select})", params).to_arrow_table()
+        written = 0
+        days = table.column("__day").to_pylist()
+        for day in sorted(set(days), key=str):
+            mask = pa.array([d == day for d in days])
+            part = table.filter(mask).drop_columns(["__day"])
+            directory = Path(root) / name / f"day={day}"
+            directory.mkdir(parents=True, exist_ok=True)
+            write_durably(part, directory / f"batch-{batch_id}.parquet")
+            written += part.num_rows
+        return written
+
+    # --- disk budget -----------------------------------------------------------------------------------
+
+    def _disk_budget(self, now: datetime) -> None:
+        if self.max_disk is None:
+            return
+        used = self.used_bytes()
+        if used < DISK_HIGH * self.max_disk:
+            if self.stats.disk_full is not None:
+                self.log("info", "disk budget: ingest resumes", used_bytes=used, max_disk=self.max_disk)
+            self.stats.disk_full = None
+            return
+        while used >= DISK_LOW * self.max_disk:
+            freed = self.prune_spans(now - timedelta(seconds=self.late_window_s),
+                                     limit=self.settings.batch_conversations)
+            if not freed:
+                break
+            self.con.execute("CHECKPOINT")  # deleted rows' blocks become free for new rows
+            used = self.used_bytes()
+        if used >= self.max_disk:
+            reason = (f"the database uses {used:,} bytes of its {self.max_disk:,}-byte disk budget and no complete "
+                      "conversation's spans are left to prune; raise [store] max_disk or shorten [retention]")
+            if self.stats.disk_full is None:
+                self.log("error", "disk budget exhausted: ingest refused", reason=reason)
+            self.stats.disk_full = reason
+        else:
+            self.stats.disk_full = None
+
+
+def write_durably(table: pa.Table, path: Path) -> None:
+    """Parquet at `path`, complete or not at all: written to a temporary name, fsynced, renamed, dir fsynced."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    with open(tmp, "wb") as handle:
+        pq.write_table(table, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+

@@ -1,0 +1,194 @@
+"""Retention, archive and the disk budget on a real collector with short durations, and a prune interrupted
+half-way that loses and duplicates nothing."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import duckdb
+import httpx
+import pyarrow.parquet as pq
+import pytest
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from collector.config import RetentionSettings
+from collector.pipeline.retention import Retention
+from tests.support.collector_process import CollectorProcess
+from tests.test_pipeline import SCORES, UMBRELLA, config, conversations, export, judge_script, query, turn, wait_for
+
+
+@pytest.fixture
+def judge_env(judge_server) -> dict[str, str]:
+    judge_server.script = judge_script
+    return {"OPENAI_BASE_URL": judge_server.base_url, "OPENAI_API_KEY": "sk-test-not-a-secret"}
+
+
+def archived(root: Path, table: str) -> list[dict]:
+    files = sorted((root / table).glob("day=*/*.parquet"))
+    return [row for f in files for row in pq.read_table(f).to_pylist()]
+
+
+def metric(collector: CollectorProcess, line_start: str) -> float:
+    text = httpx.get(f"{collector.admin_url}/metrics").text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(line_start))
+
+
+def scored_database(tmp_path: Path, env: dict[str, str]) -> Path:
+    """A database file with two complete, scored conversations (and the UI's summaries), the collector stopped."""
+    db = tmp_path / "t.duckdb"
+    with CollectorProcess(db, config=config(tmp_path), env=env) as collector:
+        export(collector, conversations(end=True))
+        wait_for(collector, SCORES, 6)
+        httpx.get(f"{collector.admin_url}/").raise_for_status()  # the UI builds its summary tables
+        collector.stop()
+    return db
+
+
+def late_umbrella_spans() -> list:
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "weather-agent"}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    turn(provider.get_tracer("agent"), "conv-b", UMBRELLA, "book-umbrella", {"qty": 2}, "Booked", "Booked two.",
+         end=True)
+    provider.shutdown()
+    return list(memory.get_finished_spans())
+
+
+def test_spans_go_after_their_retention_archived_first_and_scores_stay(tmp_path, judge_env) -> None:
+    archive = tmp_path / "archive"
+    cfg = config(tmp_path, f'[retention]\nspans = "4s"\ninterval_s = 0.3\narchive_dir = "{archive}"\n')
+    db = tmp_path / "t.duckdb"
+    with CollectorProcess(db, config=cfg, env=judge_env) as collector:
+        export(collector, conversations(end=True))
+        stored = {tuple(r) for r in query(collector, "SELECT trace_id, span_id FROM spans")}
+        assert len(stored) == 6
+        wait_for(collector, SCORES, 6)
+        deadline = time.monotonic() + 60
+        while query(collector, "SELECT count(*) FROM spans") != [[0]] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert query(collector, "SELECT count(*) FROM spans") == [[0]]
+        assert query(collector, "SELECT count(*) FROM conversations") == [[2]]
+        assert len(query(collector, SCORES)) == 6  # scores and conversations outlive their spans
+        rows = archived(archive, "spans")
+        assert sorted((r["trace_id"], r["span_id"]) for r in rows) == sorted(stored)  # exactly the pruned rows
+        assert all(r["attributes"] for r in rows)
+        assert metric(collector, 'tracejudge_rows_pruned_total{table="spans"}') == 6
+        assert metric(collector, 'tracejudge_rows_archived_total{table="spans"}') == 6
+        assert metric(collector, "tracejudge_last_prune_timestamp_seconds") > 0
+        assert metric(collector, 'tracejudge_table_rows{table="scores"}') == 6
+
+        export(collector, late_umbrella_spans())  # a late span of a pruned conversation: stored, counted
+        deadline = time.monotonic() + 30
+        while metric(collector, "tracejudge_late_spans_after_prune_total") < 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert metric(collector, "tracejudge_late_spans_after_prune_total") == 1
+        assert query(collector, "SELECT max(version) FROM conversations WHERE conversation_id = 'conv-b'") == [[1]]
+        collector.stop()
+    proc = subprocess.run([sys.executable, "-m", "collector.cli", "query", "--db", str(db), "--archive",
+                           str(archive), "--format", "csv",
+                           "SELECT count(*) FROM archived_spans"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["count_star()", "6"]
+
+
+class CrashAfterArchive(Retention):
+    """Stops the way a killed process does: after the archive file is written, before the rows are deleted."""
+
+    def _archive(self, *args, **kwargs) -> int:
+        written = super()._archive(*args, **kwargs)
+        raise SystemExit("killed")
+        return written
+
+
+def test_a_prune_interrupted_after_archiving_finishes_once_after_a_restart(tmp_path, judge_env) -> None:
+    db = scored_database(tmp_path, judge_env)
+    con = duckdb.connect(str(db))
+    stored = sorted(con.execute("SELECT trace_id, span_id FROM spans").fetchall())
+    settings = RetentionSettings(spans=1.0, archive_dir=tmp_path / "archive", batch_conversations=1)
+    time.sleep(1.1)
+    with contextlib.suppress(SystemExit):
+        CrashAfterArchive(con, settings, lambda *a, **k: None, db).apply()
+    assert con.execute("SELECT count(*) FROM retention_batches").fetchone() == (1,)  # journaled, not finished
+    assert len(con.execute("SELECT * FROM spans").fetchall()) == len(stored)
+    Retention(con, settings, lambda *a, **k: None, db).apply()  # the restarted process
+    assert con.execute("SELECT count(*) FROM spans").fetchone() == (0,)
+    assert con.execute("SELECT count(*) FROM retention_batches").fetchone() == (0,)
+    rows = sorted((r["trace_id"], r["span_id"]) for r in archived(tmp_path / "archive", "spans"))
+    assert rows == stored  # every span once: the interrupted batch's file was written again, not twice
+    assert sorted(c for (c,) in con.execute("SELECT conversation_id FROM pruned_conversations").fetchall()) == [
+        "conv-a", "conv-b"]
+    con.close()
+
+
+def test_conversations_scores_and_failed_jobs_go_by_age_with_the_ui_summaries(tmp_path, judge_env) -> None:
+    db = scored_database(tmp_path, judge_env)
+    con = duckdb.connect(str(db))
+    time.sleep(1.1)
+    settings = RetentionSettings(conversations=1.0, scores=1.0, archive_dir=tmp_path / "archive")
+    Retention(con, settings, lambda *a, **k: None, db).apply()
+    for table in ("conversations", "scores", "conversation_summary", "call_summary", "score_summary"):
+        assert con.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,), table
+    assert len(archived(tmp_path / "archive", "conversations")) == 2
+    assert len(archived(tmp_path / "archive", "scores")) == 6
+    assert con.execute("SELECT count(*) FROM spans").fetchone() == (6,)  # spans have their own retention
+    con.close()
+
+
+def test_over_the_disk_budget_ingest_is_refused_with_the_reason(tmp_path) -> None:
+    cfg = config(tmp_path, '[store]\nmax_disk = "1KB"\n[retention]\ninterval_s = 0.3\n')
+    with CollectorProcess(tmp_path / "t.duckdb", config=cfg) as collector:
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{collector.admin_url}/readyz").status_code == 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        ready = httpx.get(f"{collector.admin_url}/readyz")
+        assert ready.status_code == 503 and "disk budget" in ready.json()["problems"][0]
+        exporter = OTLPSpanExporter(endpoint=collector.grpc_endpoint, insecure=True, timeout=3)
+        assert exporter.export(conversations()) is SpanExportResult.FAILURE  # refused, never dropped silently
+        assert query(collector, "SELECT count(*) FROM spans") == [[0]]
+        assert any("disk budget exhausted" in line for line in collector.log_lines)
+        collector.stop()
+
+
+def test_the_disk_budget_takes_the_oldest_complete_conversations_spans_first(tmp_path, judge_env) -> None:
+    db = scored_database(tmp_path, judge_env)
+    con = duckdb.connect(str(db))
+    archive = tmp_path / "archive"
+    retention = Retention(con, RetentionSettings(archive_dir=archive, batch_conversations=1),
+                          lambda *a, **k: None, db, max_disk=1, late_window_s=0.0)
+    [(oldest,)] = con.execute("SELECT conversation_id FROM assembled_traces GROUP BY 1 "
+                              "ORDER BY max(assembled_at), conversation_id LIMIT 1").fetchall()
+    retention.prune_spans(datetime.now(UTC), limit=1)  # one batch: the oldest conversation
+    assert con.execute("SELECT conversation_id FROM pruned_conversations").fetchall() == [(oldest,)]
+    retention.apply()  # over budget: everything complete goes, archived; then nothing is left to free
+    assert con.execute("SELECT count(*) FROM spans").fetchone() == (0,)
+    assert len(archived(archive, "spans")) == 6
+    assert retention.stats.disk_full is not None and "no complete conversation" in retention.stats.disk_full
+    con.close()
+
+
+def test_compact_gives_the_freed_space_back_and_keeps_every_row(tmp_path) -> None:
+    db = tmp_path / "t.duckdb"
+    con = duckdb.connect(str(db))
+    con.execute("CREATE SEQUENCE ids; CREATE TABLE t (id BIGINT PRIMARY KEY DEFAULT nextval('ids'), v VARCHAR)")
+    con.execute("INSERT INTO t (v) SELECT repeat('x', 1000) || range FROM range(100000)")
+    con.execute("DELETE FROM t WHERE id > 1000")
+    con.close()
+    before = db.stat().st_size
+    proc = subprocess.run([sys.executable, "-m", "collector.cli", "compact", "--db", str(db)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert db.stat().st_size < before / 5 and not Path(str(db) + ".bak").exists()
+    con = duckdb.connect(str(db))
+    assert con.execute("SELECT count(*), max(id) FROM t").fetchone() == (1000, 1000)
+    con.execute("INSERT INTO t (v) VALUES ('new')")  # the sequence carried over: no id is ever reused
+    assert con.execute("SELECT max(id) FROM t").fetchone() == (100_001,)
+    con.close()
