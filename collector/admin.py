@@ -47,8 +47,9 @@ class AdminServer:
         self.app.router.add_post("/api/score-pending", self._score_pending)
         self.summaries = SummaryTables()
         self._budget_usd, self._trace_url = budget_usd, trace_url
-        WebUI(self._cursor, self._queries, query_token, self.summaries, budget_usd=budget_usd,
-              trace_url=trace_url).register(self.app)
+        self.ui = WebUI(self._cursor, self._queries, query_token, self.summaries, budget_usd=budget_usd,
+                        trace_url=trace_url)
+        self.ui.register(self.app)
         self._site: GuardedSite | None = None
         self._limits = (max_connections, header_timeout_s)
 

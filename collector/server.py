@@ -99,6 +99,7 @@ class Collector:
                                    self.settings.store.max_disk, self._on_storage,
                                    late_window_s=2 * self.settings.conversations.quiet_period_s)
         self.store.refusal = lambda: self.retention.stats.disk_full if self.retention else None
+        self.admin.ui.storage = self.retention.report
         await asyncio.to_thread(self.decoder.start)  # before gRPC starts its threads
         s, sc = self.settings.server, self.settings.scoring
         grpc_port = await self.grpc.start()

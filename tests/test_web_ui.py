@@ -101,6 +101,8 @@ def test_the_ui_in_a_real_browser(ui: CollectorProcess, shots: Path) -> None:
         page.goto(f"{base}/")
         assert page.locator(".card .l", has_text="conversations received").count() == 1
         assert page.locator(".chart svg polyline, .chart svg circle").count() > 0
+        spans_row = page.locator("h2:has-text('Storage') + .grid2 tr", has_text="spans").first.inner_text().split()
+        assert spans_row[0] == "spans" and int(spans_row[1]) > 0  # rows per table, as /metrics has them
         page.screenshot(path=str(shots / "overview.png"), full_page=True)
 
         page.goto(f"{base}/conversations")

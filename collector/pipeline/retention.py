@@ -116,6 +116,7 @@ class Retention:
     def apply(self) -> None:
         """One round: unfinished batches, then each table's retention, then the disk budget."""
         now = datetime.now(UTC)
+        before = sum(self.stats.pruned.values())
         for batch_id, in self.con.execute("SELECT batch_id FROM retention_batches ORDER BY snapshot_at").fetchall():
             self._finish_span_batch(batch_id)
         if self.settings.spans is not None:
@@ -124,13 +125,25 @@ class Retention:
             keep = getattr(self.settings, name)
             if keep is not None:
                 self._prune_aged(aged, now - timedelta(seconds=keep), name)
+        if sum(self.stats.pruned.values()) > before:
+            self._checkpoint()
         self._disk_budget(now)
         self.stats.last_prune_at = time.time()
 
-    def report(self) -> StorageReport:
-        rows = dict(self.con.execute("SELECT table_name, estimated_size FROM duckdb_tables() WHERE database_name = "
-                                     "current_database()").fetchall())
-        block, used, free = self.con.execute(
+    def _checkpoint(self) -> None:
+        """Deleted rows free their blocks for reuse only once checkpointed; without it the WAL keeps growing
+        until DuckDB's own threshold."""
+        try:
+            self.con.execute("CHECKPOINT")
+        except duckdb.Error as exc:  # busy with another transaction: the next round checkpoints
+            self.log("debug", "retention checkpoint skipped", reason=str(exc))
+
+    def report(self, con: duckdb.DuckDBPyConnection | None = None) -> StorageReport:
+        """Table rows and database bytes now, with retention's totals; on `con` when another thread asks."""
+        con = con or self.con
+        rows = dict(con.execute("SELECT table_name, estimated_size FROM duckdb_tables() WHERE database_name = "
+                                "current_database()").fetchall())
+        block, used, free = con.execute(
             "SELECT block_size, used_blocks, free_blocks FROM pragma_database_size() "
             "WHERE database_name = current_database()").fetchone()
         wal = Path(str(self.db_path) + ".wal")
@@ -258,7 +271,7 @@ class Retention:
                                      limit=self.settings.batch_conversations)
             if not freed:
                 break
-            self.con.execute("CHECKPOINT")  # deleted rows' blocks become free for new rows
+            self._checkpoint()
             used = self.used_bytes()
         if used >= self.max_disk:
             reason = (f"the database uses {used:,} bytes of its {self.max_disk:,}-byte disk budget and no complete "

@@ -45,6 +45,8 @@ def num(value: float | None, digits: int = 2) -> str:
 
 
 def when(value: Any) -> str:
+    if isinstance(value, int | float) and not isinstance(value, bool):  # Unix time
+        value = dt.datetime.fromtimestamp(value, dt.UTC)
     if isinstance(value, dt.datetime):
         return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     return "–" if value is None else str(value)

@@ -16,7 +16,7 @@ import hmac
 import secrets
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit
 
 import duckdb
@@ -30,6 +30,9 @@ from collector.ui.rendering import environment
 
 COOKIE = "tracejudge_session"
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+if TYPE_CHECKING:
+    from collector.pipeline.retention import StorageReport
+
 Cursor = Callable[[], duckdb.DuckDBPyConnection]
 
 
@@ -45,6 +48,7 @@ class WebUI:
         self._token = query_token.encode() if query_token else None
         self._session_key = secrets.token_bytes(32)  # a restart signs everyone out
         self.budget_usd, self.trace_url = budget_usd, trace_url
+        self.storage: Callable[[duckdb.DuckDBPyConnection], StorageReport] | None = None  # rows, bytes, pruning
         self.env = environment(static=False)
 
     def register(self, app: web.Application) -> None:
@@ -122,7 +126,9 @@ class WebUI:
         end = dt.datetime.now(dt.UTC)
         start = views.window_start(window)
         charts = [(t, trend_chart(t.points, start, end)) for t in data.trends]
-        return self._render(request, "overview.html", data=data, charts=charts, windows=views.WINDOWS, page="overview")
+        storage = await self._data(self.storage) if self.storage is not None else None
+        return self._render(request, "overview.html", data=data, charts=charts, windows=views.WINDOWS, page="overview",
+                            storage=storage)
 
     async def conversation_list(self, request: web.Request) -> web.StreamResponse:
         f = views.ConversationFilter.from_query(request.query)
