@@ -349,6 +349,11 @@ class Settings(_Section):
         return self._config_file
 
     def model_post_init(self, _: Any) -> None:
+        keep, quiet = self.retention.spans, self.conversations.quiet_period_s
+        if keep is not None and keep < 2 * quiet:
+            raise ConfigError(f"[retention] spans = {keep:g}s would prune spans of conversations still waiting out "
+                              f"their quiet period ({quiet:g}s): keep spans at least twice as long as "
+                              "[conversations] quiet_period_s")
         if not _loopback(self.server.admin_host) and not self.server.query_token:
             raise ConfigError(
                 f"[server] admin_host = {self.server.admin_host!r} would let anyone who reaches it read every "

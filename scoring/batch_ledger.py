@@ -45,3 +45,7 @@ class DuckDBBatchLedger:
 
     async def forget(self, batch_id: str) -> None:
         await self._sql("DELETE FROM judge_batch_requests WHERE batch_id = ?", [batch_id])
+
+    async def forget_requests(self, digests: list[str]) -> None:
+        if digests:
+            await self._sql("DELETE FROM judge_batch_requests WHERE request_digest IN (SELECT unnest(?))", [digests])

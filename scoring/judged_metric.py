@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -184,14 +185,16 @@ class JudgedMetric(BaseMetric):
         assert self.model is not None
         spec = REASON_OUTPUT if output is ReasonVerdict else SCORE_OUTPUT
         for overflows in range(OVERFLOW_RETRIES + 1):
-            messages, reduction = fit_messages(name, instructions, data, spec, self.model.prompt_tokens,
-                                               self.model.tokens)
+            window = self.model.context_tokens
+            # counting tokens of a large conversation takes a while: off the event loop the receivers share
+            messages, reduction = await asyncio.to_thread(fit_messages, name, instructions, data, spec,
+                                                          self.model.prompt_tokens, self.model.tokens)
             try:
                 judgement = await self.model.judge(messages, output, spec)
             except JudgeContextOverflowError as exc:
                 if overflows == OVERFLOW_RETRIES:
                     raise
-                self.model.lower_context(exc.limit)
+                self.model.lower_context(exc.limit, window)
                 continue
             except JudgeError as exc:
                 if exc.spent is not None:  # tokens of answers that were not usable still cost money

@@ -216,6 +216,8 @@ class ScoringStage:
         judged_allowed = await self._within_budget(now)
         # a batch answers within hours: lease enough jobs to fill one, since each waits without using the judge
         limit = BATCH_CONCURRENCY if self.config.judge.batch else self.config.concurrency
+        if self.config.judge.batch and self.config.daily_budget_usd is not None:
+            limit = min(limit, await self._batch_budget_slots(now))
         free = limit - len(self._running)
         if free <= 0:
             return 0
@@ -237,6 +239,19 @@ class ScoringStage:
             task.add_done_callback(self._running.discard)
             task.add_done_callback(lambda _, job_id=job[0]: self._active.discard(job_id))
         return len(leased)
+
+    async def _batch_budget_slots(self, now: datetime) -> int:
+        """In batch mode spend lands hours after jobs are leased: lease only as many as the budget left pays for
+        at today's mean cost per judged job (the running ones counted as already spent)."""
+        day = datetime(now.year, now.month, now.day, tzinfo=UTC)
+        [(spent, mean)] = await self._sql(
+            "SELECT coalesce(sum(evaluation_cost) FILTER (WHERE scored_at >= ?), 0), avg(evaluation_cost) FILTER "
+            "(WHERE evaluation_cost > 0 AND metric <> 'mcp_call_validity') FROM scores "
+            "WHERE scored_at >= ? - INTERVAL 7 DAY", [day, day])
+        if not mean:
+            return self.config.concurrency  # no cost known yet: start as the synchronous stage would
+        left = (self.config.daily_budget_usd or 0.0) - spent
+        return max(0, int(left / mean))
 
     async def _within_budget(self, now: datetime) -> bool:
         budget = self.config.daily_budget_usd
@@ -268,7 +283,7 @@ class ScoringStage:
                             "WHERE job_id = ?", ["failed" if not rows else "waiting_for_judge", reason, job_id])
             return
         test_case_json, service, agent, last_ns = rows[0]
-        digest = content_digest(test_case_json) if metric_id in JUDGED else None
+        digest = await asyncio.to_thread(content_digest, test_case_json) if metric_id in JUDGED else None
         if digest is not None and await self._reuse(job_id, conversation_id, version, metric_id, digest,
                                                     service, agent, last_ns):
             return
@@ -393,7 +408,7 @@ class ScoringStage:
             try:
                 self.con.execute("INSERT OR IGNORE INTO scores VALUES (" + ", ".join("?" * len(row)) + ")", row)
                 if digest is not None:
-                    self.con.execute("INSERT OR IGNORE INTO judged_content VALUES (?, ?, ?, ?, ?)",
+                    self.con.execute("INSERT OR REPLACE INTO judged_content VALUES (?, ?, ?, ?, ?)",
                                      [digest, row[2], row[3], row[0], row[1]])
                 self.con.execute("UPDATE eval_jobs SET status = 'done', lease_until = NULL, last_error = NULL, "
                                  "updated_at = now() WHERE job_id = ? AND status = 'running'", [job_id])

@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import io
 import time
+from datetime import UTC, datetime
 
+import duckdb
 import pytest
 
-from scoring import LLMJudge, MCPTaskCompletionMetric, MultiTurnMCPUseMetric, evaluate
+from collector.store.schema import migrate
+from scoring import JudgeUnavailableError, LLMJudge, MCPTaskCompletionMetric, MultiTurnMCPUseMetric, evaluate
 from scoring.judges.batch import BatchOptions
+from scoring.judges.resolve import JudgeOptions
+from scoring.stage import ScoringStage, StageConfig
 from tests.support.batch_server import BatchServer
 from tests.support.cases import three_task_case, two_turn_case
 from tests.support.collector_process import CollectorProcess
@@ -54,6 +59,20 @@ def test_a_batch_line_refusing_the_format_falls_back_like_a_synchronous_answer()
         "json_schema", "json_object", "json_object"]
 
 
+def test_a_failed_batch_line_is_asked_again_not_replayed() -> None:
+    failures = iter([True])
+
+    def flaky(request: Request) -> Reply:
+        return error(500, "internal error") if next(failures, False) else scripted(request)
+
+    with BatchServer(flaky) as server:
+        metric = MCPTaskCompletionMetric(model=batch_judge(server), include_reason=False)
+        with pytest.raises(JudgeUnavailableError):
+            metric.measure(two_turn_case())
+        assert metric.measure(two_turn_case()) == pytest.approx(0.9)  # the ledger kept no failed answer
+    assert len(server.uploaded_lines()) == 2 and len(server.batches) == 2
+
+
 def test_a_collector_restarted_while_its_batch_runs_waits_on_that_batch(tmp_path) -> None:
     with BatchServer(judge_script, auto_complete=False) as server:
         env = {"OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "sk-test-not-a-secret"}
@@ -84,3 +103,24 @@ def test_a_collector_restarted_while_its_batch_runs_waits_on_that_batch(tmp_path
     assert len(lines) == len({line["custom_id"] for line in lines})  # nothing was paid for twice
     assert len(lines) == first_round + 4  # the four final reasons, in a batch of their own
     assert cost == pytest.approx(0.5 * PER_CALL * calls)
+
+
+async def test_batch_mode_leases_only_the_jobs_the_daily_budget_left_pays_for(tmp_path, monkeypatch) -> None:
+    """Spend in batch mode lands hours after jobs are leased: the stage must not lease 2,000 jobs on $1 left."""
+    con = duckdb.connect(str(tmp_path / "t.duckdb"))
+    migrate(con)
+    now = datetime.now(UTC)
+    con.execute("INSERT INTO scores (conversation_id, conversation_version, metric, metric_config, "
+                "evaluation_cost, scored_at) VALUES ('old', 1, 'mcp_use', 'x', 0.25, ?), "
+                "('old', 1, 'mcp_task_completion', 'x', 0.25, ?)", [now, now])
+    con.execute("INSERT INTO eval_jobs (conversation_id, conversation_version, metric, metric_config, status, "
+                "created_at, updated_at) SELECT 'c' || range, 1, 'mcp_use', 'x', 'pending', ?, ? FROM range(50)",
+                [now, now])
+    config = StageConfig(metrics=("mcp_use",), model="gpt-4o-mini", daily_budget_usd=2.0,
+                         judge=JudgeOptions(batch=True))
+    with BatchServer(scripted) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-secret")
+        leased = await ScoringStage(con, config, lambda *a, **k: None).step()
+    assert leased == 6  # $2.00 - $0.50 spent = $1.50 left, at $0.25 a job
+    con.close()

@@ -123,6 +123,16 @@ def test_a_server_window_smaller_than_assumed_is_learned_from_its_error_and_the_
     assert all("estimate" in r["tokenizer"] for r in reductions)  # not an OpenAI model: o200k with a margin
 
 
+def test_a_too_long_answer_naming_no_smaller_window_still_shrinks_the_next_prompt() -> None:
+    judge = LLMJudge("qwen2.5-7b", api_key="unused", context_tokens=8192)
+    judge.lower_context(32_768)  # our token count was the problem, not the window we assumed
+    assert judge.context_tokens == 6144
+    judge.lower_context(None)
+    assert judge.context_tokens == 4608
+    judge.lower_context(2048)
+    assert judge.context_tokens == 2048
+
+
 def test_a_500_kb_tool_result_is_scored_with_its_head_and_tail(judge_server) -> None:
     digest = hashlib.sha256(b"seed").hexdigest()
     blob = "".join(hashlib.sha256(f"{digest}{i}".encode()).hexdigest() for i in range(8_000))[:500_000]

@@ -92,6 +92,10 @@ def test_spans_go_after_their_retention_archived_first_and_scores_stay(tmp_path,
             time.sleep(0.2)
         assert metric(collector, "tracejudge_late_spans_after_prune_total") == 1
         assert query(collector, "SELECT max(version) FROM conversations WHERE conversation_id = 'conv-b'") == [[1]]
+        deadline = time.monotonic() + 60  # its own retention passes too: a second batch, a second archive file
+        while query(collector, "SELECT count(*) FROM spans") != [[0]] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(archived(archive, "spans")) == 8  # the first batch's file was not overwritten
         collector.stop()
     proc = subprocess.run([sys.executable, "-m", "collector.cli", "query", "--db", str(db), "--archive",
                            str(archive), "--format", "csv",

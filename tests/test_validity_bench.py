@@ -19,11 +19,12 @@ def test_the_validity_benchmark_reports_every_metric_and_fault_and_repeatability
     assert 40 <= results["conversations"] <= 48  # a stratified sample: every fault keeps its share
     validity = results["metrics"]["mcp_call_validity"]
     for fault in ("schema_invalid_arguments", "unknown_tool", "ignored_tool_error"):
-        assert validity["per_fault"][fault]["flagged"] == 1.0
+        assert validity["per_fault"][fault]["flagged"] == 1.0 and validity["per_fault"][fault]["auc_vs_clean"] > 0.9
+    assert validity["per_fault"]["clean"]["flagged"] < 0.2
     completion = results["metrics"]["mcp_task_completion"]
     assert set(completion["per_fault"]) == set(validity["per_fault"]) and len(completion["per_fault"]) == 11
     assert completion["repeatability"]["same_verdict"] == 1.0  # the scripted judge answers the same prompt alike
-    assert completion["usage_per_run"]["judge_calls"] > 40 and 0 <= completion["auc"] <= 1
+    assert completion["usage_per_run"]["judge_calls"] > 40 and completion["errors"] == 0
     html = (tmp_path / "validity.html").read_text()
     assert "scripted judge (plumbing, not validity)" in html and html.count("<svg") == 2
     assert "mcp_call_validity: AUC" in proc.stdout

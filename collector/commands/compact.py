@@ -18,6 +18,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"tracejudge compact: there is no database file {path}", file=sys.stderr)
         return EXIT_BAD_INPUT
     fresh, backup = path.with_name(path.name + ".compact"), path.with_name(path.name + ".bak")
+    if backup.exists():
+        print(f"tracejudge compact: {backup} exists (a kept backup, or an interrupted run): move it away first",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
     for leftover in (fresh, Path(str(fresh) + ".wal")):
         leftover.unlink(missing_ok=True)  # an interrupted earlier run
     try:
@@ -42,11 +46,12 @@ def run(args: argparse.Namespace) -> int:
     wal = Path(str(path) + ".wal")
     if wal.exists():  # checkpointed and closed, it should be gone; never let it replay onto the new file
         os.replace(wal, Path(str(backup) + ".wal"))
-    os.replace(path, backup)
-    os.replace(fresh, path)
+    os.link(path, backup)  # the old file stays reachable; the database path is never missing
+    os.replace(fresh, path)  # one atomic swap
     _fsync(path.parent)
     if not args.keep_backup:
         backup.unlink()
+        Path(str(backup) + ".wal").unlink(missing_ok=True)
     after = path.stat().st_size
     print(f"compacted {path}: {before:,} -> {after:,} bytes" + (f" (old file kept as {backup})"
                                                                 if args.keep_backup else ""))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,8 @@ def _shared_judge(args: argparse.Namespace, settings: Settings) -> LLMJudge | st
     if resolve_eval_mode(args.eval_mode) is EvalMode.SYSTEM_ONE:
         return args.model
     try:
-        return judge_options(settings.scoring).llm_judge(args.model)
+        # an interactive run never waits hours on a Batch API batch, whatever [scoring] batch says
+        return replace(judge_options(settings.scoring), batch=False).llm_judge(args.model)
     except JudgeConfigurationError:
         return args.model
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
 import time
 import uuid
@@ -35,6 +34,7 @@ from scoring.id_table import id_table
 
 Log = Callable[..., None]
 DISK_HIGH, DISK_LOW = 0.9, 0.8  # share of max_disk where the budget starts pruning, and where it stops
+BUDGET_BATCHES_PER_ROUND = 20  # the budget prunes at most this many batches a round, and stops when one frees nothing
 
 
 @dataclass
@@ -157,8 +157,9 @@ class Retention:
 
     # --- spans -----------------------------------------------------------------------------------------
 
-    def prune_spans(self, cutoff: datetime, limit: int | None = None) -> int:
-        """Prune the spans of every conversation last assembled before `cutoff` (or the `limit` oldest)."""
+    def prune_spans(self, cutoff: datetime, limit: int | None = None, orphans: bool = True) -> int:
+        """Prune the spans of every conversation last assembled before `cutoff` (or the `limit` oldest), and with
+        `orphans` the spans of traces never assembled (no conversation) received before it."""
         total = 0
         while limit is None or total < limit:
             size = self.settings.batch_conversations if limit is None else min(self.settings.batch_conversations,
@@ -167,19 +168,18 @@ class Retention:
                 "SELECT conversation_id, list(trace_id ORDER BY trace_id) FROM assembled_traces GROUP BY 1 "
                 "HAVING max(assembled_at) < ? ORDER BY max(assembled_at), conversation_id LIMIT ?",
                 [cutoff, size]).fetchall()
-            orphans = [] if picked else [t for (t,) in self.con.execute(
+            lone = [] if picked or not orphans else [t for (t,) in self.con.execute(
                 "SELECT trace_id FROM spans WHERE trace_id NOT IN (SELECT trace_id FROM assembled_traces) "
                 "GROUP BY 1 HAVING max(received_at) < ? ORDER BY trace_id LIMIT ?",
                 [cutoff, size * 10]).fetchall()]
-            if not picked and not orphans:
+            if not picked and not lone:
                 return total
             conversations = [c for c, _ in picked]
-            traces = sorted({t for _, ts in picked for t in ts} | set(orphans))
-            batch_id = hashlib.sha256("\n".join(conversations + traces).encode()).hexdigest()[:24]
-            self.con.execute("INSERT OR IGNORE INTO retention_batches VALUES (?, now(), ?, ?)",
-                             [batch_id, conversations, traces])
+            traces = sorted({t for _, ts in picked for t in ts} | set(lone))
+            batch_id = uuid.uuid4().hex  # the journal row makes a restart finish this batch under the same name
+            self.con.execute("INSERT INTO retention_batches VALUES (?, now(), ?, ?)", [batch_id, conversations, traces])
             self._finish_span_batch(batch_id)
-            total += len(conversations) or len(orphans)
+            total += len(conversations) or len(lone)
         return total
 
     def _finish_span_batch(self, batch_id: str) -> None:
@@ -266,20 +266,28 @@ class Retention:
                 self.log("info", "disk budget: ingest resumes", used_bytes=used, max_disk=self.max_disk)
             self.stats.disk_full = None
             return
-        while used >= DISK_LOW * self.max_disk:
+        pruned_any = False
+        for _ in range(BUDGET_BATCHES_PER_ROUND):
+            if used < DISK_LOW * self.max_disk:
+                break
             freed = self.prune_spans(now - timedelta(seconds=self.late_window_s),
-                                     limit=self.settings.batch_conversations)
+                                     limit=self.settings.batch_conversations, orphans=False)
             if not freed:
                 break
+            pruned_any = True
             self._checkpoint()
-            used = self.used_bytes()
-        if used >= self.max_disk:
+            after = self.used_bytes()
+            if after >= used:  # blocks are freed only by a checkpoint no write transaction overlaps: next round
+                used = after
+                break
+            used = after
+        if used >= self.max_disk and not pruned_any:  # pruned but not yet freed: the next round's checkpoint
             reason = (f"the database uses {used:,} bytes of its {self.max_disk:,}-byte disk budget and no complete "
                       "conversation's spans are left to prune; raise [store] max_disk or shorten [retention]")
             if self.stats.disk_full is None:
                 self.log("error", "disk budget exhausted: ingest refused", reason=reason)
             self.stats.disk_full = reason
-        else:
+        elif used < self.max_disk:
             self.stats.disk_full = None
 
 

@@ -17,7 +17,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import importlib.util
 import queue
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -122,6 +124,7 @@ class SpanStore:
                 raise StoreOpenError(f"[store] {name} = {value!r} is not a size DuckDB accepts "
                                      f"(like '1GB' or '512MB'): {exc}") from exc
         lock_down(self._con)
+        mark_pandas_absent()
         since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=DEDUP_WINDOW_S)
         for digest, at in self._con.execute("SELECT digest, received_at FROM ingest_requests WHERE received_at >= ? "
                                             "ORDER BY received_at", [since]).fetchall():
@@ -282,6 +285,14 @@ class SpanStore:
         with contextlib.suppress(duckdb.Error):  # pruning can wait for the next minute
             self._con.execute("DELETE FROM ingest_requests WHERE received_at < ?",
                               [dt.datetime.fromtimestamp(horizon, dt.UTC)])
+
+
+def mark_pandas_absent() -> None:
+    """DuckDB 1.5 tries `import pandas` twice for every query parameter; without pandas installed each try is a
+    full search of sys.path (about 280 us of an 830 us one-parameter query here). Recording it as absent makes
+    the failed import instant; an installed pandas is left alone."""
+    if "pandas" not in sys.modules and importlib.util.find_spec("pandas") is None:
+        sys.modules["pandas"] = None  # type: ignore[assignment]
 
 
 def lock_down(con: duckdb.DuckDBPyConnection) -> None:

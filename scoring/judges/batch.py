@@ -16,9 +16,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import openai
+
 from scoring.errors import JudgeUnavailableError
 
 BATCH_DISCOUNT = 0.5  # OpenAI prices Batch API tokens at half the synchronous rate
+WAIT_LIMIT_S = 26 * 3600  # the provider's 24 h window and a margin: past it a batch's requests are asked again
 ENDPOINT = "/v1/chat/completions"
 
 
@@ -39,10 +42,16 @@ class BatchLedger(Protocol):
 
     async def submitted(self, batch_id: str, digests: list[str]) -> None: ...
 
-    async def answered(self, batch_id: str, answers: dict[str, BatchAnswer]) -> None: ...
+    async def answered(self, batch_id: str, answers: dict[str, BatchAnswer]) -> None:
+        """Keep these successful answers (HTTP 200) for the requests of `batch_id`."""
+        ...
 
     async def forget(self, batch_id: str) -> None:
         """The batch failed or expired: its requests are submitted again when asked for."""
+        ...
+
+    async def forget_requests(self, digests: list[str]) -> None:
+        """These requests' answers are not to be reused (an error, an invalid answer): ask again next time."""
         ...
 
 
@@ -63,6 +72,10 @@ class MemoryLedger:
 
     async def forget(self, batch_id: str) -> None:
         self.entries = {d: e for d, e in self.entries.items() if e[0] != batch_id}
+
+    async def forget_requests(self, digests: list[str]) -> None:
+        for digest in digests:
+            self.entries.pop(digest, None)
 
 
 def request_digest(body: dict[str, Any]) -> str:
@@ -123,6 +136,10 @@ class BatchQueue:
         await self._sleep(self.flush_s)
         await self._submit()
 
+    async def discard(self, body: dict[str, Any]) -> None:
+        """The answer to `body` was not usable: the next ask submits it again instead of replaying it."""
+        await self.ledger.forget_requests([request_digest(body)])
+
     async def _submit(self) -> None:
         pending, self._pending = self._pending, {}
         if not pending:
@@ -140,8 +157,10 @@ class BatchQueue:
             return
         self.batches_submitted += 1
         self._members.setdefault(batch.id, set()).update(pending)
-        await self.ledger.submitted(batch.id, list(pending))
-        self._poll(batch.id)
+        try:
+            await self.ledger.submitted(batch.id, list(pending))
+        finally:
+            self._poll(batch.id)  # wait on it even when the ledger could not record it
 
     def _poll(self, batch_id: str) -> None:
         if batch_id not in self._pollers or self._pollers[batch_id].done():
@@ -149,26 +168,35 @@ class BatchQueue:
 
     async def _poll_until_done(self, batch_id: str) -> None:
         client = self._client()
+        waited = 0.0
         while True:
+            ended: str | None = None
             try:
                 batch = await client.batches.retrieve(batch_id)
+                if batch.status == "completed":
+                    break
+                if batch.status in ("failed", "expired", "cancelled", "cancelling"):
+                    ended = f"ended as {batch.status}"
+            except (openai.NotFoundError, openai.AuthenticationError, openai.PermissionDeniedError) as exc:
+                ended = f"cannot be read ({type(exc).__name__}: {exc})"  # another key or server: it never will
             except Exception:  # a blip while polling: the batch is still running at the provider
-                await self._sleep(self.poll_s)
-                continue
-            if batch.status == "completed":
-                break
-            if batch.status in ("failed", "expired", "cancelled", "cancelling"):
+                pass
+            if ended is None and waited > WAIT_LIMIT_S:
+                ended = f"has not finished after {waited / 3600:.0f} h"
+            if ended is not None:
                 await self.ledger.forget(batch_id)
                 self._fail(list(self._members.pop(batch_id, ())),
-                           f"the judge batch {batch_id} ended as {batch.status}; its requests are submitted again "
-                           "when their jobs are retried")
+                           f"the judge batch {batch_id} {ended}; its requests are submitted again when their jobs "
+                           "are retried")
                 return
             await self._sleep(self.poll_s)
+            waited += self.poll_s
         answers: dict[str, BatchAnswer] = {}
         for file_id in (batch.output_file_id, batch.error_file_id):
             if file_id:
                 answers.update(_parse_results((await client.files.content(file_id)).text))
-        await self.ledger.answered(batch_id, answers)
+        await self.ledger.answered(batch_id, {d: a for d, a in answers.items() if a.status == 200})
+        await self.ledger.forget_requests([d for d, a in answers.items() if a.status != 200])
         for digest, answer in answers.items():
             self._resolve(digest, answer)
         self._fail(list(self._members.pop(batch_id, set()) - set(answers)),

@@ -26,10 +26,11 @@ _WINDOWS: tuple[tuple[str, int], ...] = (  # longest prefix first
     ("gpt-oss", 131_072),
 )
 
-_LIMIT = re.compile(r"(?:maximum context length|context length|context window|n_ctx)[^0-9]{0,40}?(\d[\d,]{2,})",
-                    re.IGNORECASE)
-_OVERFLOW = re.compile(r"context length|context window|too many tokens|maximum context|exceeds? (?:the )?(?:"
-                       r"model'?s? )?(?:context|max)|n_ctx|prompt is too long|reduce the length", re.IGNORECASE)
+_LIMIT = re.compile(r"(?:maximum context length|context length|context window|context size|n_ctx|must be <=)"
+                    r"[^0-9]{0,40}?(\d[\d,]{2,})", re.IGNORECASE)
+_OVERFLOW = re.compile(r"context length|context window|context size|exceed_context_size|too many tokens|"
+                       r"maximum context|exceeds? (?:the )?(?:model'?s? )?(?:context|max)|n_ctx|prompt is too long|"
+                       r"reduce the length|tokens \+ `?max_new_tokens`? must be <=", re.IGNORECASE)
 
 
 def known_context_tokens(model: str) -> int | None:

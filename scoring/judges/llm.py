@@ -159,9 +159,14 @@ class LLMJudge:
         """The most tokens a prompt may take: the context window less room for the answer."""
         return prompt_budget(self.context_tokens)
 
-    def lower_context(self, limit: int | None) -> None:
-        """The server said a prompt was too long: take its stated window, or halve ours when it named none."""
-        self.context_tokens = max(1024, min(self.context_tokens, limit) if limit else self.context_tokens // 2)
+    def lower_context(self, limit: int | None, built_for: int | None = None) -> None:
+        """The server said a prompt built for a window of `built_for` tokens was too long: take the window it
+        names when that is smaller than ours; else (no number, or our count was the problem) shrink ours by a
+        quarter. A refusal of a prompt built before an earlier lowering changes nothing."""
+        if built_for is not None and built_for > self.context_tokens:
+            return  # concurrent calls sent before we learned the window: it is already lowered
+        smaller = limit if limit is not None and limit < self.context_tokens else self.context_tokens * 3 // 4
+        self.context_tokens = max(1024, smaller)
 
     def session(self) -> AbstractAsyncContextManager[None]:
         """Reuse one connection pool for the calls inside (metrics and `evaluate()` open one per run)."""
@@ -192,11 +197,13 @@ class LLMJudge:
     async def _complete_in_batch(self, request: dict[str, Any]) -> Any:
         """The request's line in a batch; a failed line is classified like the same synchronous answer."""
         assert self.batch is not None
-        answer = await self.batch.answer({"model": self.model, **request})
+        body = {"model": self.model, **request}
+        answer = await self.batch.answer(body)
         if answer.status == 200:
             try:
                 return ChatCompletion.model_validate(answer.body)
             except ValueError as exc:
+                await self.batch.discard(body)
                 raise JudgeOutputError(f"the LLM judge's batch answer is not a chat completion: {exc}") from exc
         response = httpx.Response(answer.status, json=answer.body,
                                   request=httpx.Request("POST", f"{self.base_url or 'https://api.openai.com/v1'}"))
@@ -267,6 +274,8 @@ class LLMJudge:
             try:
                 value = parse_output(_content(completion), output)
             except JudgeOutputError as exc:
+                if self.batch is not None:  # ask again for real, not the same stored answer
+                    await self.batch.discard({"model": self.model, **self._request(messages, spec, fmt, temperature)})
                 invalid += 1
                 if invalid > self.output_retries:
                     error = JudgeOutputError(f"{exc} (after {invalid} answers from {self.model})")
