@@ -116,7 +116,7 @@ def test_redelivered_spans_are_stored_once(db: Path) -> None:
 
 
 def test_a_database_from_before_schema_7_keeps_its_spans_and_loses_the_span_index(tmp_path: Path) -> None:
-    from collector.store.schema import MIGRATIONS
+    from collector.store.schema import MIGRATIONS, SCHEMA_VERSION
     from collector.store.span_store import SpanStore
 
     db = tmp_path / "old.duckdb"
@@ -133,7 +133,7 @@ def test_a_database_from_before_schema_7_keeps_its_spans_and_loses_the_span_inde
     assert con.execute("SELECT count(*), count(DISTINCT span_id) FROM spans").fetchone() == (1000, 1000)
     assert con.execute("SELECT count(*) FROM duckdb_constraints() WHERE table_name = 'spans' "
                        "AND constraint_type = 'PRIMARY KEY'").fetchone() == (0,)
-    assert con.execute("SELECT max(version) FROM tracejudge_schema").fetchone() == (7,)
+    assert con.execute("SELECT max(version) FROM tracejudge_schema").fetchone() == (SCHEMA_VERSION,)
     store.close()
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import importlib.abc
 import importlib.util
 import queue
 import sys
@@ -124,7 +125,6 @@ class SpanStore:
                 raise StoreOpenError(f"[store] {name} = {value!r} is not a size DuckDB accepts "
                                      f"(like '1GB' or '512MB'): {exc}") from exc
         lock_down(self._con)
-        mark_pandas_absent()
         since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=DEDUP_WINDOW_S)
         for digest, at in self._con.execute("SELECT digest, received_at FROM ingest_requests WHERE received_at >= ? "
                                             "ORDER BY received_at", [since]).fetchall():
@@ -287,12 +287,24 @@ class SpanStore:
                               [dt.datetime.fromtimestamp(horizon, dt.UTC)])
 
 
+class _PandasAbsent(importlib.abc.MetaPathFinder):
+    """Answers `import pandas` with ModuleNotFoundError at once, as a search of sys.path would, only faster."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == "pandas":
+            raise ModuleNotFoundError("No module named 'pandas'", name="pandas")
+        return None
+
+
 def mark_pandas_absent() -> None:
     """DuckDB 1.5 tries `import pandas` twice for every query parameter; without pandas installed each try is a
-    full search of sys.path (about 280 us of an 830 us one-parameter query here). Recording it as absent makes
-    the failed import instant; an installed pandas is left alone."""
-    if "pandas" not in sys.modules and importlib.util.find_spec("pandas") is None:
-        sys.modules["pandas"] = None  # type: ignore[assignment]
+    full search of sys.path (a third of a one-parameter query's time here: 643 -> 397 us). Failing the import at
+    once keeps the outcome every caller expects (pyarrow too); an installed pandas is left alone. Only for the
+    collector's own process: `importlib.util.find_spec("pandas")` raises instead of returning None afterwards."""
+    if any(isinstance(f, _PandasAbsent) for f in sys.meta_path) or "pandas" in sys.modules:
+        return
+    if importlib.util.find_spec("pandas") is None:
+        sys.meta_path.insert(0, _PandasAbsent())
 
 
 def lock_down(con: duckdb.DuckDBPyConnection) -> None:
