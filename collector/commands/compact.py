@@ -10,6 +10,7 @@ from pathlib import Path
 import duckdb
 
 from collector.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS
+from collector.store.durable_files import fsync_path
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,13 +43,13 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_FAIL
     finally:
         con.close()
-    _fsync(fresh)
+    fsync_path(fresh)
     wal = Path(str(path) + ".wal")
     if wal.exists():  # checkpointed and closed, it should be gone; never let it replay onto the new file
         os.replace(wal, Path(str(backup) + ".wal"))
     os.link(path, backup)  # the old file stays reachable; the database path is never missing
     os.replace(fresh, path)  # one atomic swap
-    _fsync(path.parent)
+    fsync_path(path.parent)
     if not args.keep_backup:
         backup.unlink()
         Path(str(backup) + ".wal").unlink(missing_ok=True)
@@ -64,11 +65,3 @@ def _size(path: Path) -> int:
 
 def _quoted(text: str) -> str:
     return text.replace("'", "''")
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 import uuid
 from collections.abc import Callable
@@ -27,9 +26,9 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from collector.config import RetentionSettings
+from collector.store.durable_files import write_durably
 from scoring.id_table import id_table
 
 Log = Callable[..., None]
@@ -289,19 +288,3 @@ class Retention:
             self.stats.disk_full = reason
         elif used < self.max_disk:
             self.stats.disk_full = None
-
-
-def write_durably(table: pa.Table, path: Path) -> None:
-    """Parquet at `path`, complete or not at all: written to a temporary name, fsynced, renamed, dir fsynced."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    with open(tmp, "wb") as handle:
-        pq.write_table(table, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
