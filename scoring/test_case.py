@@ -4,7 +4,8 @@ Two kinds of model live here. Test-case models (`Turn`, `ConversationalTestCase`
 use DeepEval's snake_case names and also accept camelCase. MCP protocol shapes (`Tool`,
 `CallToolResult`, ...) are the MCP JSON: they dump in camelCase (`inputSchema`, `structuredContent`,
 `isError`) and keep unknown protocol fields, so nothing a server sent is lost. Live `mcp.types`
-objects are accepted wherever their JSON would be; the `mcp` package itself is not required.
+objects (or any other library's pydantic objects of the same JSON) are validated as that JSON and kept
+as given, as DeepEval keeps them; metrics read a `normalized()` copy. The `mcp` package is not required.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import copy
 import json
 import re
 import warnings
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     AliasChoices,
@@ -21,7 +23,12 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
     ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapSerializer,
+    WrapValidator,
     field_validator,
     model_validator,
 )
@@ -173,6 +180,45 @@ class Prompt(_ProtocolModel):
     arguments: list[PromptArgument] = Field(default_factory=list)
 
 
+# --- live objects of other libraries, kept as given ----------------------------------------------------
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _is_given(value: Any) -> bool:
+    """Another library's pydantic object (an `mcp.types.Tool`, a `CallToolResult`): kept as the user gave it."""
+    return isinstance(value, BaseModel) and not isinstance(value, _Model)
+
+
+def _keep_given(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    checked = handler(value)  # validated as its JSON, so a bad object is refused as a bad dict would be
+    return value if _is_given(value) else checked
+
+
+def _dump_as(model: type[M]) -> Callable[[Any, SerializerFunctionWrapHandler, SerializationInfo], Any]:
+    def dump(value: Any, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
+        # dumped as the JSON of our model, so a case round-trips to the same JSON however it was built
+        return handler(model.model_validate(value) if _is_given(value) else value)
+    return dump
+
+
+def _kept(model: type[M]) -> Any:
+    """`model`, or a live object of another library with the same JSON, kept as it was given."""
+    return Annotated[model, WrapValidator(_keep_given), WrapSerializer(_dump_as(model))]
+
+
+GivenTool = _kept(Tool)
+GivenResource = _kept(Resource)
+GivenResourceTemplate = _kept(ResourceTemplate)
+GivenPrompt = _kept(Prompt)
+GivenCallToolResult = _kept(CallToolResult)
+GivenReadResourceResult = _kept(ReadResourceResult)
+GivenGetPromptResult = _kept(GetPromptResult)
+
+_LISTINGS = {"available_tools": "tools", "available_resources": "resources",
+             "available_resource_templates": "resource_templates", "available_prompts": "prompts"}
+
+
 # --- test-case records --------------------------------------------------------------------------------
 
 
@@ -181,10 +227,47 @@ class MCPServer(_CaseModel):
 
     server_name: str
     transport: Literal["stdio", "sse", "streamable-http"] | None = None
-    available_tools: list[Tool] = Field(default_factory=list)
-    available_resources: list[Resource] = Field(default_factory=list)
-    available_resource_templates: list[ResourceTemplate] = Field(default_factory=list)
-    available_prompts: list[Prompt] = Field(default_factory=list)
+    available_tools: list[GivenTool] = Field(default_factory=list)
+    available_resources: list[GivenResource] = Field(default_factory=list)
+    available_resource_templates: list[GivenResourceTemplate] = Field(default_factory=list)
+    available_prompts: list[GivenPrompt] = Field(default_factory=list)
+
+    @field_validator(*_LISTINGS, mode="before")
+    @classmethod
+    def _listing_results(cls, value: Any, info: Any) -> Any:
+        """A `ListToolsResult` (what `session.list_tools()` returns) is taken as its list of tools; None as none."""
+        if value is None:
+            return []
+        attribute = _LISTINGS[info.field_name]
+        for name in (attribute, to_camel(attribute)):
+            listed = getattr(value, name, None)
+            if isinstance(listed, list | tuple) and not isinstance(value, list | tuple | dict):
+                return list(listed)
+        return value
+
+    @classmethod
+    async def from_mcp(cls, source: Any, *, server_name: str | None = None,
+                       transport: Literal["stdio", "sse", "streamable-http"] | None = None) -> MCPServer:
+        """What a live MCP server advertises, read through the MCP SDK: a connected `ClientSession` or
+        `Client`, or a server object (`MCPServer`/`FastMCP`). Listings the server does not support stay empty."""
+        listed: dict[str, list[Any]] = {}
+        for field, method in (("available_tools", "list_tools"), ("available_resources", "list_resources"),
+                              ("available_resource_templates", "list_resource_templates"),
+                              ("available_prompts", "list_prompts")):
+            call = getattr(source, method, None)
+            if call is None:
+                continue
+            try:
+                answer = await call()
+            except Exception as exc:  # noqa: BLE001 - a capability the server lacks answers "method not found"
+                if "not found" not in str(exc).lower() and "not supported" not in str(exc).lower():
+                    raise
+                continue
+            listed[field] = answer
+        name = server_name or _server_name(source)
+        if name is None:
+            raise ValueError("the MCP server's name is unknown: pass server_name=")
+        return cls(server_name=name, transport=transport, **listed)
 
 
 class _NamedCall(_CaseModel):
@@ -200,16 +283,30 @@ class _NamedCall(_CaseModel):
 
 
 class MCPToolCall(_NamedCall):
-    result: CallToolResult | None = None
+    result: GivenCallToolResult | None = None
 
 
 class MCPResourceCall(_CaseModel):
     uri: str
-    result: ReadResourceResult | None = None
+    result: GivenReadResourceResult | None = None
 
 
 class MCPPromptCall(_NamedCall):
-    result: GetPromptResult | None = None
+    result: GivenGetPromptResult | None = None
+
+
+def _server_name(source: Any) -> str | None:
+    """The name an SDK object knows its server by: a server's `name`, a client's `server_info.name`."""
+    for path in (("name",), ("server_info", "name"), ("initialize_result", "server_info", "name"),
+                 ("initialize_result", "serverInfo", "name")):
+        value: Any = source
+        for attribute in path:
+            value = getattr(value, attribute, None)
+            if callable(value) and not isinstance(value, str):
+                value = None
+        if isinstance(value, str) and value:
+            return value
+    return None
 
 
 class ToolCall(_CaseModel):
@@ -304,6 +401,23 @@ class ConversationalTestCase(_AdditionalMetadata, _CaseModel):
             raise TypeError("'context' must be None or a list of strings")
         return data
 
+    def normalized(self) -> ConversationalTestCase:
+        """This case with every live object of another library as tracejudge's model (what metrics read);
+        the case itself when it holds none."""
+        if not any(_is_given(v) for v in self._given_candidates()):
+            return self
+        return ConversationalTestCase.model_validate_json(self.model_dump_json())
+
+    def _given_candidates(self) -> list[Any]:
+        values: list[Any] = []
+        for server in self.mcp_servers or []:
+            values += [*server.available_tools, *server.available_resources,
+                       *server.available_resource_templates, *server.available_prompts]
+        for turn in self.turns:
+            values += [c.result for c in (*(turn.mcp_tools_called or ()), *(turn.mcp_resources_called or ()),
+                                          *(turn.mcp_prompts_called or ()))]
+        return values
+
     @model_validator(mode="after")
     def _set_multimodal(self) -> ConversationalTestCase:
         texts = [self.scenario, self.expected_outcome, self.user_description, *(t.content for t in self.turns)]
@@ -335,7 +449,7 @@ def _describe_location(loc: tuple[int | str, ...], data: Any) -> str:
 def load_test_case(data: dict[str, Any] | str | bytes | ConversationalTestCase) -> ConversationalTestCase:
     """Validate a test case from a dict or JSON text, with errors that name the turn and field."""
     if isinstance(data, ConversationalTestCase):
-        return data
+        return data.normalized()
     if isinstance(data, str | bytes):
         try:
             data = json.loads(data)

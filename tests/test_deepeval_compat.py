@@ -24,7 +24,7 @@ from scoring import (
     evaluate,
 )
 from scoring.errors import EvaluationError, InvalidTestCaseError
-from scoring.test_case import ConversationalTestCase, MCPServer, Turn, load_test_case
+from scoring.test_case import ConversationalTestCase, MCPServer, MCPToolCall, Turn, load_test_case
 from tests.support.cases import two_turn_case
 
 
@@ -168,3 +168,58 @@ def test_servers_take_duck_typed_tools_and_the_mcp_sdks_types() -> None:
     assert server.available_tools[0].input_schema["properties"] == {"to": {"type": "string"}}
     case = ConversationalTestCase(turns=_turns(), mcp_servers=[server])
     assert MCPCallValidityMetric().measure(case) is None  # no calls: not applicable, and no error
+
+
+def _sdk_flights_server():  # noqa: ANN202 - the MCP SDK's own server class
+    sdk = pytest.importorskip("mcp.server.mcpserver")
+    server = sdk.MCPServer("flights")
+
+    @server.tool()
+    def search_flights(to: str, date: str) -> str:
+        """Find flights to a city on a date."""
+        return f"{to}-{date}: AF123"
+
+    @server.resource("flights://airports")
+    def airports() -> str:
+        return "CDG, LHR"
+
+    @server.prompt()
+    def plan(city: str) -> str:
+        return f"Plan a trip to {city}"
+
+    return server
+
+
+async def test_live_mcp_objects_are_kept_as_given_scored_and_round_trip_to_the_same_json() -> None:
+    """What a DeepEval user builds from a real MCP session: the SDK's Tool and CallToolResult objects, kept."""
+    mcp = pytest.importorskip("mcp")
+    mcp_types = pytest.importorskip("mcp.types")
+    sdk_server = _sdk_flights_server()
+    async with mcp.Client(sdk_server) as client:
+        listed = await client.list_tools()
+        result = await client.call_tool("search_flights", {"to": "Paris", "date": "2026-12-24"})
+        server = await MCPServer.from_mcp(client, transport="stdio")
+    assert server.server_name == "flights" and [t.name for t in server.available_tools] == ["search_flights"]
+    assert len(server.available_resources) == 1 and len(server.available_prompts) == 1
+    assert isinstance(server.available_tools[0], mcp_types.Tool)
+    assert [t.name for t in MCPServer(server_name="f", available_tools=listed).available_tools] == ["search_flights"]
+    assert (await MCPServer.from_mcp(sdk_server)).available_tools[0].name == "search_flights"  # the server itself
+
+    call = MCPToolCall(name="search_flights", args={"to": "Paris"}, result=result)  # "date" is required
+    case = ConversationalTestCase(mcp_servers=[server], turns=[
+        Turn(role="user", content="Flights to Paris on Christmas Eve?"),
+        Turn(role="assistant", content="AF123 it is.", mcp_tools_called=[call])])
+    kept = case.turns[1].mcp_tools_called[0].result
+    assert isinstance(kept, mcp_types.CallToolResult) and kept == result  # turns are copied, as in DeepEval
+    assert case.mcp_servers[0].available_tools[0] is server.available_tools[0]
+
+    text = case.model_dump_json()
+    again = ConversationalTestCase.model_validate_json(text)
+    assert again.model_dump_json() == text  # the same JSON whichever way the case was built
+    dumped_result = json.loads(text)["turns"][1]["mcp_tools_called"][0]["result"]
+    assert dumped_result["content"][0]["text"] == "Paris-2026-12-24: AF123"
+
+    metric = MCPCallValidityMetric()
+    assert metric.measure(case) == 0.0 and "date" in (metric.reason or "")  # read through the kept tool's schema
+    assert MCPCallValidityMetric().measure(again) == 0.0
+    assert isinstance(case.turns[1].mcp_tools_called[0].result, mcp_types.CallToolResult)  # scoring read a copy
