@@ -3,14 +3,14 @@
 A unit starts at a user turn, takes the user turns right after it and every assistant turn until the
 next user turn. Unlike DeepEval, every unit with an assistant turn is a task (the common two-turn
 shape is not skipped), an assistant's own text is kept beside its MCP calls, and any result shape
-renders without crashing.
+renders without crashing. `units="deepeval"` splits as DeepEval does instead, for users who need its numbers.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from scoring.errors import NoTaskError
 from scoring.test_case import (
@@ -23,6 +23,8 @@ from scoring.test_case import (
 )
 
 HIDDEN = "not visible to the user"
+Units = Literal["every_unit", "deepeval"]
+UNITS: tuple[str, ...] = ("every_unit", "deepeval")
 
 
 @dataclass(frozen=True)
@@ -64,9 +66,34 @@ def unit_indices(turns: list[Turn]) -> list[int]:
     return units
 
 
-def split_tasks(test_case: ConversationalTestCase) -> list[Task]:
-    """Every unit interaction of the conversation, in order; raises when there is no user turn."""
+def deepeval_unit_indices(turns: list[Turn]) -> list[int]:
+    """DeepEval's units: a user turn after an assistant turn starts the next unit (assistant turns before the
+    first user turn open the first one); a unit of two turns or fewer, or one that never reaches an assistant
+    turn, is no task. -2 marks turns outside every task."""
+    bounds: list[list[int]] = []
+    current: list[int] = []
+    seen_user = False
+    for i, turn in enumerate(turns):
+        if current and seen_user and turn.role == "user" and turns[current[-1]].role == "assistant":
+            bounds.append(current)
+            current = []
+        current.append(i)
+        seen_user = seen_user or turn.role == "user"
+    if current and seen_user and turns[current[-1]].role == "assistant":
+        bounds.append(current)
+    units = [-2] * len(turns)
+    for n, members in enumerate(b for b in bounds if len(b) > 2):
+        for i in members:
+            units[i] = n
+    return units
+
+
+def split_tasks(test_case: ConversationalTestCase, units_rule: Units = "every_unit") -> list[Task]:
+    """Every unit interaction of the conversation, in order; raises when there is no user turn. With
+    `units_rule="deepeval"`, DeepEval's units of more than two turns, and no error when there are none."""
     turns = test_case.turns
+    if units_rule == "deepeval":
+        return _deepeval_tasks(test_case)
     units = unit_indices(turns)
     if units[-1] < 0:
         raise NoTaskError(
@@ -88,6 +115,20 @@ def split_tasks(test_case: ConversationalTestCase) -> list[Task]:
              context=tuple(steps[-1]) if n == 0 else ())
         for n in range(len(asks))
     ]
+    return tasks
+
+
+def _deepeval_tasks(test_case: ConversationalTestCase) -> list[Task]:
+    """DeepEval's tasks: the user turns of each unit are the task, its assistant turns the steps."""
+    servers = _ServerIndex(test_case.mcp_servers or [])
+    units = deepeval_unit_indices(test_case.turns)
+    tasks: list[Task] = []
+    for n in range(max(units, default=-1) + 1):
+        members = [(i, t) for i, (t, u) in enumerate(zip(test_case.turns, units, strict=True)) if u == n]
+        tasks.append(Task(
+            index=n, text="\n".join(t.content for _, t in members if t.role == "user"),
+            user_turns=tuple(i for i, t in members if t.role == "user"),
+            steps=tuple(render_step(i, t, servers) for i, t in members if t.role == "assistant")))
     return tasks
 
 

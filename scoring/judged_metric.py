@@ -25,7 +25,7 @@ from scoring.errors import (
     NoTaskError,
 )
 from scoring.eval_mode import EvalMode, resolve_eval_mode
-from scoring.interactions import Task, conversation_data, render_tasks_text, split_tasks
+from scoring.interactions import UNITS, Task, Units, conversation_data, render_tasks_text, split_tasks
 from scoring.judges.budget import DEFAULT_BUDGET, estimate_tokens
 from scoring.judges.llm import LLMJudge
 from scoring.judges.questions import Question, ScoreLevels
@@ -41,6 +41,9 @@ from scoring.task_group import gather_all
 from scoring.test_case import ConversationalTestCase
 
 T = TypeVar("T")
+NO_DEEPEVAL_UNIT = ("Score 0: the conversation has no unit interaction of more than two turns (a user message "
+                    "followed by at least two assistant turns), and DeepEval scores such a conversation 0 "
+                    "(units=\"deepeval\"). The default units judge every user request.")
 OVERFLOW_RETRIES = 3  # a judge that keeps saying "too long" after this many smaller prompts fails the call
 
 
@@ -82,8 +85,14 @@ class JudgedMetric(BaseMetric):
         flaky: bool = False,
         system_one_model: Any = None,
         eval_mode: str | EvalMode | None = None,
+        units: Units = "every_unit",
     ) -> None:
+        """`units="deepeval"` splits tasks as DeepEval does (units of more than two turns only; a conversation
+        without one scores 0), for users who need DeepEval's numbers; the default judges every unit."""
+        if units not in UNITS:
+            raise ValueError(f"units must be one of {', '.join(UNITS)}, not {units!r}")
         super().__init__(threshold, include_reason, strict_mode, async_mode, verbose_mode, flaky)
+        self.units: Units = units
         self.eval_mode = resolve_eval_mode(eval_mode)
         self.model = resolve_llm_judge(model) if self.eval_mode is not EvalMode.SYSTEM_ONE else None
         self.system_one_missing: str | None = None  # hybrid without a System One judge: why the LLM decides
@@ -114,6 +123,10 @@ class JudgedMetric(BaseMetric):
             return await super().a_measure(test_case)
 
     async def _score(self, test_case: ConversationalTestCase, usage: Usage) -> Scored:
+        if self.units == "deepeval" and not split_tasks(test_case, "deepeval"):
+            return Scored(0.0, {"eval_mode": self.eval_mode.value, "units": "deepeval", "tasks": [],
+                                "equation": "0: no unit interaction of more than two turns (DeepEval's rule)"},
+                          reason=NO_DEEPEVAL_UNIT, detail=[])
         if self.eval_mode is EvalMode.SYSTEM_ONE:
             return await self._score_system_one(test_case, usage)
         return await self._score_tasks(test_case, usage)
@@ -300,6 +313,8 @@ class JudgedMetric(BaseMetric):
     # --- final reason --------------------------------------------------------------------------------
 
     async def _reason(self, scored: Scored, usage: Usage) -> str | None:
+        if scored.reason is NO_DEEPEVAL_UNIT:
+            return NO_DEEPEVAL_UNIT
         if self.eval_mode is EvalMode.SYSTEM_ONE:
             model, answers = scored.detail
             assert self.score is not None

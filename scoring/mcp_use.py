@@ -53,7 +53,7 @@ class MultiTurnMCPUseMetric(JudgedMetric):
         self.aggregation = aggregation
 
     async def _score_tasks(self, test_case: ConversationalTestCase, usage: Usage) -> Scored:
-        all_tasks = split_tasks(test_case)
+        all_tasks = split_tasks(test_case, self.units)
         tasks = [t for t in all_tasks if t.answered]
         if not tasks:
             raise NoTaskError("no task has an assistant response, so there is no MCP use to judge")
@@ -94,6 +94,7 @@ class MultiTurnMCPUseMetric(JudgedMetric):
         deepeval = self.aggregation == "deepeval"
         breakdown = {
             "eval_mode": self.eval_mode.value,
+            "units": self.units,
             "equation": "min(mean primitive_score, mean argument_score) over tasks (DeepEval's)" if deepeval
             else "mean over tasks of min(primitive_score, argument_score)",
             "tasks": rows,

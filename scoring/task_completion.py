@@ -36,7 +36,7 @@ class MCPTaskCompletionMetric(JudgedMetric):
     )
 
     async def _score_tasks(self, test_case: ConversationalTestCase, usage: Usage) -> Scored:
-        tasks = split_tasks(test_case)
+        tasks = split_tasks(test_case, self.units)
         asks = [
             Ask(f"t{t.index}.completion", t, "mcp_task_completion", TASK_COMPLETION, t.data(), COMPLETION_LEVELS,
                 f"For the task with task_index {t.index} in `tasks`: judging only what the user sees in the "
@@ -51,8 +51,8 @@ class MCPTaskCompletionMetric(JudgedMetric):
              **self._verdict_breakdown(v)}
             for task, v in zip(tasks, verdicts, strict=True)
         ]
-        breakdown = {"eval_mode": self.eval_mode.value, "equation": "mean over tasks of the task completion score",
-                     "tasks": rows}
+        breakdown = {"eval_mode": self.eval_mode.value, "units": self.units,
+                     "equation": "mean over tasks of the task completion score", "tasks": rows}
         detail = [{"task": r["task"], "score": r["score"], "reason": r["reason"]} for r in rows]
         return Scored(fmean(r["score"] for r in rows), breakdown, render_tasks_text(tasks), detail=detail,
                       confidence=self._task_confidence(list(decided.values())))

@@ -73,6 +73,28 @@ def test_mcp_use_can_aggregate_as_deepeval_does(server, judge) -> None:
     metric = MultiTurnMCPUseMetric(model=judge, aggregation="deepeval")
     assert metric.measure(three_task_case()) == pytest.approx(2.4 / 3)  # min(mean primitive, mean argument)
     assert "DeepEval" in metric.score_breakdown["equation"]
+
+
+def test_deepeval_units_judge_only_units_of_more_than_two_turns_as_deepeval_does(server, judge) -> None:
+    """u a a | u a | u u a: DeepEval skips the two-turn weather unit, so only flights and thanks are tasks."""
+    use = MultiTurnMCPUseMetric(model=judge, units="deepeval", aggregation="deepeval")
+    assert use.measure(three_task_case()) == pytest.approx(min((0.5 + 1.0) / 2, (1.0 + 1.0) / 2))
+    assert [r["task"] for r in use.score_breakdown["tasks"]] == [FLIGHTS, THANKS]
+    completion_metric = MCPTaskCompletionMetric(model=judge, units="deepeval")
+    assert completion_metric.measure(three_task_case()) == pytest.approx((0.9 + 1.0) / 2)
+    assert completion_metric.score_breakdown["units"] == "deepeval"
+
+
+@pytest.mark.parametrize("case", [two_turn_case(), {"turns": [{"role": "assistant", "content": "Hello!"}]}],
+                         ids=["two turns", "no user turn"])
+def test_deepeval_units_score_a_conversation_without_a_long_unit_0_without_a_judge(server, judge, case) -> None:
+    for metric in (MultiTurnMCPUseMetric(model=judge, units="deepeval"),
+                   MCPTaskCompletionMetric(model=judge, units="deepeval")):
+        assert metric.measure(case) == 0.0 and metric.success is False
+        assert "DeepEval scores such a conversation 0" in metric.reason
+    assert server.requests == []
+    with pytest.raises(ValueError, match="units must be one of every_unit, deepeval"):
+        MCPTaskCompletionMetric(model=judge, units="deep")
     with pytest.raises(ValueError, match="aggregation must be"):
         MultiTurnMCPUseMetric(model=judge, aggregation="max")
 
