@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     )
     from scoring.evaluate_config import AsyncConfig, CacheConfig, DisplayConfig, ErrorConfig
     from scoring.evaluation import EvaluationResult, MetricResult, TestResult, a_evaluate, evaluate
+    from scoring.evaluation_template import MCPTaskCompletionTemplate
     from scoring.judges import LLMJudge, RetryPolicy
     from scoring.mcp_use import MultiTurnMCPUseMetric
     from scoring.metric import BaseMetric
@@ -46,6 +47,7 @@ _WHERE = {
     "LLMJudge": "scoring.judges", "RetryPolicy": "scoring.judges",
     "MultiTurnMCPUseMetric": "scoring.mcp_use", "BaseMetric": "scoring.metric",
     "MCPTaskCompletionMetric": "scoring.task_completion",
+    "MCPTaskCompletionTemplate": "scoring.evaluation_template",
     **{name: "scoring.errors" for name in (
         "EvalModeError", "InvalidTestCaseError", "JudgeAuthenticationError", "JudgeConfigurationError",
         "JudgeContextOverflowError", "JudgeError",
@@ -91,6 +93,7 @@ __all__ = [
     "LLMJudge",
     "MCPCallValidityMetric",
     "MCPTaskCompletionMetric",
+    "MCPTaskCompletionTemplate",
     "MetricResult",
     "MultiTurnMCPUseMetric",
     "NoTaskError",

@@ -9,6 +9,7 @@ renders without crashing. `units="deepeval"` splits as DeepEval does instead, fo
 from __future__ import annotations
 
 import json
+import textwrap
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -234,17 +235,22 @@ def render_tasks_text(tasks: list[Task]) -> str:
         lines.append(f"Task {task.index + 1}: {task.text}")
         if not task.steps:
             lines.append("  (no assistant response)")
-        for step in task.steps:
-            lines.append(f"  Step (turn {step['turn']}):")
-            for call in step.get("mcp_calls", []):
-                target = call.get("name") or call.get("uri")
-                where = f" on {call['server']}" if "server" in call else ""
-                lines.append(f"    [{HIDDEN}] MCP {call['kind']} {target}{where}")
-                if "arguments" in call:
-                    lines.append(f"      arguments: {json.dumps(call['arguments'], ensure_ascii=False)}")
-                lines.append(f"      result: {json.dumps(call['result'], ensure_ascii=False)}")
-            if step["response_to_user"]:
-                lines.append(f"    response to user: {step['response_to_user']}")
+        lines.extend(textwrap.indent(step_text(step), "  ") for step in task.steps)
+    return "\n".join(lines)
+
+
+def step_text(step: dict[str, Any]) -> str:
+    """One rendered step as readable text: its MCP calls (hidden from the user) and its reply."""
+    lines = [f"Step (turn {step.get('turn', '?')}):"]
+    for call in step.get("mcp_calls", []):
+        target = call.get("name") or call.get("uri")
+        where = f" on {call['server']}" if "server" in call else ""
+        lines.append(f"  [{HIDDEN}] MCP {call['kind']} {target}{where}")
+        if "arguments" in call:
+            lines.append(f"    arguments: {json.dumps(call['arguments'], ensure_ascii=False)}")
+        lines.append(f"    result: {json.dumps(call['result'], ensure_ascii=False)}")
+    if step.get("response_to_user"):
+        lines.append(f"  response to user: {step['response_to_user']}")
     return "\n".join(lines)
 
 

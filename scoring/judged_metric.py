@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
@@ -58,6 +58,7 @@ class Ask:
     data: dict[str, Any]
     levels: tuple[str, ...]
     question: str
+    render: Callable[[dict[str, Any]], str] | None = None  # a user's prompt template instead of ours
 
 
 @dataclass(frozen=True)
@@ -188,12 +189,13 @@ class JudgedMetric(BaseMetric):
         return decided
 
     async def _ask_llm(self, ask: Ask, usage: Usage, fallback: str | None = None) -> Verdict:
-        verdict = await self._llm(usage, ask.judge_name, ask.instructions, ask.data, ScoreVerdict, ask.key)
+        verdict = await self._llm(usage, ask.judge_name, ask.instructions, ask.data, ScoreVerdict, ask.key,
+                                  ask.render)
         assert self.model is not None
         return Verdict(verdict.score, verdict.reason, self.model.id, fallback=fallback)
 
     async def _llm(self, usage: Usage, name: str, instructions: str, data: dict[str, Any], output: type[Any],
-                   part: str = "final_reason") -> Any:
+                   part: str = "final_reason", render: Callable[[dict[str, Any]], str] | None = None) -> Any:
         """One judged answer, its prompt reduced to the judge's window (and again if the server says so)."""
         assert self.model is not None
         spec = REASON_OUTPUT if output is ReasonVerdict else SCORE_OUTPUT
@@ -201,7 +203,7 @@ class JudgedMetric(BaseMetric):
             window = self.model.context_tokens
             # counting tokens of a large conversation takes a while: off the event loop the receivers share
             messages, reduction = await asyncio.to_thread(fit_messages, name, instructions, data, spec,
-                                                          self.model.prompt_tokens, self.model.tokens)
+                                                          self.model.prompt_tokens, self.model.tokens, render)
             try:
                 judgement = await self.model.judge(messages, output, spec)
             except JudgeContextOverflowError as exc:
@@ -328,8 +330,13 @@ class JudgedMetric(BaseMetric):
             "strict_mode": self.strict_mode,
             "tasks": scored.detail,
         }
-        verdict = await self._llm(usage, "final_reason", FINAL_REASON, data, ReasonVerdict)
+        verdict = await self._llm(usage, "final_reason", FINAL_REASON, data, ReasonVerdict,
+                                  render=self._final_reason_render())
         return verdict.reason
+
+    def _final_reason_render(self) -> Callable[[dict[str, Any]], str] | None:
+        """A user's template for the final reason prompt (MCP Task Completion's `evaluation_template`)."""
+        return None
 
     def _verdict_breakdown(self, verdict: Verdict) -> dict[str, Any]:
         row: dict[str, Any] = {"decided_by": verdict.decided_by}

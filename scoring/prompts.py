@@ -8,6 +8,7 @@ the instruction text never depends on the content.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -89,20 +90,29 @@ def build_messages(judge_name: str, instructions: str, data: Any, output: Output
 
 
 def fit_messages(judge_name: str, instructions: str, data: dict[str, Any], output: OutputSpec, budget: int,
-                 counter: TokenCounter) -> tuple[list[dict[str, str]], Reduction | None]:
-    """The messages for `data`, reduced (see prompt_reduction) when they would exceed `budget` tokens."""
-    messages = build_messages(judge_name, instructions, data, output)
+                 counter: TokenCounter, render: Callable[[dict[str, Any]], str] | None = None,
+                 ) -> tuple[list[dict[str, str]], Reduction | None]:
+    """The messages for `data`, reduced (see prompt_reduction) when they would exceed `budget` tokens.
+    `render` replaces the built-in messages by one user message of its text (a user's prompt template)."""
+    def build(candidate: dict[str, Any]) -> list[dict[str, str]]:
+        if render is not None:
+            return [{"role": "user", "content": render(candidate)}]
+        return build_messages(judge_name, instructions, candidate, output)
+
+    messages = build(data)
     if sum(counter.upper_bound(m["content"]) for m in messages) + MESSAGE_OVERHEAD_TOKENS <= budget:
         return messages, None
-    fixed = counter.count(messages[0]["content"]) + MESSAGE_OVERHEAD_TOKENS
+    fixed = MESSAGE_OVERHEAD_TOKENS + (0 if render is not None else counter.count(messages[0]["content"]))
 
     def measure(candidate: dict[str, Any]) -> int:
+        if render is not None:
+            return fixed + counter.count(render(candidate))
         return fixed + counter.count(f"{DATA_OPEN}\n{encode_data(candidate)}\n{DATA_CLOSE}")
 
     reduced, reduction = reduce_to_fit(data, measure, budget, counter.name)
     if reduction is None:
         return messages, None
-    return build_messages(judge_name, instructions, reduced, output), reduction
+    return build(reduced), reduction
 
 
 PRIMITIVE_SELECTION = (

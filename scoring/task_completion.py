@@ -6,8 +6,11 @@ system_one: (2 v0 + v1 + v2) / 4 over the questions below.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from statistics import fmean
+from typing import Any
 
+from scoring.evaluation_template import final_reason_prompt, overridden, task_prompt
 from scoring.interactions import render_tasks_text, split_tasks
 from scoring.judged_metric import Ask, JudgedMetric, Verdict
 from scoring.judges.questions import ScoreLevels, YesNo
@@ -35,13 +38,25 @@ class MCPTaskCompletionMetric(JudgedMetric):
             "Overall, how completely did the assistant do what the user asked in `turns`?", COMPLETION_LEVELS)),
     )
 
+    def __init__(self, *args: Any, evaluation_template: type | None = None, **kwargs: Any) -> None:
+        """`evaluation_template`: DeepEval's template class; a method it overrides is sent as the prompt (see
+        `scoring.evaluation_template`), the others keep tracejudge's prompts."""
+        super().__init__(*args, **kwargs)
+        self.evaluation_template = evaluation_template
+        overridden(evaluation_template, "get_task_completion_score")  # a bad template fails here, not mid-run
+        overridden(evaluation_template, "generate_final_reason")
+
     async def _score_tasks(self, test_case: ConversationalTestCase, usage: Usage) -> Scored:
         tasks = split_tasks(test_case, self.units)
+        custom = overridden(self.evaluation_template, "get_task_completion_score")
+        render = None if custom is None else (
+            lambda data: task_prompt(custom, data, test_case.multimodal, self.strict_mode))
+        self._multimodal = test_case.multimodal
         asks = [
             Ask(f"t{t.index}.completion", t, "mcp_task_completion", TASK_COMPLETION, t.data(), COMPLETION_LEVELS,
                 f"For the task with task_index {t.index} in `tasks`: judging only what the user sees in the "
                 "agent's replies (`response_to_user`), how completely and correctly was the task done, with "
-                "every claim of having done or found something backed by the MCP calls and results?")
+                "every claim of having done or found something backed by the MCP calls and results?", render)
             for t in tasks if t.answered
         ]
         decided = await self._decide(asks, usage, {})
@@ -56,3 +71,10 @@ class MCPTaskCompletionMetric(JudgedMetric):
         detail = [{"task": r["task"], "score": r["score"], "reason": r["reason"]} for r in rows]
         return Scored(fmean(r["score"] for r in rows), breakdown, render_tasks_text(tasks), detail=detail,
                       confidence=self._task_confidence(list(decided.values())))
+
+    def _final_reason_render(self) -> Callable[[dict[str, Any]], str] | None:
+        custom = overridden(self.evaluation_template, "generate_final_reason")
+        if custom is None:
+            return None
+        multimodal = getattr(self, "_multimodal", False)
+        return lambda data: final_reason_prompt(custom, data, multimodal)

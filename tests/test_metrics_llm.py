@@ -85,6 +85,51 @@ def test_deepeval_units_judge_only_units_of_more_than_two_turns_as_deepeval_does
     assert completion_metric.score_breakdown["units"] == "deepeval"
 
 
+def test_an_evaluation_template_override_is_the_prompt_and_the_rest_stay_tracejudges(judge_server, judge) -> None:
+    """DeepEval's `evaluation_template`: a subclass's own method is sent as the prompt, with only the
+    variables it declares; a method it leaves alone keeps the built-in prompt (system + data block)."""
+    from scoring import MCPTaskCompletionTemplate
+
+    class Strict(MCPTaskCompletionTemplate):
+        @staticmethod
+        def get_task_completion_score(task) -> str:  # noqa: ANN001 - declares only what it uses, as in DeepEval
+            return f"HOUSE RULES. Task: {task.task}\nSteps:\n" + "\n".join(task.steps_taken) + "\nJSON:"
+
+    def script(request: Request) -> Reply:
+        if request.user.startswith("HOUSE RULES"):
+            return completion({"reason": "house", "score": 0.25})
+        return scripted(request)
+
+    judge_server.script = script
+    metric = MCPTaskCompletionMetric(model=judge, evaluation_template=Strict)
+    assert metric.measure(three_task_case()) == pytest.approx(0.25)
+    custom = [r for r in judge_server.requests if r.user.startswith("HOUSE RULES")]
+    assert len(custom) == 3 and all(len(r.body["messages"]) == 1 for r in custom)
+    assert "Task: Find flights from SFO to JFK" in custom[0].user and "MCP tool search_flights" in custom[0].user
+    assert "arguments:" in custom[0].user and "response to user: UA 100" in custom[0].user
+    assert len(judge_server.calls("final_reason")) == 1  # not overridden: tracejudge's final reason prompt
+
+    class Reasons(MCPTaskCompletionTemplate):
+        @staticmethod
+        def generate_final_reason(final_score, reasons, **context) -> str:  # noqa: ANN001, ANN003
+            return f"SUMMARISE {final_score:.2f} strict={context['strict']}: " + " | ".join(reasons)
+
+    judge_server.requests.clear()
+    judge_server.script = lambda r: (completion({"reason": "summarised"}) if r.user.startswith("SUMMARISE")
+                                     else scripted(r))
+    metric = MCPTaskCompletionMetric(model=judge, evaluation_template=Reasons)
+    metric.measure(three_task_case())
+    assert metric.reason == "summarised" and len(judge_server.calls("mcp_task_completion")) == 3
+    [summary] = [r for r in judge_server.requests if r.user.startswith("SUMMARISE")]
+    assert summary.user.startswith("SUMMARISE 0.73 strict=False: mcp_task_completion on 'Find flights")
+
+    class Broken(MCPTaskCompletionTemplate):
+        get_task_completion_score = "not a method"
+
+    with pytest.raises(TypeError, match="evaluation_template.get_task_completion_score must be a static method"):
+        MCPTaskCompletionMetric(model=judge, evaluation_template=Broken)
+
+
 @pytest.mark.parametrize("case", [two_turn_case(), {"turns": [{"role": "assistant", "content": "Hello!"}]}],
                          ids=["two turns", "no user turn"])
 def test_deepeval_units_score_a_conversation_without_a_long_unit_0_without_a_judge(server, judge, case) -> None:
