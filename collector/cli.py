@@ -63,6 +63,12 @@ def _judge_connection_flags(parser: argparse.ArgumentParser) -> None:
                         "for OpenAI models, else 32768)")
 
 
+def _workers(text: str) -> str:
+    if text == "auto" or (text.isdigit() and int(text) > 0):
+        return text
+    raise argparse.ArgumentTypeError(f"expected a number of workers or 'auto', not {text!r}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tracejudge",
@@ -230,6 +236,21 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--db", help="database file (default TRACEJUDGE_DB or ./tracejudge.duckdb)")
     exp.set_defaults(command_module="export")
 
+    test = sub.add_parser("test", help="run assert_test tests (DeepEval's `deepeval test run`)",
+                          description="Run tests that call assert_test, as `deepeval test run` does.")
+    test_sub = test.add_subparsers(dest="test_command", required=True, metavar="COMMAND")
+    test_run = test_sub.add_parser(
+        "run", help="run pytest on test files, in parallel workers and recorded to DuckDB if asked",
+        description="Run pytest on the given test files or directories; every argument this command does not "
+        "know (paths, -k, -x, ...) goes to pytest as it is. Exit status is pytest's: 0 every test passed, 1 a "
+        "test failed (a failing metric names itself with its score and reason), 2-5 interrupted or bad usage.",
+        usage="tracejudge test run [-n N] [--db FILE] [pytest arguments ...]")
+    test_run.add_argument("-n", "--workers", type=_workers, metavar="N",
+                          help="run tests in N parallel processes ('auto': one per CPU); needs pytest-xdist")
+    test_run.add_argument("--db", metavar="FILE", help="record every assert_test result into this tracejudge "
+                          "DuckDB file (service 'ci'), next to production scores; not one a collector holds")
+    test_run.set_defaults(command_module="test_run", takes_extra_arguments=True)
+
     mode = sub.add_parser(
         "set-eval-mode",
         help="write the default eval mode to the config file",
@@ -245,7 +266,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "takes_extra_arguments", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.pytest_args = extra
     command = importlib.import_module(f"collector.commands.{args.command_module}")
     try:
         return int(command.run(args))

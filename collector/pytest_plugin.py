@@ -2,13 +2,15 @@
 database, so CI runs and production scores answer the same SQL (`latest_scores`, the web UI, `report`).
 
 Each test's cases become conversations `ci:<run>:<test id>#<n>` of service `ci` (agent: the test id), each
-metric result a score row. Without the option the plugin does nothing.
+metric result a score row. Without the option the plugin does nothing. With pytest-xdist (`-n 4`, or
+`tracejudge test run -n 4`) each worker hands its results to the controller, which writes them all at once.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,17 +28,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
              "held by a running collector")
 
 
+WORKER_OUTPUT = "tracejudge_results"  # key of a pytest-xdist worker's results in its `workeroutput`
+
+
 def pytest_configure(config: pytest.Config) -> None:
     path = config.getoption("--tracejudge-db")
     if path:
-        config.pluginmanager.register(Recorder(Path(path)), "tracejudge-recorder")
+        config.pluginmanager.register(Recorder(Path(path), config), "tracejudge-recorder")
 
 
 class Recorder:
-    """Collects assert_test results during the run and writes them in one transaction at its end."""
+    """Collects assert_test results during the run and writes them in one transaction at its end (in the
+    controller, when pytest-xdist runs the tests in workers)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, config: pytest.Config) -> None:
         self.path = path
+        self.worker_output: dict[str, Any] | None = getattr(config, "workeroutput", None)
         self.run = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
         self.test: str | None = None
         self.results: list[tuple[str, ConversationalTestCase, TestResult]] = []
@@ -58,11 +65,25 @@ class Recorder:
     def _record(self, case: ConversationalTestCase, result: TestResult) -> None:
         self.results.append((self.test or "outside a test", case, result))
 
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        """A pytest-xdist worker finished: take over the results it recorded."""
+        from scoring.evaluation import TestResult
+        from scoring.test_case import ConversationalTestCase
+
+        for test, case, result in json.loads(getattr(node, "workeroutput", {}).get(WORKER_OUTPUT, "[]")):
+            self.results.append((test, ConversationalTestCase.model_validate(case), TestResult.model_validate(result)))
+
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         from scoring import assertions
 
         if self._record in assertions.listeners:
             assertions.listeners.remove(self._record)
+        if self.worker_output is not None:  # a pytest-xdist worker: the controller writes
+            self.worker_output[WORKER_OUTPUT] = json.dumps(
+                [[test, case.model_dump(mode="json"), result.model_dump(mode="json", fallback=str)]
+                 for test, case, result in self.results])
+            return
         if not self.results:
             self.outcome = f"tracejudge: no assert_test ran; nothing recorded in {self.path}"
             return
@@ -110,6 +131,4 @@ class Recorder:
 
 
 def _json(value: Any) -> str | None:
-    import json
-
     return None if value is None else json.dumps(value, default=str)

@@ -121,6 +121,40 @@ def test_a_pytest_run_with_assert_test_fails_with_the_reason(tmp_path: Path) -> 
     assert "book_hotel" in rows[0][3] and turns == 2 and score_rows == 3
 
 
+def test_tracejudge_test_run_runs_tests_in_parallel_workers_and_records_every_result(tmp_path: Path) -> None:
+    """`deepeval test run -n 2` becomes `tracejudge test run -n 2`: pytest-xdist workers, one record at the end."""
+    pytest.importorskip("xdist")
+    (tmp_path / "pids").mkdir()
+    test_file = tmp_path / "test_agents.py"
+    test_file.write_text(
+        "import json, os, pathlib, time\n"
+        "import pytest\n"
+        "from scoring import MCPCallValidityMetric, assert_test\n"
+        f"CASES = json.loads({json.dumps(json.dumps([two_turn_case(), _broken_case()]))})\n"
+        "@pytest.mark.parametrize('n', range(4))\n"
+        "def test_agent(n):\n"
+        f"    pathlib.Path({str(tmp_path / 'pids')!r}, str(n)).write_text(str(os.getpid()))\n"
+        "    time.sleep(0.5)  # long enough that both workers take tests\n"
+        "    assert_test(CASES[n % 2], [MCPCallValidityMetric()])\n")
+    db = tmp_path / "ci.duckdb"
+    done = subprocess.run([sys.executable, "-m", "collector.cli", "test", "run", str(test_file), "-n", "2",
+                           "--db", str(db), "-p", "no:cacheprovider", "-q"],
+                          capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "2 failed, 2 passed" in done.stdout and "book_hotel" in done.stdout
+    assert "recorded 4 assert_test result(s)" in done.stdout
+    assert len({p.read_text() for p in (tmp_path / "pids").iterdir()}) == 2  # two worker processes
+    with duckdb.connect(str(db), read_only=True) as con:
+        rows = con.execute("SELECT agent_name, success FROM latest_scores WHERE service_name = 'ci' "
+                           "ORDER BY agent_name").fetchall()
+    assert [(agent.split("::")[1], success) for agent, success in rows] == [
+        ("test_agent[0]", True), ("test_agent[1]", False), ("test_agent[2]", True), ("test_agent[3]", False)]
+
+    bad = subprocess.run([sys.executable, "-m", "collector.cli", "test", "run", "-n", "zero"],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert bad.returncode == 2 and "expected a number of workers or 'auto'" in bad.stderr
+
+
 def test_evaluate_returns_deepevals_result_shape_and_takes_its_configs() -> None:
     result = evaluate([two_turn_case(), _broken_case()], [MCPCallValidityMetric()],
                       async_config=AsyncConfig(max_concurrent=2), display_config=DisplayConfig(print_results=False),
