@@ -26,6 +26,7 @@ from scoring import (
 from scoring.errors import EvaluationError, InvalidTestCaseError
 from scoring.test_case import ConversationalTestCase, MCPServer, MCPToolCall, Turn, load_test_case
 from tests.support.cases import two_turn_case
+from tests.support.scripted_server import completion
 
 
 def _turns() -> list[Turn]:
@@ -257,3 +258,59 @@ async def test_live_mcp_objects_are_kept_as_given_scored_and_round_trip_to_the_s
     assert metric.measure(case) == 0.0 and "date" in (metric.reason or "")  # read through the kept tool's schema
     assert MCPCallValidityMetric().measure(again) == 0.0
     assert isinstance(case.turns[1].mcp_tools_called[0].result, mcp_types.CallToolResult)  # scoring read a copy
+
+
+async def test_deepevals_mcp_docs_walkthrough_runs_with_only_the_imports_changed(judge_server, capsys) -> None:
+    """DeepEval's MCP evaluation guide, step by step, against a real MCP SDK server: list the server's
+    primitives, call a tool, read a resource, get a prompt, build the servers, turns and case from the SDK's
+    own objects, then `evaluate()` and `measure()` both MCP metrics (judge: a scripted server on loopback)."""
+    mcp = pytest.importorskip("mcp")
+    from scoring import MCPTaskCompletionMetric, MultiTurnMCPUseMetric, evaluate
+    from scoring.test_case import MCPPromptCall, MCPResourceCall
+
+    def script(request):  # noqa: ANN001, ANN202
+        if request.judge == "final_reason":
+            return completion({"reason": f"final {request.data['score']:.2f}"})
+        return completion({"reason": f"{request.judge} ok", "score": 0.8})
+
+    judge_server.script = script
+    async with mcp.Client(_sdk_flights_server()) as session:
+        tool_list = await session.list_tools()
+        resource_list = await session.list_resources()
+        prompt_list = await session.list_prompts()
+        mcp_server = MCPServer(
+            server_name="flights",
+            transport="stdio",
+            available_tools=tool_list.tools,
+            available_resources=resource_list.resources,
+            available_prompts=prompt_list.prompts,
+        )
+        tool_name, tool_args = "search_flights", {"to": "Paris", "date": "2026-12-24"}
+        mcp_tool_called = MCPToolCall(name=tool_name, args=tool_args,
+                                      result=await session.call_tool(tool_name, tool_args))
+        uri = "flights://airports"
+        mcp_resource_called = MCPResourceCall(uri=uri, result=await session.read_resource(uri))
+        mcp_prompt_called = MCPPromptCall(name="plan", result=await session.get_prompt("plan", {"city": "Paris"}))
+
+    turns = [
+        Turn(role="user", content="Flights to Paris on Christmas Eve, and which airports are there?"),
+        Turn(role="assistant", content="AF123 flies then; Paris has CDG.",
+             mcp_tools_called=[mcp_tool_called], mcp_resources_called=[mcp_resource_called],
+             mcp_prompts_called=[mcp_prompt_called]),
+    ]
+    convo_test_case = ConversationalTestCase(turns=turns, mcp_servers=[mcp_server])
+
+    result = evaluate(test_cases=[convo_test_case],
+                      metrics=[MultiTurnMCPUseMetric(threshold=0.5), MCPTaskCompletionMetric(threshold=0.5)])
+    assert [(m.name, m.score, m.success) for m in result.test_results[0].metrics_data] == [
+        ("Multi-Turn MCP Use", 0.8, True), ("MCP Task Completion", 0.8, True)]
+    metric = MCPTaskCompletionMetric(threshold=0.5)
+    metric.measure(convo_test_case)
+    print(metric.score, metric.reason)
+    assert capsys.readouterr().out.rstrip().endswith("0.8 final 0.80")
+
+    # the judge saw the live results' contents, read through the kept SDK objects
+    steps = [r.data for r in judge_server.calls("mcp_argument_correctness")][0]["steps"][0]["mcp_calls"]
+    assert [c["kind"] for c in steps] == ["tool", "resource", "prompt"]
+    assert "AF123" in steps[0]["result"]["text"] and "CDG" in steps[1]["result"]["text"]
+    assert steps[2]["result"]["messages"][0]["text"] == "Plan a trip to Paris"
