@@ -35,6 +35,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from scoring.errors import InvalidTestCaseError
+from scoring.loop_bridge import run_sync
 
 __all__ = [
     "CallToolResult",
@@ -295,6 +296,17 @@ class MCPPromptCall(_NamedCall):
     result: GivenGetPromptResult | None = None
 
 
+def _server_record(server: Any) -> Any:
+    """An MCP SDK server object (`mcp.server.MCPServer`, `FastMCP`) as what it advertises, as DeepEval takes it;
+    a value that cannot be a server is DeepEval's TypeError."""
+    if server is None or isinstance(server, str | bytes | int | float):
+        raise TypeError(f"'mcp_servers' must be a list of MCPServer, dict or MCP SDK server objects, "
+                        f"got {type(server)}")
+    if type(server).__module__.startswith("mcp.server") and callable(getattr(server, "list_tools", None)):
+        return run_sync(MCPServer.from_mcp(server))
+    return server
+
+
 def _server_name(source: Any) -> str | None:
     """The name an SDK object knows its server by: a server's `name`, a client's `server_info.name`."""
     for path in (("name",), ("server_info", "name"), ("initialize_result", "server_info", "name"),
@@ -399,6 +411,9 @@ class ConversationalTestCase(_AdditionalMetadata, _CaseModel):
         context = data.get("context")
         if context is not None and (not isinstance(context, list) or not all(isinstance(c, str) for c in context)):
             raise TypeError("'context' must be None or a list of strings")
+        servers = data.get("mcp_servers")
+        if isinstance(servers, list | tuple):
+            data = {**data, "mcp_servers": [_server_record(server) for server in servers]}
         return data
 
     def normalized(self) -> ConversationalTestCase:

@@ -225,6 +225,20 @@ def _sdk_flights_server():  # noqa: ANN202 - the MCP SDK's own server class
     return server
 
 
+def test_a_case_takes_the_mcp_sdks_server_object_and_refuses_what_cannot_be_a_server() -> None:
+    case = ConversationalTestCase(turns=_turns(), mcp_servers=[_sdk_flights_server(), {"server_name": "internal"}])
+    assert [s.server_name for s in case.mcp_servers] == ["flights", "internal"]
+    assert [t.name for t in case.mcp_servers[0].available_tools] == ["search_flights"]
+    assert len(case.mcp_servers[0].available_resources) == 1 and len(case.mcp_servers[0].available_prompts) == 1
+    with pytest.raises(TypeError, match="'mcp_servers' must be a list of MCPServer, dict or MCP SDK server"):
+        ConversationalTestCase(turns=_turns(), mcp_servers=["not-a-server"])
+
+
+async def test_the_sdks_server_object_is_read_inside_a_running_event_loop_too() -> None:
+    case = ConversationalTestCase(turns=_turns(), mcp_servers=[_sdk_flights_server()])
+    assert case.mcp_servers[0].available_tools[0].name == "search_flights"
+
+
 async def test_live_mcp_objects_are_kept_as_given_scored_and_round_trip_to_the_same_json() -> None:
     """What a DeepEval user builds from a real MCP session: the SDK's Tool and CallToolResult objects, kept."""
     mcp = pytest.importorskip("mcp")
