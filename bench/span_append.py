@@ -5,7 +5,10 @@
    block of rows as the table grows: CPU per row and rows/s.
 2. A set of trace ids handed to a query as a Python list parameter (`IN (SELECT unnest(?))`, how the assembler
    used to pass them) and as a registered Arrow table (`scoring/id_table.py`, how it does now).
-Run: `python bench/span_append.py [--blocks 8] [--block-rows 204800] [--ids 60000]`.
+3. The writer's settings (`--writer-settings`): DuckDB's default threads vs `threads = 1`, and the JSON columns
+   sent as plain strings (DuckDB parses each value) vs Arrow's JSON extension type (taken as they are), each
+   variant appending the same 4,096-row tables, interleaved and repeated.
+Run: `python bench/span_append.py [--blocks 8] [--block-rows 204800] [--ids 60000] [--writer-settings]`.
 """
 
 from __future__ import annotations
@@ -52,6 +55,48 @@ def appends(keyed: bool, blocks: int, block_rows: int, tmp: Path) -> list[tuple[
     return out
 
 
+def _plain_json_columns(table: pa.Table) -> pa.Table:
+    """The table as the writer got it before: JSON columns as plain strings."""
+    columns = [pa.chunked_array([c.storage for c in col.chunks], col.type.storage_type)
+               if isinstance(col.type, pa.BaseExtensionType) else col for col in table.columns]
+    return pa.table(columns, names=table.column_names)
+
+
+def writer_settings(tmp: Path, tables: int = 60, rounds: int = 3) -> None:
+    """CPU and wall time per appended row for each writer setting, interleaved so drift hits all alike."""
+    base = pa.concat_tables([_decode_to_arrow(r, "application/x-protobuf", None)[0]
+                             for r in build_requests(BATCH // 512, 512)])
+    variants = {"threads default, JSON as strings": (None, _plain_json_columns(base)),
+                "threads default, JSON extension": (None, base),
+                "threads = 1, JSON as strings": (1, _plain_json_columns(base)),
+                "threads = 1, JSON extension": (1, base)}
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
+    for n in range(rounds):
+        for v, (name, (threads, table)) in enumerate(variants.items()):
+            con = duckdb.connect(str(tmp / f"writer-{n}-{v}.duckdb"),
+                                 config={"memory_limit": "256MB"})
+            con.execute(f"CREATE TABLE spans ({SPANS_COLUMNS})")
+            con.execute("SET checkpoint_threshold = '256MB'")
+            if threads:
+                con.execute(f"SET threads = {threads}")
+            wall, cpu = time.perf_counter(), time.process_time()
+            for _ in range(tables):
+                con.execute("BEGIN")
+                con.register("t", table)
+                con.execute("INSERT INTO spans SELECT * FROM t")
+                con.unregister("t")
+                con.execute("COMMIT")
+            rows = tables * table.num_rows
+            results[name].append(((time.process_time() - cpu) / rows * 1e6, (time.perf_counter() - wall) / rows * 1e6))
+            con.close()
+    first = None
+    for name, runs in results.items():
+        cpu = sum(c for c, _ in runs) / len(runs)
+        wall = sum(w for _, w in runs) / len(runs)
+        first = first or cpu
+        print(f"{name:34s} {cpu:5.2f} µs CPU/row, {wall:5.2f} µs wall/row ({cpu / first:.2f}x the CPU of the first)")
+
+
 def id_sets(count: int) -> tuple[float, float]:
     con = duckdb.connect()
     con.execute("CREATE TABLE spans AS SELECT md5(i::VARCHAR) AS trace_id FROM range(1000000) t(i)")
@@ -70,7 +115,12 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=8)
     parser.add_argument("--block-rows", type=int, default=204_800)
     parser.add_argument("--ids", type=int, default=60_000)
+    parser.add_argument("--writer-settings", action="store_true", help="only compare the writer's settings (part 3)")
     args = parser.parse_args()
+    if args.writer_settings:
+        with tempfile.TemporaryDirectory() as tmp:
+            writer_settings(Path(tmp))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         keyed = appends(True, args.blocks, args.block_rows, Path(tmp))
         unkeyed = appends(False, args.blocks, args.block_rows, Path(tmp))

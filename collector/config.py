@@ -99,6 +99,10 @@ class StoreSettings(_Section):
                                      "(none: DuckDB's default, 80% of RAM)")
     temp_limit: str | None = Field("2GB", description="most disk a query may spill to (none: DuckDB's default, "
                                    "90% of the free space)")
+    threads: int | None = Field(1, ge=1, description="DuckDB worker threads of the collector's database: 1 appends "
+                                "spans with the least CPU, leaving the cores to the decode workers; raise it for "
+                                "heavy /api/query analytics on a many-core machine (none: DuckDB's default, one "
+                                "per core)")
     max_disk: int | None = Field(None, ge=1, description="disk budget of the database file and its WAL, like 50GB: "
                                  "near it the oldest complete conversations' spans are pruned (archived first when "
                                  "[retention] archive_dir is set); ingest answers 503 only when nothing can be freed")
@@ -107,6 +111,11 @@ class StoreSettings(_Section):
     @classmethod
     def _size(cls, value: Any) -> Any:
         return parse_size(value) if isinstance(value, str) else value
+
+    @field_validator("threads", mode="before")
+    @classmethod
+    def _threads(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and value.strip().lower() in ("none", "") else value
 
 
 class RetentionSettings(_Section):

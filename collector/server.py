@@ -52,7 +52,7 @@ class Collector:
         st = settings.store
         self.store = SpanStore(st.db, max_batch_spans=st.max_batch_spans, max_queue_spans=st.max_queue_spans,
                                retry_after_s=st.retry_after_s, on_commit=self.metrics.on_commit,
-                               memory_limit=st.memory_limit, temp_limit=st.temp_limit)
+                               memory_limit=st.memory_limit, temp_limit=st.temp_limit, threads=st.threads)
         self.metrics.watch(lambda: self.store.queued_spans, self.store.size_bytes)
         workers = settings.server.decode_workers
         self.decoder = DecodePool(usable_cpus() if workers < 0 else workers, settings.redaction.redactor(),
@@ -91,6 +91,9 @@ class Collector:
         self.assembler = ConversationAssembler(self.store.cursor(), self.settings, self.log,
                                                self.stage.initial_status, self.stage.configs)
         self.store.listeners.append(self.assembler.observe)
+        self.store.on_listener_error = lambda exc: self.log.error(
+            "the assembler missed a commit", error=f"{type(exc).__name__}: {exc}",
+            advice="its traces are assembled after the next restart (they are stored); please report this")
         self.metrics.traces_waiting.set_function(self.assembler.pending_traces)
         await asyncio.to_thread(self.assembler.recover)
         await asyncio.to_thread(self.stage.recover)

@@ -137,6 +137,34 @@ def test_a_database_from_before_schema_7_keeps_its_spans_and_loses_the_span_inde
     store.close()
 
 
+async def test_a_failing_commit_listener_is_counted_and_reported_and_the_spans_stay_committed(tmp_path: Path) -> None:
+    """The assembler takes in each commit as a listener; if it ever fails, the commit stands and the failure is
+    told (the collector logs it as an error), never swallowed."""
+    import datetime as dt
+
+    from collector.receivers.span_rows import spans_to_arrow
+    from collector.store.span_store import SpanStore
+
+    store = SpanStore(tmp_path / "t.duckdb")
+    store.open()
+    told: list[Exception] = []
+    seen: list[int] = []
+
+    def broken(table) -> None:  # noqa: ANN001
+        raise KeyError("attributes")
+
+    store.listeners += [broken, lambda table: seen.append(table.num_rows)]
+    store.on_listener_error = told.append
+    body = json.dumps(request(({"service.name": "agent"}, [span(1, 1, "chat"), span(1, 2, "tool")]))).encode()
+    table = spans_to_arrow(decode_otlp(body, "application/json").spans, dt.datetime.now(dt.UTC))
+    assert await store.write(table) == 2
+    store.close()
+    assert store.stats.listener_errors == 1 and [type(e) for e in told] == [KeyError] and seen == [2]
+    with duckdb.connect(str(tmp_path / "t.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM spans WHERE attributes IS NOT NULL").fetchone() == (2,)
+        assert con.execute("SELECT typeof(attributes) FROM spans LIMIT 1").fetchone() == ("JSON",)
+
+
 def test_ingest_token_is_required_when_configured(db: Path) -> None:
     spans = agent_spans(1)
     with CollectorProcess(db, env={"TRACEJUDGE_INGEST_TOKEN": "s3cret-token"}) as collector:

@@ -45,6 +45,13 @@ def _calls(conversation: Conversation) -> int:
                for t in conversation.test_case.turns)
 
 
+def _text(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """A JSON column as plain strings (the decode workers send Arrow's JSON extension type)."""
+    if isinstance(column.type, pa.BaseExtensionType):
+        return pa.chunked_array([chunk.storage for chunk in column.chunks], column.type.storage_type)
+    return column
+
+
 def _commit_keys(table: pa.Table) -> dict[str, tuple[int, str]]:
     """Each trace's strongest conversation key among the committed rows, computed on the Arrow columns."""
     keyed = table.select(["trace_id", "conversation_key", "conversation_key_source"]).filter(
@@ -86,7 +93,7 @@ class ConversationAssembler:
         """Called by the span writer after each commit (its thread)."""
         keys = _commit_keys(table)
         traces = pc.unique(table.column("trace_id")).to_pylist()
-        ended = table.filter(pc.match_substring(table.column("attributes"), END_MARKER)).column("trace_id")
+        ended = table.filter(pc.match_substring(_text(table.column("attributes")), END_MARKER)).column("trace_id")
         with self._lock:
             now = time.monotonic()
             for trace in traces:

@@ -69,17 +69,21 @@ class StoreStats:
     duplicates: int = 0
     last_commit_s: float = 0.0
     last_error: str | None = None
+    listener_errors: int = 0  # commits a listener (the assembler) failed to take in
 
 
 class SpanStore:
     def __init__(self, path: Path, *, max_batch_spans: int = 50_000, max_queue_spans: int = 500_000,
                  retry_after_s: int = 1, on_commit: Callable[[float, int, int], None] | None = None,
-                 memory_limit: str | None = None, temp_limit: str | None = None) -> None:
+                 memory_limit: str | None = None, temp_limit: str | None = None, threads: int | None = None,
+                 ) -> None:
         self.path = path
+        self.threads = threads  # DuckDB's worker threads for this database; None: DuckDB's default (the cores)
         self.memory_limit = memory_limit  # DuckDB's buffer pool, shared by ingest and every query
         self.temp_limit = temp_limit  # what a query may spill to disk
         self.on_commit = on_commit
         self.listeners: list[Callable[[pa.Table], None]] = []  # told of every committed table (writer thread)
+        self.on_listener_error: Callable[[Exception], None] | None = None  # a listener failed on a commit
         self.max_batch_spans = max_batch_spans
         self.max_queue_spans = max_queue_spans
         self.refusal: Callable[[], str | None] = lambda: None  # why ingest is refused (the disk budget), if it is
@@ -113,6 +117,10 @@ class SpanStore:
         # Fewer, larger checkpoints: each one stalls the writer, and at ingest rates the 16 MB default WAL
         # fills several times a second.
         self._con.execute("SET checkpoint_threshold = '256MB'")
+        if self.threads:
+            # One thread appends a span batch with about 0.6x the CPU of two and no more wall time
+            # (`python bench/span_append.py --threads`), CPU the decode workers need on a small machine.
+            self._con.execute(f"SET threads = {int(self.threads)}")
         for setting, value in (("memory_limit", self.memory_limit), ("max_temp_directory_size", self.temp_limit)):
             if not value:
                 continue
@@ -258,8 +266,12 @@ class SpanStore:
             if self.on_commit is not None:
                 self.on_commit(elapsed, inserted, count - inserted)
             for listener in self.listeners if inserted else ():
-                with contextlib.suppress(Exception):  # a listener must never fail a commit already made
+                try:
                     listener(table)
+                except Exception as exc:  # noqa: BLE001 - a listener must never fail a commit already made
+                    self.stats.listener_errors += 1
+                    if self.on_listener_error is not None:
+                        self.on_listener_error(exc)
         else:
             self.stats.last_error = f"{type(error).__name__}: {error}"
             self.healthy = False
