@@ -142,11 +142,13 @@ async def test_a_failing_commit_listener_is_counted_and_reported_and_the_spans_s
     told (the collector logs it as an error), never swallowed."""
     import datetime as dt
 
+    from collector.config import Settings
     from collector.receivers.span_rows import spans_to_arrow
     from collector.store.span_store import SpanStore
 
-    store = SpanStore(tmp_path / "t.duckdb")
+    store = SpanStore(tmp_path / "t.duckdb", threads=Settings().store.threads)
     store.open()
+    assert store.cursor().execute("SELECT current_setting('threads')").fetchone() == (1,)  # cheapest appends
     told: list[Exception] = []
     seen: list[int] = []
 
