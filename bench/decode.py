@@ -59,16 +59,21 @@ def main() -> None:
     started = time.perf_counter()
     redactor.spans(spans)
     print(f"redaction (builtin rules): {n / (time.perf_counter() - started):,.0f} spans/s")
-    started = time.perf_counter()
-    table = spans_to_arrow(spans, datetime.now(UTC))
-    print(f"spans_to_arrow: {n / (time.perf_counter() - started):,.0f} spans/s")
+    gc.disable()  # the Arrow columns alone, best of three, in CPU time
+    times = []
+    for _ in range(3):
+        started = time.process_time()
+        table = spans_to_arrow(spans, datetime.now(UTC))
+        times.append(time.process_time() - started)
+    gc.enable()
+    print(f"spans_to_arrow: {n / min(times):,.0f} spans/s ({min(times) / n * 1e6:.1f} µs CPU per span)")
     with tempfile.TemporaryDirectory() as tmp:
         con = duckdb.connect(str(Path(tmp) / "decode.duckdb"))
         migrate(con)
         con.register("incoming", table)
         started = time.perf_counter()
-        con.execute("INSERT OR IGNORE INTO spans SELECT * FROM incoming")
-        print(f"DuckDB INSERT OR IGNORE of the Arrow table: {n / (time.perf_counter() - started):,.0f} rows/s")
+        con.execute("INSERT INTO spans SELECT * FROM incoming")
+        print(f"DuckDB INSERT of the Arrow table: {n / (time.perf_counter() - started):,.0f} rows/s")
         con.close()
     worker = import_footprint_mb("collector.receivers.decode_pool")
     print(f"decode worker imports (collector.receivers.decode_pool): {worker:.0f} MB; "

@@ -6,6 +6,7 @@ import json
 import random
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -102,3 +103,25 @@ def test_arbitrary_bytes_are_refused_precisely(payload: bytes) -> None:
         except OTLPDecodeError:
             continue
         build_conversations(decoded.spans)
+
+
+wide_values = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-2**80, max_value=2**80) | st.floats(allow_nan=True)
+    | st.text(max_size=20) | st.sampled_from(["\ud800", "a\udfffb"]),  # lone surrogates, as JSON escapes give them
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6) | st.just("\ud800"), inner,
+                                                                max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(wide_values)
+def test_attribute_json_is_strict_and_says_what_the_standard_library_path_says(value: Any) -> None:
+    """Span attributes go to DuckDB as JSON without a re-parse, so `to_json` must always write strict JSON, and its
+    fast path (orjson) must mean the same as the standard-library path it falls back to."""
+    from collector.receivers.span_rows import _ENCODER, _finite, _scrub, to_json
+
+    text = to_json(value)
+    parsed = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c} in {text}"))
+    assert not any(0xD800 <= ord(ch) <= 0xDFFF for ch in text)
+    assert parsed == json.loads(_ENCODER.encode(_scrub(_finite(value))))

@@ -12,6 +12,7 @@ import re
 from datetime import datetime
 from typing import Any
 
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -49,7 +50,15 @@ _ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(","
 
 def to_json(value: Any) -> str:
     """Strict JSON DuckDB's JSON type accepts: NaN and Infinity as strings, lone surrogates as U+FFFD (keys that
-    only differed in them stay distinct)."""
+    only differed in them stay distinct). orjson writes the common case (9x faster, `python bench/decode.py`);
+    what it cannot write as we want (lone surrogates, ints past 64 bits: it raises; NaN: it writes null, so
+    any null) goes the standard library's way."""
+    try:
+        fast = orjson.dumps(value, default=str)
+    except (orjson.JSONEncodeError, TypeError):
+        fast = None
+    if fast is not None and b"null" not in fast:
+        return fast.decode()
     try:
         text = _ENCODER.encode(value)
     except ValueError:
