@@ -25,6 +25,7 @@ import pyarrow as pa
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.ingest import build_requests  # noqa: E402
 from collector.receivers.decode_pool import _decode_to_arrow  # noqa: E402
+from collector.receivers.span_rows import plain_strings  # noqa: E402
 from collector.store.schema import SPANS_COLUMNS  # noqa: E402
 from scoring.id_table import id_table  # noqa: E402
 
@@ -57,9 +58,7 @@ def appends(keyed: bool, blocks: int, block_rows: int, tmp: Path) -> list[tuple[
 
 def _plain_json_columns(table: pa.Table) -> pa.Table:
     """The table as the writer got it before: JSON columns as plain strings."""
-    columns = [pa.chunked_array([c.storage for c in col.chunks], col.type.storage_type)
-               if isinstance(col.type, pa.BaseExtensionType) else col for col in table.columns]
-    return pa.table(columns, names=table.column_names)
+    return pa.table([plain_strings(col) for col in table.columns], names=table.column_names)
 
 
 def writer_settings(tmp: Path, tables: int = 60, rounds: int = 3) -> None:

@@ -52,6 +52,9 @@ class CollectorMetrics:
         self.commit_spans = Histogram("tracejudge_commit_spans", "Spans in one group commit",
                                       buckets=(1, 10, 100, 1000, 5000, 10_000, 50_000), registry=self.registry)
         self.queue_spans = Gauge("tracejudge_queue_spans", "Spans waiting for a commit", registry=self.registry)
+        self.assembler_errors = Counter("tracejudge_assembler_errors", "Commits the conversation assembler failed "
+                                        "to take in (their traces are assembled after a restart)",
+                                        registry=self.registry)
         self.traces_waiting = Gauge("tracejudge_traces_waiting", "Traces whose conversation waits for its quiet "
                                     "period (or end marker) before it is assembled", registry=self.registry)
         self.jobs = Gauge("tracejudge_eval_jobs", "Scoring jobs by state", ["state"], registry=self.registry)

@@ -47,6 +47,7 @@ class Recorder:
         self.run = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
         self.test: str | None = None
         self.results: list[tuple[str, ConversationalTestCase, TestResult]] = []
+        self.lost: list[str] = []  # results a pytest-xdist worker could not hand over, and why
         self.outcome = ""
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
@@ -71,8 +72,17 @@ class Recorder:
         from scoring.evaluation import TestResult
         from scoring.test_case import ConversationalTestCase
 
-        for test, case, result in json.loads(getattr(node, "workeroutput", {}).get(WORKER_OUTPUT, "[]")):
-            self.results.append((test, ConversationalTestCase.model_validate(case), TestResult.model_validate(result)))
+        output = getattr(node, "workeroutput", None) or {}
+        if WORKER_OUTPUT not in output:
+            if error is not None:
+                self.lost.append(f"worker {getattr(node, 'gateway', node)!s} crashed ({error})")
+            return
+        for test, case, result in json.loads(output[WORKER_OUTPUT]):
+            try:
+                self.results.append((test, ConversationalTestCase.model_validate(case),
+                                     TestResult.model_validate(result)))
+            except ValueError as exc:
+                self.lost.append(f"{test}: {exc}")
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         from scoring import assertions
@@ -81,11 +91,12 @@ class Recorder:
             assertions.listeners.remove(self._record)
         if self.worker_output is not None:  # a pytest-xdist worker: the controller writes
             self.worker_output[WORKER_OUTPUT] = json.dumps(
-                [[test, case.model_dump(mode="json"), result.model_dump(mode="json", fallback=str)]
+                [[test, case.model_dump(mode="json", fallback=str), result.model_dump(mode="json", fallback=str)]
                  for test, case, result in self.results])
             return
         if not self.results:
-            self.outcome = f"tracejudge: no assert_test ran; nothing recorded in {self.path}"
+            self.outcome = f"tracejudge: no assert_test result to record in {self.path}" + (
+                f"; not recorded: {'; '.join(self.lost)}" if self.lost else "")
             return
         try:
             self._write()
@@ -94,6 +105,8 @@ class Recorder:
             return
         self.outcome = (f"tracejudge: recorded {len(self.results)} assert_test result(s) of run {self.run} "
                         f"in {self.path}")
+        if self.lost:
+            self.outcome += f"; not recorded: {'; '.join(self.lost)}"
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.outcome:

@@ -83,6 +83,11 @@ class Collector:
         if self.assembler is not None:
             self.metrics.late_after_prune.set(self.assembler.late_after_prune)
 
+    def _assembler_missed(self, exc: Exception) -> None:
+        self.metrics.assembler_errors.inc()
+        self.log.error("the assembler missed a commit", error=f"{type(exc).__name__}: {exc}",
+                       advice="its traces are assembled after the next restart (they are stored); please report this")
+
     async def start(self) -> None:
         raise_open_file_limit()  # connection caps, not the descriptor limit, decide who is turned away
         await asyncio.to_thread(self.store.open)
@@ -91,9 +96,7 @@ class Collector:
         self.assembler = ConversationAssembler(self.store.cursor(), self.settings, self.log,
                                                self.stage.initial_status, self.stage.configs)
         self.store.listeners.append(self.assembler.observe)
-        self.store.on_listener_error = lambda exc: self.log.error(
-            "the assembler missed a commit", error=f"{type(exc).__name__}: {exc}",
-            advice="its traces are assembled after the next restart (they are stored); please report this")
+        self.store.on_listener_error = self._assembler_missed
         self.metrics.traces_waiting.set_function(self.assembler.pending_traces)
         await asyncio.to_thread(self.assembler.recover)
         await asyncio.to_thread(self.stage.recover)

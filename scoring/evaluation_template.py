@@ -54,33 +54,59 @@ def overridden(template: type | None, method: str) -> Callable[..., str] | None:
         return None
     if not callable(found):
         raise TypeError(f"evaluation_template.{method} must be a static method returning the prompt text")
+    check_override(found, method)
     return found
 
 
-def call_declared(method: Callable[..., str], context: dict[str, Any]) -> str:
-    """Call an override with the variables it declares (all of them when it takes **kwargs), as DeepEval does."""
+# what each method is given, in DeepEval's order (older DeepEval templates take them by position)
+VARIABLES = {"get_task_completion_score": ("task", "steps_taken", "multimodal", "strict"),
+             "generate_final_reason": ("final_score", "success", "reasons", "multimodal", "strict")}
+
+
+def _arguments(method: Callable[..., str], name: str, context: dict[str, Any]) -> inspect.BoundArguments:
+    """The override's arguments: the variables it names (all with **kwargs), as DeepEval passes them; an override
+    whose parameters are named otherwise gets them by position, in DeepEval's order."""
+    signature = inspect.signature(method)
+    parameters = list(signature.parameters.values())
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return signature.bind(**context)
+    named = {p.name for p in parameters}
+    if all(p.name in context or p.default is not p.empty for p in parameters
+           if p.kind is not inspect.Parameter.VAR_POSITIONAL):
+        return signature.bind(**{k: v for k, v in context.items() if k in named})
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return signature.bind(*[context[v] for v in VARIABLES[name][:len(positional)]])
+
+
+def check_override(method: Callable[..., str], name: str) -> None:
+    """Fail at construction, not mid-run, for an override that cannot take DeepEval's variables."""
     try:
-        parameters = list(inspect.signature(method).parameters.values())
-    except (TypeError, ValueError):
-        parameters = []
-    if parameters and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-        context = {k: v for k, v in context.items() if k in {p.name for p in parameters}}
-    prompt = method(**context)
+        _arguments(method, name, {v: None for v in VARIABLES[name]})
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"evaluation_template.{name} cannot be called with DeepEval's variables "
+                        f"({', '.join(VARIABLES[name])}): {exc}") from exc
+
+
+def call_declared(method: Callable[..., str], name: str, context: dict[str, Any]) -> str:
+    """Call an override as DeepEval does (see `_arguments`) and check it gave text."""
+    bound = _arguments(method, name, context)
+    prompt = method(*bound.args, **bound.kwargs)
     if not isinstance(prompt, str):
-        raise TypeError(f"evaluation_template.{getattr(method, '__name__', 'method')} returned "
-                        f"{type(prompt).__name__}, not the prompt text")
+        raise TypeError(f"evaluation_template.{name} returned {type(prompt).__name__}, not the prompt text")
     return prompt
 
 
 def task_prompt(method: Callable[..., str], data: dict[str, Any], multimodal: bool, strict: bool) -> str:
     """An override's prompt for one task, from the task's judge data (reduced to fit, when it had to be)."""
     steps = [step_text(step) for step in data.get("steps", [])]
-    return call_declared(method, {"task": TemplateTask(task=data.get("task", ""), steps_taken=steps),
-                                  "steps_taken": "\n".join(steps), "multimodal": multimodal, "strict": strict})
+    task = TemplateTask(task=data.get("task", ""), steps_taken=steps)
+    return call_declared(method, "get_task_completion_score", {
+        "task": task, "steps_taken": "\n".join(steps), "multimodal": multimodal, "strict": strict})
 
 
 def final_reason_prompt(method: Callable[..., str], data: dict[str, Any], multimodal: bool) -> str:
     """An override's prompt for the final reason, from the final-reason judge data."""
     reasons = [str(task.get("reason", "")) for task in data.get("tasks", [])]
-    return call_declared(method, {"final_score": data.get("score"), "success": data.get("passed"),
-                                  "reasons": reasons, "multimodal": multimodal, "strict": data.get("strict_mode")})
+    return call_declared(method, "generate_final_reason", {
+        "final_score": data.get("score"), "success": data.get("passed"), "reasons": reasons,
+        "multimodal": multimodal, "strict": data.get("strict_mode")})

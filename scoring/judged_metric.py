@@ -123,8 +123,12 @@ class JudgedMetric(BaseMetric):
                     await stack.enter_async_context(judge.session())
             return await super().a_measure(test_case)
 
+    def needs_no_judge(self, test_case: ConversationalTestCase) -> bool:
+        """DeepEval's units and no unit qualifies: the score is 0 without a judge (nor a shared System One request)."""
+        return self.units == "deepeval" and not split_tasks(test_case, "deepeval")
+
     async def _score(self, test_case: ConversationalTestCase, usage: Usage) -> Scored:
-        if self.units == "deepeval" and not split_tasks(test_case, "deepeval"):
+        if self.needs_no_judge(test_case):
             return Scored(0.0, {"eval_mode": self.eval_mode.value, "units": "deepeval", "tasks": [],
                                 "equation": "0: no unit interaction of more than two turns (DeepEval's rule)"},
                           reason=NO_DEEPEVAL_UNIT, detail=[])
@@ -301,7 +305,7 @@ class JudgedMetric(BaseMetric):
              "passes": answers[q.key].passes, "decided_by": f"system_one:{decision.model}"}
             for q in qs
         ]
-        breakdown = {"eval_mode": "system_one", "equation": equation(qs), "questions": rows,
+        breakdown = {"eval_mode": "system_one", "units": self.units, "equation": equation(qs), "questions": rows,
                      "model": decision.model, "calibrated": decision.calibrated,
                      "shared_request": prefetched is not None}
         return Scored(

@@ -32,7 +32,8 @@ async def decide_together(metrics: Sequence[BaseMetric], test_case: Conversation
     """Give each group of system_one metrics asking the same judge one joint decision (or its error)."""
     groups: dict[tuple[type, str], list[JudgedMetric]] = {}
     for metric in metrics:
-        if isinstance(metric, JudgedMetric) and metric.eval_mode is EvalMode.SYSTEM_ONE:
+        if (isinstance(metric, JudgedMetric) and metric.eval_mode is EvalMode.SYSTEM_ONE
+                and not metric.needs_no_judge(test_case)):
             judge = metric.system_one  # judges of the same type, model and endpoint count as one
             groups.setdefault((type(judge), repr(judge)), []).append(metric)
     for group in groups.values():

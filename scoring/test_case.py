@@ -10,7 +10,9 @@ as given, as DeepEval keeps them; metrics read a `normalized()` copy. The `mcp` 
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import inspect
 import json
 import re
 import warnings
@@ -35,7 +37,6 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from scoring.errors import InvalidTestCaseError
-from scoring.loop_bridge import run_sync
 
 __all__ = [
     "CallToolResult",
@@ -193,7 +194,8 @@ def _is_given(value: Any) -> bool:
 
 def _keep_given(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
     checked = handler(value)  # validated as its JSON, so a bad object is refused as a bad dict would be
-    return value if _is_given(value) else checked
+    # kept only when it is the same protocol shape (an mcp.types.Tool as a tool, not a Resource that happens to fit)
+    return value if _is_given(value) and type(value).__name__ == type(checked).__name__ else checked
 
 
 def _dump_as(model: type[M]) -> Callable[[Any, SerializerFunctionWrapHandler, SerializationInfo], Any]:
@@ -201,6 +203,11 @@ def _dump_as(model: type[M]) -> Callable[[Any, SerializerFunctionWrapHandler, Se
         # dumped as the JSON of our model, so a case round-trips to the same JSON however it was built
         return handler(model.model_validate(value) if _is_given(value) else value)
     return dump
+
+
+def _ours(model: type[M], value: Any) -> Any:
+    """A kept object of another library as tracejudge's model; anything else as it is."""
+    return model.model_validate(value) if _is_given(value) else value
 
 
 def _kept(model: type[M]) -> Any:
@@ -243,6 +250,10 @@ class MCPServer(_CaseModel):
         for name in (attribute, to_camel(attribute)):
             listed = getattr(value, name, None)
             if isinstance(listed, list | tuple) and not isinstance(value, list | tuple | dict):
+                if getattr(value, "next_cursor", None) or getattr(value, "nextCursor", None):
+                    warnings.warn(f"{info.field_name} got one page of a paginated listing (next_cursor is set), so "
+                                  "later pages are missing: use `await MCPServer.from_mcp(session)`, which reads "
+                                  "every page", UserWarning, stacklevel=2)
                 return list(listed)
         return value
 
@@ -256,15 +267,8 @@ class MCPServer(_CaseModel):
                               ("available_resource_templates", "list_resource_templates"),
                               ("available_prompts", "list_prompts")):
             call = getattr(source, method, None)
-            if call is None:
-                continue
-            try:
-                answer = await call()
-            except Exception as exc:  # noqa: BLE001 - a capability the server lacks answers "method not found"
-                if "not found" not in str(exc).lower() and "not supported" not in str(exc).lower():
-                    raise
-                continue
-            listed[field] = answer
+            if call is not None:
+                listed[field] = await _every_page(call, _LISTINGS[field])
         name = server_name or _server_name(source)
         if name is None:
             raise ValueError("the MCP server's name is unknown: pass server_name=")
@@ -296,15 +300,51 @@ class MCPPromptCall(_NamedCall):
     result: GivenGetPromptResult | None = None
 
 
+METHOD_NOT_FOUND = -32601  # JSON-RPC's answer when a server lacks a capability (no prompts, say)
+
+
+async def _every_page(call: Callable[..., Any], attribute: str) -> list[Any]:
+    """Every item of an MCP listing, following `next_cursor` through the pages a session returns; a server
+    object's listing is a plain list. A capability the server lacks is an empty listing."""
+    items: list[Any] = []
+    cursor: str | None = None
+    while True:
+        try:
+            answer = await (call(cursor=cursor) if cursor is not None else call())
+        except Exception as exc:
+            code = getattr(exc, "code", None)
+            if getattr(getattr(exc, "error", None), "code", code) == METHOD_NOT_FOUND:
+                return items
+            raise
+        if isinstance(answer, list | tuple):
+            return [*items, *answer]
+        items += list(getattr(answer, attribute, None) or getattr(answer, to_camel(attribute), None) or [])
+        cursor = getattr(answer, "next_cursor", None) or getattr(answer, "nextCursor", None)
+        if not cursor:
+            return items
+
+
+def _is_sdk_server(value: Any) -> bool:
+    """The MCP SDK's own server object (`mcp.server.MCPServer`, v1's `FastMCP`): an async `list_tools`."""
+    return (type(value).__module__.startswith("mcp.server")
+            and inspect.iscoroutinefunction(getattr(value, "list_tools", None)))
+
+
 def _server_record(server: Any) -> Any:
-    """An MCP SDK server object (`mcp.server.MCPServer`, `FastMCP`) as what it advertises, as DeepEval takes it;
-    a value that cannot be a server is DeepEval's TypeError."""
+    """An MCP SDK server object as what it advertises, as DeepEval takes it; a value that cannot be a server is
+    DeepEval's TypeError."""
     if server is None or isinstance(server, str | bytes | int | float):
         raise TypeError(f"'mcp_servers' must be a list of MCPServer, dict or MCP SDK server objects, "
                         f"got {type(server)}")
-    if type(server).__module__.startswith("mcp.server") and callable(getattr(server, "list_tools", None)):
-        return run_sync(MCPServer.from_mcp(server))
-    return server
+    if not _is_sdk_server(server):
+        return server
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(MCPServer.from_mcp(server))
+    # reading it on another loop could break a server bound to this one, and blocking this loop stalls it
+    raise TypeError("an MCP SDK server object in 'mcp_servers' is read synchronously, which cannot be done inside "
+                    "a running event loop: pass `await MCPServer.from_mcp(server)` instead")
 
 
 def _server_name(source: Any) -> str | None:
@@ -421,7 +461,19 @@ class ConversationalTestCase(_AdditionalMetadata, _CaseModel):
         the case itself when it holds none."""
         if not any(_is_given(v) for v in self._given_candidates()):
             return self
-        return ConversationalTestCase.model_validate_json(self.model_dump_json())
+        servers = None if self.mcp_servers is None else [server.model_copy(update={
+            field: [_ours(model, item) for item in getattr(server, field)]
+            for field, model in (("available_tools", Tool), ("available_resources", Resource),
+                                 ("available_resource_templates", ResourceTemplate), ("available_prompts", Prompt))
+        }) for server in self.mcp_servers]
+        turns = [turn.model_copy(update={
+            field: None if calls is None else [call.model_copy(update={"result": _ours(model, call.result)})
+                                               for call in calls]
+            for field, model in (("mcp_tools_called", CallToolResult), ("mcp_resources_called", ReadResourceResult),
+                                 ("mcp_prompts_called", GetPromptResult))
+            for calls in (getattr(turn, field),)
+        }) for turn in self.turns]
+        return self.model_copy(update={"turns": turns, "mcp_servers": servers})
 
     def _given_candidates(self) -> list[Any]:
         values: list[Any] = []

@@ -234,9 +234,57 @@ def test_a_case_takes_the_mcp_sdks_server_object_and_refuses_what_cannot_be_a_se
         ConversationalTestCase(turns=_turns(), mcp_servers=["not-a-server"])
 
 
-async def test_the_sdks_server_object_is_read_inside_a_running_event_loop_too() -> None:
-    case = ConversationalTestCase(turns=_turns(), mcp_servers=[_sdk_flights_server()])
+async def test_inside_a_running_event_loop_the_server_object_is_refused_with_what_to_do() -> None:
+    server = _sdk_flights_server()
+    with pytest.raises(TypeError, match=r"await MCPServer.from_mcp\(server\)"):
+        ConversationalTestCase(turns=_turns(), mcp_servers=[server])
+    case = ConversationalTestCase(turns=_turns(), mcp_servers=[await MCPServer.from_mcp(server)])
     assert case.mcp_servers[0].available_tools[0].name == "search_flights"
+
+
+async def test_from_mcp_reads_every_page_and_only_a_missing_capability_is_an_empty_listing() -> None:
+    """A session that pages its tools (the MCP SDK's ListToolsResult with next_cursor) and lacks prompts."""
+    mcp_types = pytest.importorskip("mcp.types")
+    from mcp.shared.exceptions import MCPError
+
+    class PagedSession:  # the client side of a server that pages; its answers are the SDK's own types
+        server_info = mcp_types.Implementation(name="paged", version="1")
+
+        async def list_tools(self, cursor: str | None = None) -> object:
+            page = int(cursor or 0)
+            tools = [mcp_types.Tool(name=f"tool_{page}_{i}", input_schema={"type": "object"}) for i in range(2)]
+            return mcp_types.ListToolsResult(tools=tools, next_cursor=str(page + 1) if page < 2 else None)
+
+        async def list_prompts(self, cursor: str | None = None) -> object:
+            raise MCPError(-32601, "Method not found")
+
+    server = await MCPServer.from_mcp(PagedSession())
+    assert server.server_name == "paged" and len(server.available_tools) == 6 and server.available_prompts == []
+
+    class BrokenSession(PagedSession):
+        async def list_prompts(self, cursor: str | None = None) -> object:
+            raise FileNotFoundError("prompts/not found on disk")  # a real failure is not "no prompts"
+
+    with pytest.raises(FileNotFoundError):
+        await MCPServer.from_mcp(BrokenSession())
+    first_page = await PagedSession().list_tools()
+    with pytest.warns(UserWarning, match="later pages are missing"):
+        MCPServer(server_name="paged", available_tools=first_page)
+
+
+def test_a_kept_object_does_not_stop_scoring_a_case_with_other_python_objects_in_its_metadata() -> None:
+    import datetime as dt
+
+    mcp_types = pytest.importorskip("mcp.types")
+    when = dt.datetime(2026, 12, 3, tzinfo=dt.UTC)
+    case = ConversationalTestCase(turns=_turns(), metadata={"run": object(), "at": when}, mcp_servers=[MCPServer(
+        server_name="flights", available_tools=[mcp_types.Tool(name="search_flights", input_schema={})])])
+    normalized = case.normalized()
+    assert normalized.metadata["at"] is when and type(normalized.mcp_servers[0].available_tools[0]).__module__ \
+        == "scoring.test_case"
+    assert MCPCallValidityMetric().measure(case) is None  # no calls: not applicable, and no error
+    resource = mcp_types.Resource(name="r", uri="file:///r")  # fits a tool's JSON, but is not kept as a tool
+    assert type(MCPServer(server_name="x", available_tools=[resource]).available_tools[0]).__name__ == "Tool"
 
 
 async def test_live_mcp_objects_are_kept_as_given_scored_and_round_trip_to_the_same_json() -> None:

@@ -92,8 +92,8 @@ def test_an_evaluation_template_override_is_the_prompt_and_the_rest_stay_traceju
 
     class Strict(MCPTaskCompletionTemplate):
         @staticmethod
-        def get_task_completion_score(task) -> str:  # noqa: ANN001 - declares only what it uses, as in DeepEval
-            return f"HOUSE RULES. Task: {task.task}\nSteps:\n" + "\n".join(task.steps_taken) + "\nJSON:"
+        def get_task_completion_score(t) -> str:  # noqa: ANN001 - older DeepEval templates take the task by position
+            return f"HOUSE RULES. Task: {t.task}\nSteps:\n" + "\n".join(t.steps_taken) + "\nJSON:"
 
     def script(request: Request) -> Reply:
         if request.user.startswith("HOUSE RULES"):
@@ -128,6 +128,14 @@ def test_an_evaluation_template_override_is_the_prompt_and_the_rest_stay_traceju
 
     with pytest.raises(TypeError, match="evaluation_template.get_task_completion_score must be a static method"):
         MCPTaskCompletionMetric(model=judge, evaluation_template=Broken)
+
+    class TooMany(MCPTaskCompletionTemplate):
+        @staticmethod
+        def generate_final_reason(a, b, c, d, e, f) -> str:  # noqa: ANN001
+            return ""
+
+    with pytest.raises(TypeError, match="generate_final_reason cannot be called with DeepEval's variables"):
+        MCPTaskCompletionMetric(model=judge, evaluation_template=TooMany)
 
 
 @pytest.mark.parametrize("case", [two_turn_case(), {"turns": [{"role": "assistant", "content": "Hello!"}]}],

@@ -109,6 +109,17 @@ def test_evaluate_sends_one_request_for_both_metrics_and_splits_the_cost(s1_serv
     assert use.score_breakdown["shared_request"] is True
 
 
+def test_deepeval_units_without_a_qualifying_unit_cost_no_system_one_request(s1_server, s1) -> None:
+    s1_server.script = answer_all(GIVEN)
+    metrics = [MultiTurnMCPUseMetric(eval_mode="system_one", system_one_model=s1, units="deepeval"),
+               MCPTaskCompletionMetric(eval_mode="system_one", system_one_model=s1, units="deepeval")]
+    use, done = evaluate([two_turn_case()], metrics, file=io.StringIO()).test_results[0].metrics
+    assert (use.score, done.score) == (0.0, 0.0) and s1_server.calls() == []
+    assert use.score_breakdown["units"] == "deepeval"
+    scored = evaluate([three_task_case()], metrics, file=io.StringIO()).test_results[0].metrics  # it has units
+    assert len(s1_server.calls()) == 1 and all(m.score_breakdown["units"] == "deepeval" for m in scored)
+
+
 def test_shared_request_failure_is_each_metrics_error(s1_server, s1) -> None:
     s1_server.script = lambda r: error(401, "bad key")
     metrics = [MultiTurnMCPUseMetric(eval_mode="system_one", system_one_model=s1),

@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 from collector.config import Settings
 from collector.log import Logger
 from collector.pipeline.sampling import attribute_values, decide
+from collector.receivers.span_rows import plain_strings
 from mapping import Conversation, Span, build_conversations
 from mapping.conversation_key import KEY_PRECEDENCE
 from scoring.id_table import id_table
@@ -43,13 +44,6 @@ _COLUMNS = ("trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, st
 def _calls(conversation: Conversation) -> int:
     return sum(len(t.mcp_tools_called or []) + len(t.mcp_resources_called or []) + len(t.mcp_prompts_called or [])
                for t in conversation.test_case.turns)
-
-
-def _text(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    """A JSON column as plain strings (the decode workers send Arrow's JSON extension type)."""
-    if isinstance(column.type, pa.BaseExtensionType):
-        return pa.chunked_array([chunk.storage for chunk in column.chunks], column.type.storage_type)
-    return column
 
 
 def _commit_keys(table: pa.Table) -> dict[str, tuple[int, str]]:
@@ -93,7 +87,8 @@ class ConversationAssembler:
         """Called by the span writer after each commit (its thread)."""
         keys = _commit_keys(table)
         traces = pc.unique(table.column("trace_id")).to_pylist()
-        ended = table.filter(pc.match_substring(_text(table.column("attributes")), END_MARKER)).column("trace_id")
+        end_marked = pc.match_substring(plain_strings(table.column("attributes")), END_MARKER)
+        ended = table.filter(end_marked).column("trace_id")
         with self._lock:
             now = time.monotonic()
             for trace in traces:

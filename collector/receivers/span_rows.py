@@ -34,6 +34,13 @@ _SCHEMA = pa.schema([
 MAX_INT64 = 2**63 - 1
 
 
+def plain_strings(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """A JSON column as plain strings, for Arrow compute kernels that do not take the extension type."""
+    if isinstance(column.type, pa.BaseExtensionType):
+        return pa.chunked_array([chunk.storage for chunk in column.chunks], column.type.storage_type)
+    return column
+
+
 
 def _finite(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
@@ -48,16 +55,22 @@ def _finite(value: Any) -> Any:
 _ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
+def _flat_and_finite(value: Any) -> bool:
+    """Attributes of scalars with no NaN or Infinity: any `null` orjson wrote is a real None (or text)."""
+    return isinstance(value, dict) and all(
+        v is None or type(v) in (str, int, bool) or (type(v) is float and math.isfinite(v)) for v in value.values())
+
+
 def to_json(value: Any) -> str:
     """Strict JSON DuckDB's JSON type accepts: NaN and Infinity as strings, lone surrogates as U+FFFD (keys that
     only differed in them stay distinct). orjson writes the common case (9x faster, `python bench/decode.py`);
     what it cannot write as we want (lone surrogates, ints past 64 bits: it raises; NaN: it writes null, so
-    any null) goes the standard library's way."""
+    a null that could be one) goes the standard library's way."""
     try:
         fast = orjson.dumps(value, default=str)
     except (orjson.JSONEncodeError, TypeError):
         fast = None
-    if fast is not None and b"null" not in fast:
+    if fast is not None and (b"null" not in fast or _flat_and_finite(value)):
         return fast.decode()
     try:
         text = _ENCODER.encode(value)

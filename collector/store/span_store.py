@@ -119,7 +119,7 @@ class SpanStore:
         self._con.execute("SET checkpoint_threshold = '256MB'")
         if self.threads:
             # One thread appends a span batch with about 0.6x the CPU of two and no more wall time
-            # (`python bench/span_append.py --threads`), CPU the decode workers need on a small machine.
+            # (`python bench/span_append.py --writer-settings`), CPU the decode workers need on a small machine.
             self._con.execute(f"SET threads = {int(self.threads)}")
         for setting, value in (("memory_limit", self.memory_limit), ("max_temp_directory_size", self.temp_limit)):
             if not value:
@@ -271,7 +271,8 @@ class SpanStore:
                 except Exception as exc:  # noqa: BLE001 - a listener must never fail a commit already made
                     self.stats.listener_errors += 1
                     if self.on_listener_error is not None:
-                        self.on_listener_error(exc)
+                        with contextlib.suppress(Exception):  # counted above; the exporters still get their answer
+                            self.on_listener_error(exc)
         else:
             self.stats.last_error = f"{type(error).__name__}: {error}"
             self.healthy = False
