@@ -102,7 +102,8 @@ def run(name: str, attack: Callable[[CollectorProcess], str], config: str = "") 
                 result = attack(collector)
                 took = time.perf_counter() - started
             server = _hwm_mb(collector.proc.pid)
-            # each worker once: those at the start, and any started since (a replaced worker)
+            # each child once (the decode workers and multiprocessing's resource tracker), those at the start and
+            # any started since; a worker that died during the attack reads 0 MB
             pool = dict.fromkeys([*workers, *_children(collector.proc.pid)])
             total = server + sum(_hwm_mb(w) for w in pool)
             alive = httpx.get(f"{collector.admin_url}/healthz", timeout=10).status_code == 200

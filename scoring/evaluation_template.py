@@ -64,18 +64,34 @@ VARIABLES = {"get_task_completion_score": ("task", "steps_taken", "multimodal", 
 
 
 def _arguments(method: Callable[..., str], name: str, context: dict[str, Any]) -> inspect.BoundArguments:
-    """The override's arguments: the variables it names (all with **kwargs), as DeepEval passes them; an override
-    whose parameters are named otherwise gets them by position, in DeepEval's order."""
+    """The override's arguments as DeepEval gives them: a parameter named after a variable gets it (all of them
+    with **kwargs); any other required parameter takes the next variable not yet given, in DeepEval's order (older
+    DeepEval templates take them by position); an unnamed parameter with a default keeps it."""
     signature = inspect.signature(method)
-    parameters = list(signature.parameters.values())
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-        return signature.bind(**context)
-    named = {p.name for p in parameters}
-    if all(p.name in context or p.default is not p.empty for p in parameters
-           if p.kind is not inspect.Parameter.VAR_POSITIONAL):
-        return signature.bind(**{k: v for k, v in context.items() if k in named})
-    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return signature.bind(*[context[v] for v in VARIABLES[name][:len(positional)]])
+    parameters = [p for p in signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    by_name = {p.name for p in parameters if p.kind is not p.POSITIONAL_ONLY and p.name in context}
+    spare = [v for v in VARIABLES[name] if v not in by_name]
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    given = set(by_name)
+    for p in parameters:
+        if p.name in by_name:
+            value = context[p.name]
+        elif p.default is p.empty and spare:
+            variable = spare.pop(0)
+            given.add(variable)
+            value = context[variable]
+        elif p.default is not p.empty:
+            continue
+        else:
+            raise TypeError(f"parameter {p.name!r} is left without a variable")
+        if p.kind is p.POSITIONAL_ONLY:
+            args.append(value)
+        else:
+            kwargs[p.name] = value
+    if any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
+        kwargs.update({k: v for k, v in context.items() if k not in given and k not in kwargs})
+    return signature.bind(*args, **kwargs)
 
 
 def check_override(method: Callable[..., str], name: str) -> None:

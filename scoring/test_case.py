@@ -4,8 +4,8 @@ Two kinds of model live here. Test-case models (`Turn`, `ConversationalTestCase`
 use DeepEval's snake_case names and also accept camelCase. MCP protocol shapes (`Tool`,
 `CallToolResult`, ...) are the MCP JSON: they dump in camelCase (`inputSchema`, `structuredContent`,
 `isError`) and keep unknown protocol fields, so nothing a server sent is lost. Live `mcp.types`
-objects (or any other library's pydantic objects of the same JSON) are validated as that JSON and kept
-as given, as DeepEval keeps them; metrics read a `normalized()` copy. The `mcp` package is not required.
+objects (or another library's pydantic objects of the same class name and JSON) are validated as their JSON
+and kept as given, as DeepEval keeps them; metrics read a `normalized()` copy. `mcp` is not required.
 """
 
 from __future__ import annotations
@@ -303,14 +303,33 @@ class MCPPromptCall(_NamedCall):
 METHOD_NOT_FOUND = -32601  # JSON-RPC's answer when a server lacks a capability (no prompts, say)
 
 
+MAX_PAGES = 10_000  # a server that keeps answering with new cursors is stopped here, not followed forever
+
+
+def _page(call: Callable[..., Any], cursor: str | None) -> Any:
+    """One page of a listing: `Client` takes `cursor=`, mcp 2.x's `ClientSession` `params=` with the cursor."""
+    if cursor is None:
+        return call()
+    parameters = inspect.signature(call).parameters
+    if "cursor" in parameters:
+        return call(cursor=cursor)
+    if "params" in parameters:
+        from mcp.types import PaginatedRequestParams  # only a live MCP SDK session gets here
+
+        return call(params=PaginatedRequestParams(cursor=cursor))
+    raise TypeError(f"{getattr(call, '__qualname__', call)} takes no cursor, so the listing's later pages "
+                    "cannot be read")
+
+
 async def _every_page(call: Callable[..., Any], attribute: str) -> list[Any]:
     """Every item of an MCP listing, following `next_cursor` through the pages a session returns; a server
     object's listing is a plain list. A capability the server lacks is an empty listing."""
     items: list[Any] = []
     cursor: str | None = None
+    seen: set[str] = set()
     while True:
         try:
-            answer = await (call(cursor=cursor) if cursor is not None else call())
+            answer = await _page(call, cursor)
         except Exception as exc:
             code = getattr(exc, "code", None)
             if getattr(getattr(exc, "error", None), "code", code) == METHOD_NOT_FOUND:
@@ -322,6 +341,10 @@ async def _every_page(call: Callable[..., Any], attribute: str) -> list[Any]:
         cursor = getattr(answer, "next_cursor", None) or getattr(answer, "nextCursor", None)
         if not cursor:
             return items
+        if cursor in seen or len(seen) >= MAX_PAGES:
+            raise ValueError(f"the MCP server's {attribute} listing does not end (cursor {cursor!r} came back, or "
+                             f"more than {MAX_PAGES} pages); pass the listing to MCPServer yourself")
+        seen.add(cursor)
 
 
 def _is_sdk_server(value: Any) -> bool:
@@ -341,7 +364,11 @@ def _server_record(server: Any) -> Any:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(MCPServer.from_mcp(server))
+        loop = asyncio.new_event_loop()  # not asyncio.run: that would leave the thread without a current loop
+        try:
+            return loop.run_until_complete(MCPServer.from_mcp(server))
+        finally:
+            loop.close()
     # reading it on another loop could break a server bound to this one, and blocking this loop stalls it
     raise TypeError("an MCP SDK server object in 'mcp_servers' is read synchronously, which cannot be done inside "
                     "a running event loop: pass `await MCPServer.from_mcp(server)` instead")

@@ -261,6 +261,19 @@ async def test_from_mcp_reads_every_page_and_only_a_missing_capability_is_an_emp
     server = await MCPServer.from_mcp(PagedSession())
     assert server.server_name == "paged" and len(server.available_tools) == 6 and server.available_prompts == []
 
+    class SdkSession(PagedSession):  # mcp 2.x's ClientSession: the cursor travels in `params`
+        async def list_tools(self, *, params: object = None) -> object:
+            return await PagedSession.list_tools(self, getattr(params, "cursor", None))
+
+    assert len((await MCPServer.from_mcp(SdkSession())).available_tools) == 6
+
+    class Looping(PagedSession):  # a server that hands back the same cursor forever
+        async def list_tools(self, cursor: str | None = None) -> object:
+            return mcp_types.ListToolsResult(tools=[mcp_types.Tool(name="t", input_schema={})], next_cursor="again")
+
+    with pytest.raises(ValueError, match="listing does not end"):
+        await MCPServer.from_mcp(Looping())
+
     class BrokenSession(PagedSession):
         async def list_prompts(self, cursor: str | None = None) -> object:
             raise FileNotFoundError("prompts/not found on disk")  # a real failure is not "no prompts"
@@ -376,3 +389,17 @@ async def test_deepevals_mcp_docs_walkthrough_runs_with_only_the_imports_changed
     assert [c["kind"] for c in steps] == ["tool", "resource", "prompt"]
     assert "AF123" in steps[0]["result"]["text"] and "CDG" in steps[1]["result"]["text"]
     assert steps[2]["result"]["messages"][0]["text"] == "Plan a trip to Paris"
+
+
+@pytest.mark.parametrize("override, expected", [
+    (lambda task: task.task, "T"),                                     # by name, as DeepEval passes them
+    (lambda t: t.task, "T"),                                           # by position, as older DeepEval did
+    (lambda t, strict: f"{t.task} {strict}", "T True"),                # mixed: the named one by name
+    (lambda t, extra=1: f"{t.task} {extra}", "T 1"),                   # an unnamed default keeps its value
+    (lambda task, **rest: ",".join(sorted(rest)), "multimodal,steps_taken,strict"),
+])
+def test_template_overrides_get_deepevals_variables_whatever_they_call_them(override, expected) -> None:
+    from scoring.evaluation_template import TemplateTask, call_declared
+
+    context = {"task": TemplateTask(task="T"), "steps_taken": "S", "multimodal": False, "strict": True}
+    assert call_declared(override, "get_task_completion_score", context) == expected
