@@ -8,12 +8,16 @@
 3. The writer's settings (`--writer-settings`): DuckDB's default threads vs `threads = 1`, and the JSON columns
    sent as plain strings (DuckDB parses each value) vs Arrow's JSON extension type (taken as they are), each
    variant appending the same 4,096-row tables, interleaved and repeated.
-Run: `python bench/span_append.py [--blocks 8] [--block-rows 204800] [--ids 60000] [--writer-settings]`.
+4. The request digests each commit records (`--request-digests`): `INSERT OR REPLACE` into the keyed table of
+   schema 10 vs a plain `INSERT` into the unkeyed one of schema 11, 4 digests per commit over 20,000 kept ones.
+Run: `python bench/span_append.py [--blocks 8] [--block-rows 204800] [--ids 60000] [--writer-settings]
+[--request-digests]`.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -96,6 +100,29 @@ def writer_settings(tmp: Path, tables: int = 60, rounds: int = 3) -> None:
         print(f"{name:34s} {cpu:5.2f} µs CPU/row, {wall:5.2f} µs wall/row ({cpu / first:.2f}x the CPU of the first)")
 
 
+def request_digests(tmp: Path, commits: int = 2000, per_commit: int = 4) -> None:
+    """CPU and wall time per commit of recording the request digests, keyed (before) and unkeyed (now)."""
+    for label, key, insert in (("primary key, INSERT OR REPLACE (schema 10)", " PRIMARY KEY", "INSERT OR REPLACE"),
+                               ("no key, INSERT (schema 11)", "", "INSERT")):
+        con = duckdb.connect(str(tmp / f"digests-{bool(key)}.duckdb"))
+        con.execute("SET threads = 1")
+        con.execute(f"CREATE TABLE ingest_requests (digest BLOB NOT NULL{key}, received_at TIMESTAMPTZ NOT NULL)")
+        con.execute("INSERT INTO ingest_requests SELECT md5(i::VARCHAR)::BLOB, now() FROM range(20000) t(i)")
+        now = int(time.time() * 1e6)  # microseconds since the epoch, as the timestamp column stores them
+        wall, cpu = time.perf_counter(), time.process_time()
+        for _ in range(commits):
+            rows = pa.table({"digest": pa.array([os.urandom(16) for _ in range(per_commit)], pa.binary()),
+                             "received_at": pa.array([now] * per_commit, pa.timestamp("us", tz="UTC"))})
+            con.execute("BEGIN")
+            con.register("r", rows)
+            con.execute(f"{insert} INTO ingest_requests SELECT * FROM r")
+            con.unregister("r")
+            con.execute("COMMIT")
+        print(f"{label:44s} {(time.process_time() - cpu) / commits * 1e3:.2f} ms CPU, "
+              f"{(time.perf_counter() - wall) / commits * 1e3:.2f} ms wall per commit")
+        con.close()
+
+
 def id_sets(count: int) -> tuple[float, float]:
     con = duckdb.connect()
     con.execute("CREATE TABLE spans AS SELECT md5(i::VARCHAR) AS trace_id FROM range(1000000) t(i)")
@@ -115,7 +142,12 @@ def main() -> None:
     parser.add_argument("--block-rows", type=int, default=204_800)
     parser.add_argument("--ids", type=int, default=60_000)
     parser.add_argument("--writer-settings", action="store_true", help="only compare the writer's settings (part 3)")
+    parser.add_argument("--request-digests", action="store_true", help="only compare the digest table (part 4)")
     args = parser.parse_args()
+    if args.request_digests:
+        with tempfile.TemporaryDirectory() as tmp:
+            request_digests(Path(tmp))
+        return
     if args.writer_settings:
         with tempfile.TemporaryDirectory() as tmp:
             writer_settings(Path(tmp))

@@ -138,6 +138,34 @@ def test_a_database_from_before_schema_7_keeps_its_spans_and_loses_the_span_inde
     store.close()
 
 
+def test_request_digests_of_a_schema_10_file_are_kept_without_their_index_and_still_recognised(tmp_path: Path) -> None:
+    """Schema 11 drops the digests' primary key (the writer's INSERT OR REPLACE cost); a digest committed before
+    the upgrade, or stored twice since, still marks its request as already stored."""
+    import datetime as dt
+
+    from collector.store.schema import MIGRATIONS
+    from collector.store.span_store import SpanStore
+
+    db = tmp_path / "v10.duckdb"
+    with duckdb.connect(str(db)) as con:
+        con.execute("CREATE TABLE tracejudge_schema (version INTEGER NOT NULL, applied_at TIMESTAMPTZ)")
+        for version in range(1, 11):
+            con.execute(MIGRATIONS[version])
+            con.execute("INSERT INTO tracejudge_schema VALUES (?, now())", [version])
+        con.execute("INSERT INTO ingest_requests VALUES (?, ?)", [b"\x01" * 16, dt.datetime.now(dt.UTC)])
+    store = SpanStore(db)
+    store.open()
+    con = store.cursor()
+    assert con.execute("SELECT count(*) FROM duckdb_constraints() WHERE table_name = 'ingest_requests' "
+                       "AND constraint_type = 'PRIMARY KEY'").fetchone() == (0,)
+    con.execute("INSERT INTO ingest_requests VALUES (?, now())", [b"\x01" * 16])  # the same digest twice
+    store.close()
+    store = SpanStore(db)
+    store.open()
+    assert b"\x01" * 16 in store._committed and len(store._committed) == 1
+    store.close()
+
+
 async def test_a_failing_commit_listener_is_counted_and_reported_and_the_spans_stay_committed(tmp_path: Path) -> None:
     """The assembler takes in each commit as a listener; if it ever fails, the commit stands and the failure is
     told (the collector logs it as an error), never swallowed."""

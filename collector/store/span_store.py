@@ -134,8 +134,9 @@ class SpanStore:
                                      f"(like '1GB' or '512MB'): {exc}") from exc
         lock_down(self._con)
         since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=DEDUP_WINDOW_S)
-        for digest, at in self._con.execute("SELECT digest, received_at FROM ingest_requests WHERE received_at >= ? "
-                                            "ORDER BY received_at", [since]).fetchall():
+        recent = self._con.execute("SELECT digest, max(received_at) AS last_at FROM ingest_requests "
+                                   "WHERE received_at >= ? GROUP BY digest ORDER BY last_at", [since]).fetchall()
+        for digest, at in recent:
             self._committed[bytes(digest)] = at.timestamp()
         self.healthy = True
         self._thread = threading.Thread(target=self._run, name="tracejudge-span-writer", daemon=True)
@@ -240,7 +241,7 @@ class SpanStore:
                     "received_at": pa.array([dt.datetime.fromtimestamp(now, dt.UTC)] * len(digests),
                                             pa.timestamp("us", tz="UTC"))}))
                 try:
-                    self._con.execute("INSERT OR REPLACE INTO ingest_requests SELECT * FROM incoming_requests")
+                    self._con.execute("INSERT INTO ingest_requests SELECT * FROM incoming_requests")
                 finally:
                     self._con.unregister("incoming_requests")
             self._con.execute("COMMIT")
