@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from collector.config import StoreSettings  # noqa: E402
 from collector.pipeline.summary_tables import SummaryTables  # noqa: E402
 from collector.store.span_store import SpanStore  # noqa: E402
 from collector.ui import views  # noqa: E402
@@ -46,9 +47,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--conversations", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--memory-limit", default=StoreSettings().memory_limit,
+                        help="DuckDB's memory_limit for the file (default: the collector's [store] memory_limit)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        store = SpanStore(Path(tmp) / "ui.duckdb", memory_limit="512MB")
+        store = SpanStore(Path(tmp) / "ui.duckdb", memory_limit=args.memory_limit, threads=StoreSettings().threads)
+        print(f"memory_limit {args.memory_limit}")
         store.open()
         started = time.perf_counter()
         populate(store.cursor(), args.conversations)

@@ -193,6 +193,18 @@ def test_queries_that_would_take_all_memory_fail_alone(guarded) -> None:
     exporter_still_served(guarded, TOKEN)
 
 
+def test_every_answer_is_strict_json_even_for_values_json_cannot_hold(guarded) -> None:
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} in the answer is not JSON")
+
+    reply = httpx.post(f"{guarded.admin_url}/api/query", headers={"Authorization": f"Bearer {TOKEN}"}, json={
+        "sql": "SELECT 'nan'::DOUBLE AS a, '-inf'::DOUBLE AS b, [1.5, 'inf'::DOUBLE] AS c, NULL AS d, "
+               "170141183460469231731687303715884105727::HUGEINT AS e, 'é ✓' AS f"})
+    assert reply.status_code == 200, reply.text
+    answer = json.loads(reply.content, parse_constant=refuse)
+    assert answer["rows"] == [["nan", "-inf", [1.5, "inf"], None, 170141183460469231731687303715884105727, "é ✓"]]
+
+
 @pytest.mark.parametrize("sql, refused", [
     ("SELECT * FROM read_blob('t.duckdb')", "read_blob"),
     ("SELECT * FROM glob('*')", "glob"),

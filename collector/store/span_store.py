@@ -117,6 +117,11 @@ class SpanStore:
         # Fewer, larger checkpoints: each one stalls the writer, and at ingest rates the 16 MB default WAL
         # fills several times a second.
         self._con.execute("SET checkpoint_threshold = '256MB'")
+        # Give memory back to the system after a large query or a failed one: at DuckDB's defaults (flush after
+        # a 512 MB bulk free, no background purge) queries stopped by memory_limit left 420 MB held.
+        self._con.execute("SET allocator_bulk_deallocation_flush_threshold = '64MB'")
+        self._con.execute("SET allocator_flush_threshold = '32MB'")
+        self._con.execute("SET allocator_background_threads = true")
         if self.threads:
             # One thread appends a span batch with about 0.6x the CPU of two and no more wall time
             # (`python bench/span_append.py --writer-settings`), CPU the decode workers need on a small machine.
@@ -233,8 +238,9 @@ class SpanStore:
                 self._con.register("incoming_spans", table)
                 try:
                     self._con.execute("INSERT INTO spans SELECT * FROM incoming_spans")
-                finally:
-                    self._con.unregister("incoming_spans")
+                finally:  # in an aborted transaction this fails too, and would hide the error that aborted it
+                    with contextlib.suppress(duckdb.Error):
+                        self._con.unregister("incoming_spans")
             if digests:
                 self._con.register("incoming_requests", pa.table({
                     "digest": pa.array(list(digests), pa.binary()),
@@ -242,8 +248,9 @@ class SpanStore:
                                             pa.timestamp("us", tz="UTC"))}))
                 try:
                     self._con.execute("INSERT INTO ingest_requests SELECT * FROM incoming_requests")
-                finally:
-                    self._con.unregister("incoming_requests")
+                finally:  # in an aborted transaction this fails too, and would hide the error that aborted it
+                    with contextlib.suppress(duckdb.Error):
+                        self._con.unregister("incoming_requests")
             self._con.execute("COMMIT")
         except Exception as exc:
             error = exc
