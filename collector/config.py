@@ -94,7 +94,7 @@ class StoreSettings(_Section):
     max_batch_spans: int = Field(50_000, ge=1, description="most spans committed in one transaction")
     max_queue_spans: int = Field(500_000, ge=1, description="spans waiting for a commit before receivers push back")
     retry_after_s: int = Field(1, ge=1, description="Retry-After given to exporters under backpressure")
-    memory_limit: str | None = Field("256MB", description="cap on DuckDB's buffer memory, shared by ingest and "
+    memory_limit: str | None = Field("128MB", description="cap on DuckDB's buffer memory, shared by ingest and "
                                      "queries: a query past it spills to disk or fails, the collector does not "
                                      "(none: DuckDB's default, 80% of RAM)")
     temp_limit: str | None = Field("2GB", description="most disk a query may spill to (none: DuckDB's default, "

@@ -2,7 +2,7 @@
 
 Not run in CI (marker `soak`, deselected by default). Run it with:
     pytest -m soak -s tests/test_soak.py        # TRACEJUDGE_SOAK_S=300 (default), TRACEJUDGE_SOAK_RATE=6,
-                                                # TRACEJUDGE_SOAK_MEMORY_LIMIT=256MB ([store] memory_limit)
+                                                # TRACEJUDGE_SOAK_MEMORY_LIMIT=128MB ([store] memory_limit)
 It prints the per-third figures recorded in RELIABILITY.md.
 """
 
