@@ -1,6 +1,7 @@
 """The hostile-client attacks of RELIABILITY.md at full size, against a real `tracejudge serve` on loopback.
 
-For each attack: the server's peak RSS with its decode workers (VmHWM of each process), what the attacking
+For each attack: the server's peak RSS with its decode workers (VmHWM of each process, summed, and the most
+they held together at one moment, sampled every 20 ms), what the attacking
 clients got, how long the attack ran, and the slowest acknowledgement a normal exporter got meanwhile (it
 exports one small batch every 0.2 s). Every request loop is bounded. Run: `python bench/attacks.py
 [--only NAME]`; it takes a few minutes and up to ~3 GB of the machine's memory for the attack payloads.
@@ -9,6 +10,7 @@ exports one small batch every 0.2 s). Every request loop is bounded. Run: `pytho
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import json
 import os
@@ -38,10 +40,10 @@ TOKEN = "attack-bench-token"
 MiB = 1024 * 1024
 
 
-def _hwm_mb(pid: int) -> float:
+def _hwm_mb(pid: int, field: str = "VmHWM") -> float:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass
@@ -88,6 +90,30 @@ class Probe:
         self._thread.join()
 
 
+class Together:
+    """The most the server and its children held at one moment (their RSS summed every 20 ms): the memory the
+    machine had to have, where the sum of each process's own peak counts peaks that did not coincide."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak, self._stop = pid, 0.0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        pids, listed = [self.pid], 0.0
+        while not self._stop.wait(0.02):
+            if time.monotonic() - listed > 1:
+                pids, listed = [self.pid, *_children(self.pid)], time.monotonic()
+            self.peak = max(self.peak, sum(_hwm_mb(pid, "VmRSS") for pid in pids))
+
+    def __enter__(self) -> Together:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def run(name: str, attack: Callable[[CollectorProcess], str], config: str = "") -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "tracejudge.toml"
@@ -97,7 +123,7 @@ def run(name: str, attack: Callable[[CollectorProcess], str], config: str = "") 
             assert collector.proc is not None
             time.sleep(1)
             workers = _children(collector.proc.pid)
-            with Probe(collector) as probe:
+            with Probe(collector) as probe, Together(collector.proc.pid) as together:
                 started = time.perf_counter()
                 result = attack(collector)
                 took = time.perf_counter() - started
@@ -108,7 +134,8 @@ def run(name: str, attack: Callable[[CollectorProcess], str], config: str = "") 
             total = server + sum(_hwm_mb(w) for w in pool)
             alive = httpx.get(f"{collector.admin_url}/healthz", timeout=10).status_code == 200
             print(f"{name}: {result}; attack {took:.1f} s; peak RSS server {server:.0f} MB, with workers "
-                  f"{total:.0f} MB; normal exporter: slowest ack {probe.worst:.2f} s, {probe.failures} failed; "
+                  f"{total:.0f} MB (at one moment: {together.peak:.0f} MB); normal exporter: slowest ack "
+                  f"{probe.worst:.2f} s, {probe.failures} failed; "
                   f"healthz {'ok' if alive else 'DOWN'}", flush=True)
             collector.stop()
 
@@ -191,14 +218,21 @@ def slow_clients(collector: CollectorProcess) -> str:
             "still open after 15 s")
 
 
+@functools.cache
+def _wide_span() -> bytes:
+    """Built before the normal exporter starts: building it holds this process's GIL for seconds, which the
+    exporter's thread would otherwise count as the collector's delay."""
+    attributes = [KeyValue(key=f"k{i}", value=AnyValue(string_value="v")) for i in range(3_300_000)]
+    return ExportTraceServiceRequest(resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=[Span(
+        trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name="wide", attributes=attributes, start_time_unix_nano=1,
+        end_time_unix_nano=2)])])]).SerializeToString()
+
+
 def big_decodes(collector: CollectorProcess) -> str:
     empties = b'{"resourceSpans": [' + b"{}," * (21 * MiB) + b"{}]}"
     json_reply = httpx.post(collector.http_url, content=empties, timeout=300, headers={
         "Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"})
-    attributes = [KeyValue(key=f"k{i}", value=AnyValue(string_value="v")) for i in range(3_300_000)]
-    wide = ExportTraceServiceRequest(resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=[Span(
-        trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name="wide", attributes=attributes, start_time_unix_nano=1,
-        end_time_unix_nano=2)])])]).SerializeToString()
+    wide = _wide_span()
     pb_reply = httpx.post(collector.http_url, content=wide, timeout=300, headers={
         "Content-Type": "application/x-protobuf", "Authorization": f"Bearer {TOKEN}"})
     return (f"63 MiB JSON of empty objects -> HTTP {json_reply.status_code}; a {len(wide) // MiB} MiB span with 3.3M "
@@ -252,6 +286,8 @@ def main() -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     for name in args.only or list(ATTACKS):
         attack, config = ATTACKS[name]
+        if attack is big_decodes:
+            _wide_span()
         run(name, attack, config)
 
 

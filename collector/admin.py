@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import duckdb
 import orjson
@@ -18,6 +20,7 @@ from collector.metrics import CollectorMetrics
 from collector.pipeline.summary_tables import SummaryTables
 from collector.receivers.http_guard import GuardedSite
 from collector.receivers.ingest import bearer_matches
+from collector.store.memory_release import release_duckdb_memory
 from collector.store.span_store import SpanStore
 from collector.ui.export import ReportError, export_views
 from collector.ui.rendering import STATIC_CSP
@@ -26,6 +29,9 @@ from scoring.stage import ScoringStage
 
 MAX_QUERIES = 4  # queries and reports running at once; more get 429
 JOB_STATES = ("pending", "running", "done", "failed", "budget", "waiting_for_judge")
+
+
+T = TypeVar("T")
 
 
 class AdminServer:
@@ -133,10 +139,9 @@ class AdminServer:
             return _error(429, "too many queries and reports are running; retry shortly")
         self._busy += 1
         try:
-            page = await asyncio.get_running_loop().run_in_executor(
-                self._queries, lambda: export_views(self._cursor(), since, f"the collector at port {self.port}",
-                                                    summaries=self.summaries, budget_usd=self._budget_usd,
-                                                    trace_url=self._trace_url))
+            page = await asyncio.get_running_loop().run_in_executor(self._queries, _then_release, lambda: export_views(
+                self._cursor(), since, f"the collector at port {self.port}", summaries=self.summaries,
+                budget_usd=self._budget_usd, trace_url=self._trace_url))
         except ReportError as exc:
             return _error(400, str(exc))
         finally:
@@ -156,10 +161,18 @@ class AdminServer:
         return web.Response(text=json.dumps(body), content_type="application/json")
 
 
+def _then_release(work: Callable[[], T]) -> T:
+    """Run a query's work, then hand what it freed back to the system: the next query must not stack on it."""
+    try:
+        return work()
+    finally:
+        release_duckdb_memory()
+
+
 def _answer(con: duckdb.DuckDBPyConnection, sql: str, limit: int) -> bytes:
     """The query run and its JSON written on a query thread: a large answer never holds the event loop. orjson
     writes bytes at once, so a 32 MB answer is held twice (rows, body), not four times (rows, str, bytes)."""
-    payload = run_read_query(con, sql, limit).to_json()
+    payload = _then_release(lambda: run_read_query(con, sql, limit).to_json())
     try:
         return orjson.dumps(payload, default=str)
     except orjson.JSONEncodeError:  # integers past 64 bits (HUGEINT)

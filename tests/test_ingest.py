@@ -201,6 +201,45 @@ async def test_a_failing_commit_listener_is_counted_and_reported_and_the_spans_s
     assert table.schema.field("attributes").type == pa.json_(pa.string())  # stored as given, not parsed again
 
 
+async def test_a_commit_that_meets_a_query_holding_duckdbs_memory_waits_for_it_instead_of_failing(
+        tmp_path: Path) -> None:
+    """Queries share DuckDB's buffer pool with the writer; a commit that finds it full waits for the query to let
+    go, so the exporter gets its acknowledgement instead of a retry a second later."""
+    import datetime as dt
+    import threading
+
+    from collector.receivers.span_rows import spans_to_arrow
+    from collector.store.span_store import SpanStore
+
+    store = SpanStore(tmp_path / "t.duckdb", memory_limit="64MB", temp_limit="0KB", threads=1)
+    store.open()
+    query = store.cursor()  # a query holding the pool: an in-memory table it cannot spill (no temp space)
+    query.execute("CREATE TEMP TABLE hog (s VARCHAR)")
+    with pytest.raises(duckdb.OutOfMemoryException):
+        for _ in range(1000):  # fill the pool to the last block
+            query.execute("INSERT INTO hog SELECT repeat('x', 200) || i FROM range(5000) t(i)")
+
+    answered = threading.Event()
+
+    def query_lets_go() -> None:
+        while store.stats.memory_retries == 0 and not answered.wait(0.005):
+            pass
+        query.execute("DROP TABLE hog")
+
+    releaser = threading.Thread(target=query_lets_go)
+    releaser.start()
+    body = json.dumps(request(({"service.name": "agent"}, [span(1, i + 1, "x" * 3000) for i in range(2000)])))
+    table = spans_to_arrow(decode_otlp(body.encode(), "application/json").spans, dt.datetime.now(dt.UTC))
+    try:
+        assert await store.write(table) == 2000
+    finally:
+        answered.set()
+        releaser.join()
+    assert store.stats.memory_retries >= 1  # it did meet the full pool
+    assert store.cursor().execute("SELECT count(*) FROM spans").fetchone() == (2000,)
+    store.close()
+
+
 def test_ingest_token_is_required_when_configured(db: Path) -> None:
     spans = agent_spans(1)
     with CollectorProcess(db, env={"TRACEJUDGE_INGEST_TOKEN": "s3cret-token"}) as collector:

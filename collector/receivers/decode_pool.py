@@ -9,8 +9,6 @@ appends as they are. With `workers = 0` decoding runs in the receiver's own proc
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
 import gc
 import multiprocessing
 import os
@@ -25,6 +23,7 @@ from typing import Literal
 import pyarrow as pa
 
 from collector.receivers.span_rows import request_digest, spans_to_arrow
+from collector.store.memory_release import release_heap
 from mapping.otlp import DEFAULT_LIMITS, SpanLimits, SpanProblem, decode_otlp
 from mapping.otlp_logs import decode_otlp_logs
 from mapping.redaction import Redactor
@@ -91,8 +90,7 @@ def decode_request(payload: bytes, content_type: str, redactor: Redactor | None 
 def _give_memory_back() -> None:
     """A large request leaves the worker's heap large; collect and ask glibc to return the free pages."""
     gc.collect()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    release_heap()
 
 
 def _exit_with_parent(parent: BaseProcess) -> None:

@@ -35,6 +35,7 @@ import pyarrow as pa
 from collector.store.schema import migrate
 from scoring.errors import TracejudgeError
 
+MEMORY_RETRY_PAUSES_S = (0.02, 0.05, 0.1, 0.2, 0.3)  # 0.67 s in all, then the exporter is told to retry
 DEDUP_WINDOW_S = 900.0  # longer than the OTLP exporters' retry horizons (the Collector's: 300 s)
 
 
@@ -70,6 +71,7 @@ class StoreStats:
     last_commit_s: float = 0.0
     last_error: str | None = None
     listener_errors: int = 0  # commits a listener (the assembler) failed to take in
+    memory_retries: int = 0  # commits retried because a query held DuckDB's memory
 
 
 class SpanStore:
@@ -219,7 +221,6 @@ class SpanStore:
         """Commit the batch in one transaction and answer its requests; on failure answer them only if asked."""
         assert self._con is not None
         started = time.perf_counter()
-        error: BaseException | None = None
         fresh: list[_Pending] = []
         digests: set[bytes] = set()
         for pending in batch:  # a redelivered request, or the same request twice in this batch, is stored once
@@ -232,30 +233,15 @@ class SpanStore:
             fresh[0].table if fresh else batch[0].table.slice(0, 0)
         inserted = table.num_rows
         now = time.time()
-        try:
-            self._con.execute("BEGIN TRANSACTION")
-            if inserted:
-                self._con.register("incoming_spans", table)
-                try:
-                    self._con.execute("INSERT INTO spans SELECT * FROM incoming_spans")
-                finally:  # in an aborted transaction this fails too, and would hide the error that aborted it
-                    with contextlib.suppress(duckdb.Error):
-                        self._con.unregister("incoming_spans")
-            if digests:
-                self._con.register("incoming_requests", pa.table({
-                    "digest": pa.array(list(digests), pa.binary()),
-                    "received_at": pa.array([dt.datetime.fromtimestamp(now, dt.UTC)] * len(digests),
-                                            pa.timestamp("us", tz="UTC"))}))
-                try:
-                    self._con.execute("INSERT INTO ingest_requests SELECT * FROM incoming_requests")
-                finally:  # in an aborted transaction this fails too, and would hide the error that aborted it
-                    with contextlib.suppress(duckdb.Error):
-                        self._con.unregister("incoming_requests")
-            self._con.execute("COMMIT")
-        except Exception as exc:
-            error = exc
-            with contextlib.suppress(duckdb.Error):
-                self._con.execute("ROLLBACK")
+        error = self._transaction(table, digests, now)
+        for pause in MEMORY_RETRY_PAUSES_S:
+            if not isinstance(error, duckdb.OutOfMemoryException):
+                break
+            # the buffer pool is shared with /api/query: a query holding it fails or ends within moments, so
+            # wait for it here rather than make the exporter back off for a second or more
+            self.stats.memory_retries += 1
+            time.sleep(pause)
+            error = self._transaction(table, digests, now)
         if error is None:
             for digest in digests:
                 self._committed[digest] = now
@@ -294,6 +280,35 @@ class SpanStore:
                     pending.loop.call_soon_threadsafe(_resolve, pending.future, outcome)
         return error is None
 
+
+    def _transaction(self, table: pa.Table, digests: set[bytes], now: float) -> Exception | None:
+        """Append the spans and the request digests in one transaction; the error that stopped it, if any."""
+        assert self._con is not None
+        try:
+            self._con.execute("BEGIN TRANSACTION")
+            if table.num_rows:
+                self._con.register("incoming_spans", table)
+                try:
+                    self._con.execute("INSERT INTO spans SELECT * FROM incoming_spans")
+                finally:  # in an aborted transaction this fails too, and would hide the error that aborted it
+                    with contextlib.suppress(duckdb.Error):
+                        self._con.unregister("incoming_spans")
+            if digests:
+                self._con.register("incoming_requests", pa.table({
+                    "digest": pa.array(list(digests), pa.binary()),
+                    "received_at": pa.array([dt.datetime.fromtimestamp(now, dt.UTC)] * len(digests),
+                                            pa.timestamp("us", tz="UTC"))}))
+                try:
+                    self._con.execute("INSERT INTO ingest_requests SELECT * FROM incoming_requests")
+                finally:  # in an aborted transaction this fails too, and would hide the error that aborted it
+                    with contextlib.suppress(duckdb.Error):
+                        self._con.unregister("incoming_requests")
+            self._con.execute("COMMIT")
+        except Exception as exc:
+            with contextlib.suppress(duckdb.Error):
+                self._con.execute("ROLLBACK")
+            return exc
+        return None
 
     def _prune(self, now: float) -> None:
         """Forget request digests past the window, in memory at once and in the table once a minute."""
