@@ -4,8 +4,9 @@ Sends `--blocks` blocks of `--block-spans` agent-shaped spans over gRPC at full 
 (the requests of `bench/ingest.py`, 8 spans per trace, so the quiet window fills with traces as the run goes:
 12,500 more per 100,000 spans, none of them complete within the default 120 s quiet period), and prints per
 block: durable spans/s, CPU per span of the server and its decode workers (from /proc), the traces waiting in the
-quiet window, and the server's RSS. The last line compares the last block with the first.
-Run: `python bench/ingest_growth.py [--blocks 10] [--block-spans 100000] [--in-flight 8]`.
+quiet window, the server's RSS (now and its peak) and the peak with its workers (each process's own, summed).
+The last line compares the last block with the first.
+Run: `python bench/ingest_growth.py [--blocks 10] [--block-spans 100000] [--in-flight 8] [--quiet-period S]`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.ingest import EXPORT, build_requests, export_retrying, process_tree, run, status_mb  # noqa: E402
+from bench.ingest import EXPORT, build_requests, export_retrying, peak_rss_mb, process_tree, run, status_mb  # noqa: E402
 from tests.support.collector_process import CollectorProcess  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -44,11 +45,18 @@ def main() -> None:
     parser.add_argument("--block-spans", type=int, default=100_000)
     parser.add_argument("--spans", type=int, default=512, help="spans per request")
     parser.add_argument("--in-flight", type=int, default=8)
+    parser.add_argument("--quiet-period", type=float, default=None,
+                        help="[conversations] quiet_period_s (default: the collector's, 120 s); past the run's length "
+                             "every trace stays in the quiet window, which then grows by 12,500 traces per block")
     args = parser.parse_args()
     per_block = args.block_spans // args.spans
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        collector = CollectorProcess(Path(tmp) / "bench.duckdb").start()
+        config = None
+        if args.quiet_period is not None:
+            config = Path(tmp) / "tracejudge.toml"
+            config.write_text(f"[conversations]\nquiet_period_s = {args.quiet_period}\n")
+        collector = CollectorProcess(Path(tmp) / "bench.duckdb", config=config).start()
         try:
             assert collector.proc is not None
             server = collector.proc.pid
@@ -64,11 +72,11 @@ def main() -> None:
                 used = cpu_s(pids) - before
                 waiting = collector.metric("tracejudge_traces_waiting")
                 row = (block, spans / wall, used / spans * 1e6, waiting, status_mb(server, "VmRSS"),
-                       status_mb(server, "VmHWM"))
+                       status_mb(server, "VmHWM"), peak_rss_mb(server))
                 rows.append(row)
                 print(f"block {block + 1:2d}: {row[1]:8,.0f} durable spans/s, {row[2]:5.1f} µs CPU per span "
                       f"(server + workers), {row[3]:9,.0f} traces waiting, server RSS {row[4]:4.0f} MB "
-                      f"(peak {row[5]:4.0f} MB)", flush=True)
+                      f"(peak {row[5]:4.0f} MB; with workers {row[6]:4.0f} MB)", flush=True)
                 time.sleep(1)
             channel.close()
         finally:
