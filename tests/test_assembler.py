@@ -1,5 +1,6 @@
 """The assembler's bookkeeping against a real span store: a late span that carries no conversation key waits
-with the rest of its conversation instead of having it assembled early, and a span stored twice counts once."""
+with the rest of its conversation instead of having it assembled early, a span stored twice counts once, and
+whatever order spans and polls come in, every trace ends in the conversation its spans name."""
 
 from __future__ import annotations
 
@@ -9,17 +10,20 @@ import io
 import json
 from pathlib import Path
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from collector.config import Settings
 from collector.log import Logger
 from collector.pipeline.conversation_assembler import ConversationAssembler
 from collector.receivers.span_rows import spans_to_arrow
 from collector.store.span_store import SpanStore
 from mapping import decode_otlp
-from tests.support.otlp_json import request, span
+from tests.support.otlp_json import request, span, tid
 
 
 def _spans(trace: int, first_id: int, *, session: str | None, turn: str | None = None) -> list:
-    attributes = {"gen_ai.operation.name": "invoke_agent"}
+    attributes: dict[str, str] = {"gen_ai.operation.name": "invoke_agent"}
     if session:
         attributes["gen_ai.conversation.id"] = session
     if turn:
@@ -29,14 +33,20 @@ def _spans(trace: int, first_id: int, *, session: str | None, turn: str | None =
     return decode_otlp(json.dumps(body), "application/json").spans
 
 
-def test_a_late_span_without_a_key_waits_for_its_still_active_conversation(tmp_path: Path) -> None:
-    store = SpanStore(tmp_path / "t.duckdb")
+def _assembling_store(path: Path, *, quiet_period_s: float) -> tuple[SpanStore, ConversationAssembler]:
+    """An open store whose commits the assembler observes, as in `tracejudge serve`."""
+    store = SpanStore(path)
     store.open()
-    settings = Settings()
-    settings.conversations.quiet_period_s = 0.2
-    assembler = ConversationAssembler(store.cursor(), settings, Logger(stream=io.StringIO()),
-                                      lambda metric: "pending", {m: "x" for m in settings.scoring.metrics})
+    config = Settings()
+    config.conversations.quiet_period_s = quiet_period_s
+    assembler = ConversationAssembler(store.cursor(), config, Logger(stream=io.StringIO()),
+                                      lambda metric: "pending", {m: "x" for m in config.scoring.metrics})
     store.listeners.append(assembler.observe)
+    return store, assembler
+
+
+def test_a_late_span_without_a_key_waits_for_its_still_active_conversation(tmp_path: Path) -> None:
+    store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=0.2)
 
     async def write(spans: list) -> None:
         await store.write(spans_to_arrow(spans, dt.datetime.now(dt.UTC)))
@@ -61,3 +71,46 @@ def test_a_late_span_without_a_key_waits_for_its_still_active_conversation(tmp_p
 
     asyncio.run(scenario())
     store.close()
+
+
+# a trace's conversation key (None: it is its own conversation), then steps: a span of trace N (carrying its key
+# or not), or a poll that assembles whatever is due
+_KEYS = st.lists(st.sampled_from([None, "chat-a", "chat-b"]), min_size=4, max_size=4)
+_STEPS = st.lists(st.one_of(st.tuples(st.integers(0, 3), st.booleans()), st.just("poll")), min_size=1, max_size=12)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(keys=_KEYS, steps=_STEPS)
+def test_whatever_the_order_every_trace_ends_in_the_conversation_its_spans_name(
+        tmp_path_factory, keys: list[str | None], steps: list) -> None:
+    store, assembler = _assembling_store(tmp_path_factory.mktemp("assembler") / "t.duckdb", quiet_period_s=0.0)
+    named: dict[int, str] = {}  # trace -> the key one of its stored spans carries
+    sent: set[int] = set()
+
+    async def scenario() -> None:
+        for n, step in enumerate(steps):
+            if step == "poll":
+                assembler.assemble_due()
+                continue
+            trace, with_key = step
+            key = keys[trace] if with_key else None
+            await store.write(spans_to_arrow(_spans(trace + 1, n + 1, session=key, turn=f"turn {n}"),
+                                             dt.datetime.now(dt.UTC)))
+            sent.add(trace)
+            if key is not None:
+                named[trace] = key
+        assembler.assemble_due(force=True)
+
+    try:
+        asyncio.run(scenario())
+        assert assembler.pending_traces() == 0, "traces left waiting after everything was assembled"
+        latest = dict(store.cursor().execute(
+            "SELECT conversation_id, trace_ids FROM conversations "
+            "QUALIFY row_number() OVER (PARTITION BY conversation_id ORDER BY version DESC) = 1").fetchall())
+        expected: dict[str, set[str]] = {}
+        for trace in sent:
+            expected.setdefault(named.get(trace, tid(trace + 1)), set()).add(tid(trace + 1))
+        for conversation_id, traces in expected.items():
+            assert set(latest.get(conversation_id) or ()) == traces, (conversation_id, latest)
+    finally:
+        store.close()

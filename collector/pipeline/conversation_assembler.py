@@ -74,7 +74,9 @@ class ConversationAssembler:
         self.metric_configs = metric_configs  # metric -> config hash (part of the job and score key)
         self._group_of: dict[str, str] = {}  # waiting trace -> the conversation its spans name so far
         self._rank_of: dict[str, int] = {}  # waiting trace -> precedence of that key (_UNKEYED: none)
-        self._members: dict[str, set[str]] = {}  # conversation -> its waiting traces
+        # conversation -> its waiting traces, only where they are not just the conversation's own trace: most
+        # traces carry no key and are their own conversation, and a set would be half of what each one costs
+        self._members: dict[str, set[str]] = {}
         self._last: OrderedDict[str, float] = OrderedDict()  # conversation -> last span (monotonic), oldest first
         self._stamp: dict[str, int] = {}  # conversation -> change counter: was it touched while assembling?
         self._ended: set[str] = set()  # traces with a span that carried the end marker
@@ -104,30 +106,51 @@ class ConversationAssembler:
         if group != old:
             if old is not None:
                 self._leave(trace, old)
-            self._group_of[trace] = group
-            self._members.setdefault(group, set()).add(trace)
+            self._join(trace, group)
         self._changes += 1
         self._stamp[group] = self._changes
         self._last[group] = now
         self._last.move_to_end(group)
 
+    def _join(self, trace: str, group: str) -> None:
+        """The trace waits with this conversation from now on; the lock is held."""
+        self._group_of[trace] = group
+        members = self._members.get(group)
+        if members is not None:
+            members.add(trace)
+        elif trace != group:
+            self._members[group] = {trace, group} if self._group_of.get(group) == group else {trace}
+
     def _leave(self, trace: str, group: str) -> None:
+        """The trace no longer waits with this conversation (its `_group_of` entry is the caller's to change)."""
         members = self._members.get(group)
         if members is not None:
             members.discard(trace)
-            if not members:
+            empty = not members
+            if empty:
                 del self._members[group]
-                self._last.pop(group, None)
-                self._stamp.pop(group, None)
+        else:
+            empty = trace == group  # the conversation's only waiting trace was its own
+        if empty:
+            self._last.pop(group, None)
+            self._stamp.pop(group, None)
+
+    def _traces_of(self, group: str) -> set[str]:
+        """The conversation's waiting traces; the lock is held."""
+        members = self._members.get(group)
+        if members is not None:
+            return set(members)
+        return {group} if self._group_of.get(group) == group else set()
 
     def _forget(self, group: str, stamp: int) -> bool:
         """Drop an assembled conversation from the waiting set unless a span arrived for it meanwhile."""
         if self._stamp.get(group) != stamp:
             return False
-        for trace in self._members.pop(group, set()):
+        for trace in self._traces_of(group):
             self._group_of.pop(trace, None)
             self._rank_of.pop(trace, None)
             self._ended.discard(trace)
+        self._members.pop(group, None)
         self._last.pop(group, None)
         self._stamp.pop(group, None)
         return True
@@ -171,7 +194,7 @@ class ConversationAssembler:
                     break  # ordered by last span: every later one is newer still
                 if group not in chosen:
                     chosen.append(group)
-            return {g: (self._stamp[g], set(self._members[g])) for g in chosen[:limit]}
+            return {g: (self._stamp[g], self._traces_of(g)) for g in chosen[:limit]}
 
     def assemble_due(self, force: bool = False, limit: int | None = None) -> int:
         """Assemble the conversations that are complete (all of them with `force`), end-marked ones first, at
@@ -213,14 +236,13 @@ class ConversationAssembler:
         late span without a key, after an earlier assembly) joins that conversation's wait instead of having it
         assembled early."""
         with self._lock:
-            active = {c for c in conversations if c in self._members and c not in due}
+            active = {c for c in conversations if c in self._last and c not in due}  # still waiting
             for group, (_, traces) in due.items():
                 for trace in traces:
                     target = owners.get(trace, trace)
                     if target in active and self._group_of.get(trace) == group:
                         self._leave(trace, group)
-                        self._group_of[trace] = target
-                        self._members[target].add(trace)
+                        self._join(trace, target)
         for conversation_id in active:
             del conversations[conversation_id]
 
