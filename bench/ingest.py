@@ -5,7 +5,7 @@ Prints throughput at full speed over gRPC and HTTP, latency percentiles at half 
 peak RSS. With `--phoenix-python`, the same requests also go to Arize Phoenix's OTLP/gRPC receiver (its
 own venv: `python3 -m venv /tmp/venv-phoenix && /tmp/venv-phoenix/bin/pip install arize-phoenix`; working
 dir in a temp folder, bound to 127.0.0.1), where durable means rows in its SQLite store.
-Run: `python bench/ingest.py [--requests 200] [--spans 512] [--in-flight 8] [--phoenix-python PY]`.
+Run: `python bench/ingest.py [--requests 200] [--spans 512] [--in-flight 8] [--config TOML] [--phoenix-python PY]`.
 """
 
 from __future__ import annotations
@@ -186,15 +186,16 @@ def main() -> None:
     parser.add_argument("--in-flight", type=int, default=8)
     parser.add_argument("--phoenix-python", help="python of a venv with arize-phoenix: also run Phoenix")
     parser.add_argument("--redaction", action="store_true", help="with [redaction] on (the builtin rules)")
+    parser.add_argument("--config", type=Path, help="a tracejudge.toml for the collector (e.g. [store] settings)")
     args = parser.parse_args()
     sizes = build_requests(1, args.spans)
     print(f"request: {args.spans} spans, {len(sizes[0])} bytes ({len(sizes[0]) / args.spans:.0f} B/span)")
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        config = None
+        config = args.config
         if args.redaction:
             config = Path(tmp) / "tracejudge.toml"
-            config.write_text("[redaction]\nenabled = true\n")
+            config.write_text((args.config.read_text() if args.config else "") + "\n[redaction]\nenabled = true\n")
         collector = CollectorProcess(Path(tmp) / "bench.duckdb", config=config).start()
         try:
             channel = grpc.insecure_channel(collector.grpc_endpoint,

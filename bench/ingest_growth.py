@@ -6,7 +6,8 @@ Sends `--blocks` blocks of `--block-spans` agent-shaped spans over gRPC at full 
 block: durable spans/s, CPU per span of the server and its decode workers (from /proc), the traces waiting in the
 quiet window, the server's RSS (now and its peak) and the peak with its workers (each process's own, summed).
 The last line compares the last block with the first.
-Run: `python bench/ingest_growth.py [--blocks 10] [--block-spans 100000] [--in-flight 8] [--quiet-period S]`.
+Run: `python bench/ingest_growth.py [--blocks 10] [--block-spans 100000] [--in-flight 8] [--quiet-period S]
+[--config TOML]`.
 """
 
 from __future__ import annotations
@@ -48,14 +49,16 @@ def main() -> None:
     parser.add_argument("--quiet-period", type=float, default=None,
                         help="[conversations] quiet_period_s (default: the collector's, 120 s); past the run's length "
                              "every trace stays in the quiet window, which then grows by 12,500 traces per block")
+    parser.add_argument("--config", type=Path, help="a tracejudge.toml for the collector (e.g. [store] settings)")
     args = parser.parse_args()
     per_block = args.block_spans // args.spans
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        config = None
+        config = args.config
         if args.quiet_period is not None:
             config = Path(tmp) / "tracejudge.toml"
-            config.write_text(f"[conversations]\nquiet_period_s = {args.quiet_period}\n")
+            config.write_text((args.config.read_text() if args.config else "")
+                              + f"\n[conversations]\nquiet_period_s = {args.quiet_period}\n")
         collector = CollectorProcess(Path(tmp) / "bench.duckdb", config=config).start()
         try:
             assert collector.proc is not None

@@ -10,8 +10,10 @@
    variant appending the same 4,096-row tables, interleaved and repeated.
 4. The request digests each commit records (`--request-digests`): `INSERT OR REPLACE` into the keyed table of
    schema 10 vs a plain `INSERT` into the unkeyed one of schema 11, 4 digests per commit over 20,000 kept ones.
+5. The WAL's checkpoints (`--checkpoints`): commit latency of the same appends at each `checkpoint_threshold`
+   (the commit that crosses it waits for the checkpoint), and with the checkpoint run by another thread instead.
 Run: `python bench/span_append.py [--blocks 8] [--block-rows 204800] [--ids 60000] [--writer-settings]
-[--request-digests]`.
+[--request-digests] [--checkpoints]`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import argparse
 import os
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -123,6 +126,59 @@ def request_digests(tmp: Path, commits: int = 2000, per_commit: int = 4) -> None
         con.close()
 
 
+def _commit_latencies(con: duckdb.DuckDBPyConnection, tables: list[pa.Table],
+                      commits: int) -> tuple[float, list[float]]:
+    """Append `commits` tables in a transaction each, as the span writer does: (wall s, sorted latencies s)."""
+    latencies = []
+    started = time.perf_counter()
+    for n in range(commits):
+        began = time.perf_counter()
+        con.execute("BEGIN")
+        con.register("t", tables[n % len(tables)])
+        con.execute("INSERT INTO spans SELECT * FROM t")
+        con.unregister("t")
+        con.execute("COMMIT")
+        latencies.append(time.perf_counter() - began)
+    return time.perf_counter() - started, sorted(latencies)
+
+
+def checkpoints(tmp: Path, rows: int = 1_638_400, per_commit: int = 2048) -> None:
+    """Longest and p99 commit latency, and rows/s, per checkpoint threshold; then a checkpointing thread."""
+    tables = [_decode_to_arrow(r, "application/x-protobuf", None)[0] for r in build_requests(16, per_commit, 0)]
+    commits = rows // per_commit
+    variants = [(f"checkpoint_threshold {t}", t, False) for t in ("16MB", "32MB", "64MB", "256MB")]
+    variants.append(("64MB checkpoints from another thread", "100GB", True))
+    for n, (label, threshold, background) in enumerate(variants):
+        path = tmp / f"checkpoints-{n}.duckdb"
+        con = duckdb.connect(str(path), config={"memory_limit": "128MB", "threads": 1})
+        con.execute(f"CREATE TABLE spans ({SPANS_COLUMNS})")
+        con.execute("SET checkpoint_threshold = ?", [threshold])
+        done = threading.Event()
+        pauses: list[float] = []
+
+        def checkpointer(con: duckdb.DuckDBPyConnection = con, wal: Path = Path(f"{path}.wal"),
+                         done: threading.Event = done, pauses: list[float] = pauses) -> None:
+            cursor = con.cursor()
+            while not done.wait(0.01):
+                if wal.exists() and wal.stat().st_size > 64 * 2**20:
+                    began = time.perf_counter()
+                    cursor.execute("CHECKPOINT")
+                    pauses.append(time.perf_counter() - began)
+
+        thread = threading.Thread(target=checkpointer) if background else None
+        if thread:
+            thread.start()
+        wall, latencies = _commit_latencies(con, tables, commits)
+        done.set()
+        if thread:
+            thread.join()
+        p50 = latencies[len(latencies) // 2]
+        print(f"{label:38s} {commits * per_commit / wall:9,.0f} rows/s; commit p50 {p50 * 1000:6.1f} ms, "
+              f"p99 {latencies[int(len(latencies) * 0.99)] * 1000:7.1f} ms, longest {latencies[-1] * 1000:7.1f} ms"
+              + (f"; {len(pauses)} checkpoints of {sum(pauses) / len(pauses):.2f} s" if pauses else ""))
+        con.close()
+
+
 def id_sets(count: int) -> tuple[float, float]:
     con = duckdb.connect()
     con.execute("CREATE TABLE spans AS SELECT md5(i::VARCHAR) AS trace_id FROM range(1000000) t(i)")
@@ -143,7 +199,13 @@ def main() -> None:
     parser.add_argument("--ids", type=int, default=60_000)
     parser.add_argument("--writer-settings", action="store_true", help="only compare the writer's settings (part 3)")
     parser.add_argument("--request-digests", action="store_true", help="only compare the digest table (part 4)")
+    parser.add_argument("--checkpoints", action="store_true", help="only compare checkpoint thresholds (part 5)")
+    parser.add_argument("--commit-rows", type=int, default=2048, help="rows per commit in part 5")
     args = parser.parse_args()
+    if args.checkpoints:
+        with tempfile.TemporaryDirectory() as tmp:
+            checkpoints(Path(tmp), per_commit=args.commit_rows)
+        return
     if args.request_digests:
         with tempfile.TemporaryDirectory() as tmp:
             request_digests(Path(tmp))

@@ -103,6 +103,11 @@ class StoreSettings(_Section):
                                 "spans with the least CPU, leaving the cores to the decode workers; raise it for "
                                 "heavy /api/query analytics on a many-core machine (none: DuckDB's default, one "
                                 "per core)")
+    checkpoint_threshold: str = Field("16MB", description="WAL size at which DuckDB checkpoints it into the "
+                                      "database file; the commit that crosses it waits for the checkpoint and so "
+                                      "do the exports in it: 16MB keeps that near 0.1 s at full ingest speed; "
+                                      "a larger one makes DuckDB's appends cheaper where the writer is the limit "
+                                      "(many decode workers), with longer pauses: 256MB, 1.1 s (BENCHMARKS.md)")
     max_disk: int | None = Field(None, ge=1, description="disk budget of the database file and its WAL, like 50GB: "
                                  "near it the oldest complete conversations' spans are pruned (archived first when "
                                  "[retention] archive_dir is set); ingest answers 503 only when nothing can be freed")

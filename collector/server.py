@@ -52,7 +52,8 @@ class Collector:
         st = settings.store
         self.store = SpanStore(st.db, max_batch_spans=st.max_batch_spans, max_queue_spans=st.max_queue_spans,
                                retry_after_s=st.retry_after_s, on_commit=self.metrics.on_commit,
-                               memory_limit=st.memory_limit, temp_limit=st.temp_limit, threads=st.threads)
+                               memory_limit=st.memory_limit, temp_limit=st.temp_limit, threads=st.threads,
+                               checkpoint_threshold=st.checkpoint_threshold)
         self.metrics.watch(lambda: self.store.queued_spans, self.store.size_bytes)
         workers = settings.server.decode_workers
         self.decoder = DecodePool(usable_cpus() if workers < 0 else workers, settings.redaction.redactor(),

@@ -240,6 +240,32 @@ async def test_a_commit_that_meets_a_query_holding_duckdbs_memory_waits_for_it_i
     store.close()
 
 
+async def test_the_wal_is_checkpointed_at_the_configured_size_and_a_size_duckdb_cannot_read_is_named(
+        tmp_path: Path) -> None:
+    """The commit that crosses `[store] checkpoint_threshold` waits for the checkpoint, and so do the exports in
+    it: the setting must reach DuckDB (the default keeps that wait near 0.1 s, BENCHMARKS.md), and a typo in it must
+    stop the start with the setting's name rather than run with DuckDB's own."""
+    import datetime as dt
+
+    from collector.receivers.span_rows import spans_to_arrow
+    from collector.store.span_store import SpanStore, StoreOpenError
+
+    body = json.dumps(request(({"service.name": "agent"}, [span(1, i + 1, "x" * 3000) for i in range(500)])))
+    wal_sizes = {}
+    for threshold in ("1MB", "1GB"):
+        store = SpanStore(tmp_path / f"{threshold}.duckdb", checkpoint_threshold=threshold)
+        store.open()
+        spans = decode_otlp(body.encode(), "application/json").spans
+        for _ in range(4):  # about 1.5 MB of WAL per write: past the small threshold, far under the large one
+            await store.write(spans_to_arrow(spans, dt.datetime.now(dt.UTC)))
+        wal = Path(f"{tmp_path}/{threshold}.duckdb.wal")
+        wal_sizes[threshold] = wal.stat().st_size if wal.exists() else 0
+        store.close()
+    assert wal_sizes["1MB"] < 2_000_000 < 4_000_000 < wal_sizes["1GB"], wal_sizes
+    with pytest.raises(StoreOpenError, match=r"\[store\] checkpoint_threshold = 'lots' is not a size DuckDB accepts"):
+        SpanStore(tmp_path / "typo.duckdb", checkpoint_threshold="lots").open()
+
+
 def test_ingest_token_is_required_when_configured(db: Path) -> None:
     spans = agent_spans(1)
     with CollectorProcess(db, env={"TRACEJUDGE_INGEST_TOKEN": "s3cret-token"}) as collector:

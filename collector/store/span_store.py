@@ -78,8 +78,9 @@ class SpanStore:
     def __init__(self, path: Path, *, max_batch_spans: int = 50_000, max_queue_spans: int = 500_000,
                  retry_after_s: int = 1, on_commit: Callable[[float, int, int], None] | None = None,
                  memory_limit: str | None = None, temp_limit: str | None = None, threads: int | None = None,
-                 ) -> None:
+                 checkpoint_threshold: str = "16MB") -> None:
         self.path = path
+        self.checkpoint_threshold = checkpoint_threshold  # WAL size at which a commit checkpoints (and waits for it)
         self.threads = threads  # DuckDB's worker threads for this database; None: DuckDB's default (the cores)
         self.memory_limit = memory_limit  # DuckDB's buffer pool, shared by ingest and every query
         self.temp_limit = temp_limit  # what a query may spill to disk
@@ -116,9 +117,6 @@ class SpanStore:
         except (duckdb.Error, OSError) as exc:
             raise StoreOpenError(f"cannot open the database file {self.path}: {exc}") from exc
         migrate(self._con)
-        # Fewer, larger checkpoints: each one stalls the writer, and at ingest rates the 16 MB default WAL
-        # fills several times a second.
-        self._con.execute("SET checkpoint_threshold = '256MB'")
         # Give memory back to the system after a large query or a failed one: at DuckDB's defaults (flush after
         # a 512 MB bulk free, no background purge) queries stopped by memory_limit left 420 MB held.
         self._con.execute("SET allocator_bulk_deallocation_flush_threshold = '64MB'")
@@ -128,7 +126,9 @@ class SpanStore:
             # One thread appends a span batch with about 0.6x the CPU of two and no more wall time
             # (`python bench/span_append.py --writer-settings`), CPU the decode workers need on a small machine.
             self._con.execute(f"SET threads = {int(self.threads)}")
-        for setting, value in (("memory_limit", self.memory_limit), ("max_temp_directory_size", self.temp_limit)):
+        for setting, name, value in (("memory_limit", "memory_limit", self.memory_limit),
+                                     ("max_temp_directory_size", "temp_limit", self.temp_limit),
+                                     ("checkpoint_threshold", "checkpoint_threshold", self.checkpoint_threshold)):
             if not value:
                 continue
             try:
@@ -136,7 +136,6 @@ class SpanStore:
             except duckdb.Error as exc:
                 self._con.close()
                 self._con = None
-                name = "memory_limit" if setting == "memory_limit" else "temp_limit"
                 raise StoreOpenError(f"[store] {name} = {value!r} is not a size DuckDB accepts "
                                      f"(like '1GB' or '512MB'): {exc}") from exc
         lock_down(self._con)
