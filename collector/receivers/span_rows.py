@@ -8,13 +8,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import operator
 import re
 from datetime import datetime
 from typing import Any
 
 import orjson
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from mapping.conversation_key import resource_conversation_key, span_own_conversation_key
 from mapping.spans import Span
@@ -157,7 +157,7 @@ def spans_to_arrow(spans: list[Span], received_at: datetime) -> pa.Table:
 
 def request_digest(table: pa.Table) -> bytes:
     """What identifies a request's spans, whatever its encoding: a redelivery of the same spans has the same
-    digest (128 bits of BLAKE2b over the sorted trace and span ids)."""
-    keys = pc.binary_join_element_wise(table.column("trace_id"), table.column("span_id"), "")
-    ordered = pc.take(keys, pc.sort_indices(keys)).to_pylist()
-    return hashlib.blake2b("\n".join(ordered).encode(), digest_size=16).digest()
+    digest (128 bits of BLAKE2b over the sorted trace and span ids). In Python, not Arrow compute: importing
+    pyarrow.compute would cost each decode worker 11 MB for a sort of a few hundred hex strings."""
+    keys = sorted(map(operator.add, table.column("trace_id").to_pylist(), table.column("span_id").to_pylist()))
+    return hashlib.blake2b("\n".join(keys).encode(), digest_size=16).digest()

@@ -16,8 +16,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import openai
-
 from scoring.errors import JudgeUnavailableError
 
 BATCH_DISCOUNT = 0.5  # OpenAI prices Batch API tokens at half the synchronous rate
@@ -167,6 +165,8 @@ class BatchQueue:
             self._pollers[batch_id] = asyncio.create_task(self._poll_until_done(batch_id))
 
     async def _poll_until_done(self, batch_id: str) -> None:
+        import openai  # on first use, as the judge does (scoring/judges/llm.py, _openai)
+
         client = self._client()
         waited = 0.0
         while True:

@@ -13,11 +13,9 @@ import os
 import re
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import httpx
-import openai
-from openai.types.chat import ChatCompletion
 from pydantic import BaseModel
 
 from scoring.errors import (
@@ -38,6 +36,9 @@ from scoring.judges.ssl_context import shared_ssl_context
 from scoring.judges.structured_output import parse_output
 from scoring.judges.tokens import TokenCounter, counter_for_model
 from scoring.prompts import OutputSpec
+
+if TYPE_CHECKING:
+    import openai
 
 DEFAULT_MODEL = "gpt-5.4"
 OUTPUT_FORMATS = ("json_schema", "json_object", "text")  # tried in this order, per judge
@@ -134,6 +135,7 @@ class LLMJudge:
             poll_s=options.poll_s)
 
     def _new_client(self) -> openai.AsyncOpenAI:
+        openai = _openai()
         return openai.AsyncOpenAI(api_key=self._api_key, base_url=self.base_url, timeout=self.timeout, max_retries=0,
                                   http_client=openai.DefaultAsyncHttpxClient(verify=shared_ssl_context()))
 
@@ -201,17 +203,20 @@ class LLMJudge:
         answer = await self.batch.answer(body)
         if answer.status == 200:
             try:
+                from openai.types.chat import ChatCompletion
+
                 return ChatCompletion.model_validate(answer.body)
             except ValueError as exc:
                 await self.batch.discard(body)
                 raise JudgeOutputError(f"the LLM judge's batch answer is not a chat completion: {exc}") from exc
         response = httpx.Response(answer.status, json=answer.body,
                                   request=httpx.Request("POST", f"{self.base_url or 'https://api.openai.com/v1'}"))
-        error = openai.APIStatusError(str(answer.body)[:200], response=response, body=answer.body)
+        error = _openai().APIStatusError(str(answer.body)[:200], response=response, body=answer.body)
         retry = self._classify(error, request)
         raise self._unavailable(retry.what if retry else str(answer.body)[:200], 1)
 
     def _classify(self, exc: Exception, request: dict[str, Any] | None = None) -> Retry | None:
+        openai = _openai()
         if isinstance(exc, openai.APIStatusError):
             status = exc.status_code
             if status in (401, 403):
@@ -319,6 +324,14 @@ class LLMJudge:
             f"the LLM judge at {self._where()} kept failing after {attempts} attempts (last: {last}); "
             "the judge may be down or rate-limiting: retry later or lower max_concurrency"
         )
+
+
+def _openai() -> Any:
+    """The openai package, imported on the first judge call: it is 27 MB of the collector's memory, which a
+    collector that never asks an LLM judge does not need."""
+    import openai
+
+    return openai
 
 
 def _cached_tokens(usage: Any) -> int:
