@@ -57,6 +57,8 @@ class CollectorMetrics:
                                         registry=self.registry)
         self.traces_waiting = Gauge("tracejudge_traces_waiting", "Traces whose conversation waits for its quiet "
                                     "period (or end marker) before it is assembled", registry=self.registry)
+        self.conversations_waiting = Gauge("tracejudge_conversations_waiting", "Conversations those traces wait "
+                                           "in", registry=self.registry)
         self.jobs = Gauge("tracejudge_eval_jobs", "Scoring jobs by state", ["state"], registry=self.registry)
         self.cost_today = Gauge("tracejudge_judge_cost_today_usd", "Judge spend since 00:00 UTC",
                                 registry=self.registry)

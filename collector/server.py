@@ -99,6 +99,7 @@ class Collector:
         self.store.listeners.append(self.assembler.observe)
         self.store.on_listener_error = self._assembler_missed
         self.metrics.traces_waiting.set_function(self.assembler.pending_traces)
+        self.metrics.conversations_waiting.set_function(self.assembler.pending_conversations)
         await asyncio.to_thread(self.assembler.recover)
         await asyncio.to_thread(self.stage.recover)
         self.admin.stage = self.stage

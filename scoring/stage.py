@@ -33,7 +33,7 @@ from scoring.errors import (
 from scoring.eval_mode import EvalMode, resolve_eval_mode
 from scoring.interactions import conversation_data
 from scoring.judged_metric import JudgedMetric
-from scoring.judges.llm import LLMJudge
+from scoring.judges.llm import LLMJudge, load_client_library
 from scoring.judges.resolve import JudgeOptions
 from scoring.judges.secret_mask import mask_url
 from scoring.mcp_use import MultiTurnMCPUseMetric
@@ -195,6 +195,8 @@ class ScoringStage:
         return [job_id for (job_id,) in rows]
 
     async def run(self, stop: asyncio.Event) -> None:
+        if self._llm_judge is not None:
+            await asyncio.to_thread(load_client_library)
         while not stop.is_set():
             try:
                 await self.step()

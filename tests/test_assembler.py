@@ -76,7 +76,8 @@ def test_a_late_span_without_a_key_waits_for_its_still_active_conversation(tmp_p
 # a trace's conversation key (None: it is its own conversation), then steps: a span of trace N (carrying its key
 # or not), or a poll that assembles whatever is due
 _KEYS = st.lists(st.sampled_from([None, "chat-a", "chat-b"]), min_size=4, max_size=4)
-_STEPS = st.lists(st.one_of(st.tuples(st.integers(0, 3), st.booleans()), st.just("poll")), min_size=1, max_size=12)
+_STEPS = st.lists(st.one_of(st.tuples(st.integers(0, 3), st.booleans()), st.sampled_from(["poll", "poll one"])),
+                  min_size=1, max_size=12)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -89,16 +90,18 @@ def test_whatever_the_order_every_trace_ends_in_the_conversation_its_spans_name(
 
     async def scenario() -> None:
         for n, step in enumerate(steps):
-            if step == "poll":
-                assembler.assemble_due()
-                continue
-            trace, with_key = step
-            key = keys[trace] if with_key else None
-            await store.write(spans_to_arrow(_spans(trace + 1, n + 1, session=key, turn=f"turn {n}"),
-                                             dt.datetime.now(dt.UTC)))
-            sent.add(trace)
-            if key is not None:
-                named[trace] = key
+            if step in ("poll", "poll one"):  # one at a time leaves the others waiting, as a backlog does
+                assembler.assemble_due(limit=1 if step == "poll one" else None)
+            else:
+                trace, with_key = step
+                key = keys[trace] if with_key else None
+                await store.write(spans_to_arrow(_spans(trace + 1, n + 1, session=key, turn=f"turn {n}"),
+                                                 dt.datetime.now(dt.UTC)))
+                sent.add(trace)
+                if key is not None:
+                    named[trace] = key
+            # the waiting index holds no conversation without a waiting trace (its memory follows the traces)
+            assert assembler.pending_conversations() <= assembler.pending_traces()
         assembler.assemble_due(force=True)
 
     try:
@@ -112,5 +115,25 @@ def test_whatever_the_order_every_trace_ends_in_the_conversation_its_spans_name(
             expected.setdefault(named.get(trace, tid(trace + 1)), set()).add(tid(trace + 1))
         for conversation_id, traces in expected.items():
             assert set(latest.get(conversation_id) or ()) == traces, (conversation_id, latest)
+    finally:
+        store.close()
+
+
+def test_a_trace_whose_id_another_trace_names_as_its_conversation_is_assembled_with_it(tmp_path: Path) -> None:
+    """A conversation key may be a trace id (a framework that keys sessions by their first trace): the trace that
+    is that id, waiting as its own conversation, must stay in it when another trace joins, not be forgotten."""
+    store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=60.0)
+
+    async def scenario() -> None:
+        for spans in (_spans(1, 1, session=None, turn="first"), _spans(2, 2, session=tid(1), turn="second")):
+            await store.write(spans_to_arrow(spans, dt.datetime.now(dt.UTC)))
+        assert (assembler.pending_traces(), assembler.pending_conversations()) == (2, 1)
+        assembler.assemble_due(force=True)
+
+    try:
+        asyncio.run(scenario())
+        assert assembler.pending_traces() == 0, "a trace was left waiting for ever"
+        rows = store.cursor().execute("SELECT DISTINCT unnest(trace_ids) FROM conversations").fetchall()
+        assert {t for (t,) in rows} == {tid(1), tid(2)}
     finally:
         store.close()

@@ -243,10 +243,11 @@ async def test_a_commit_that_meets_a_query_holding_duckdbs_memory_waits_for_it_i
 async def test_the_wal_is_checkpointed_at_the_configured_size_and_a_size_duckdb_cannot_read_is_named(
         tmp_path: Path) -> None:
     """The commit that crosses `[store] checkpoint_threshold` waits for the checkpoint, and so do the exports in
-    it: the setting must reach DuckDB (the default keeps that wait near 0.1 s, BENCHMARKS.md), and a typo in it must
-    stop the start with the setting's name rather than run with DuckDB's own."""
+    it: the setting must reach DuckDB (the default keeps that wait short, BENCHMARKS.md), a typo in it must stop the
+    start with the setting's name rather than run with DuckDB's own, and "none" is refused, not an endless WAL."""
     import datetime as dt
 
+    from collector.config import StoreSettings
     from collector.receivers.span_rows import spans_to_arrow
     from collector.store.span_store import SpanStore, StoreOpenError
 
@@ -264,6 +265,8 @@ async def test_the_wal_is_checkpointed_at_the_configured_size_and_a_size_duckdb_
     assert wal_sizes["1MB"] < 2_000_000 < 4_000_000 < wal_sizes["1GB"], wal_sizes
     with pytest.raises(StoreOpenError, match=r"\[store\] checkpoint_threshold = 'lots' is not a size DuckDB accepts"):
         SpanStore(tmp_path / "typo.duckdb", checkpoint_threshold="lots").open()
+    with pytest.raises(ValueError, match="'none' is not a size"):  # DuckDB would take it as never: an endless WAL
+        StoreSettings(checkpoint_threshold="none")
 
 
 def test_ingest_token_is_required_when_configured(db: Path) -> None:

@@ -401,3 +401,8 @@ class ConversationAssembler:
         with self._lock:
             return len(self._group_of)
 
+    def pending_conversations(self) -> int:
+        """Conversations waiting for their quiet period; never more than the traces they wait with."""
+        with self._lock:
+            return len(self._last)
+

@@ -334,6 +334,12 @@ def _openai() -> Any:
     return openai
 
 
+def load_client_library() -> None:
+    """Import the openai package now; the collector runs this in a thread when it has an LLM judge, so the first
+    judge call does not stop its event loop (and ingest with it) for the half second the import takes."""
+    _openai()
+
+
 def _cached_tokens(usage: Any) -> int:
     """OpenAI's `prompt_tokens_details.cached_tokens` (vLLM reports it too), 0 where absent."""
     details = getattr(usage, "prompt_tokens_details", None)
