@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from collector.config import Settings
 from collector.log import Logger
-from collector.pipeline.conversation_assembler import ConversationAssembler
+from collector.pipeline.conversation_assembler import MAX_PER_POLL, ConversationAssembler
 from collector.receivers.span_rows import spans_to_arrow
 from collector.store.span_store import SpanStore
 from mapping import decode_otlp
@@ -135,5 +135,31 @@ def test_a_trace_whose_id_another_trace_names_as_its_conversation_is_assembled_w
         assert assembler.pending_traces() == 0, "a trace was left waiting for ever"
         rows = store.cursor().execute("SELECT DISTINCT unnest(trace_ids) FROM conversations").fetchall()
         assert {t for (t,) in rows} == {tid(1), tid(2)}
+    finally:
+        store.close()
+
+
+def test_an_end_marked_conversation_is_assembled_in_the_first_poll_even_behind_a_backlog(tmp_path: Path) -> None:
+    """After a burst of traces all due at once, a conversation whose last span says it ended must not wait behind
+    them (it waited 260 s behind 50,000 in the adversarial review): the first poll takes it."""
+    store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=0.0)
+    backlog = [span(n, n, "invoke_agent", attributes={"gen_ai.operation.name": "invoke_agent"})
+               for n in range(1, 4 * MAX_PER_POLL + 1)]
+    ended = span(99_999, 99_999, "invoke_agent", attributes={
+        "gen_ai.operation.name": "invoke_agent", "gen_ai.conversation.id": "chat-ended",
+        "tracejudge.conversation.end": True, "gen_ai.input.messages": json.dumps(
+            [{"role": "user", "parts": [{"type": "text", "content": "the last question"}]}])})
+
+    async def scenario() -> None:
+        for spans in (backlog, [ended]):
+            decoded = decode_otlp(json.dumps(request(({"service.name": "agent"}, spans))), "application/json")
+            await store.write(spans_to_arrow(decoded.spans, dt.datetime.now(dt.UTC)))
+
+    try:
+        asyncio.run(scenario())
+        assert assembler.assemble_due(limit=MAX_PER_POLL) == MAX_PER_POLL  # one poll's worth: the backlog stays
+        assert store.cursor().execute(
+            "SELECT count(*) FROM conversations WHERE conversation_id = 'chat-ended'").fetchone() == (1,)
+        assert assembler.pending_traces() == 3 * MAX_PER_POLL + 1
     finally:
         store.close()
