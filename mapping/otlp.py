@@ -211,13 +211,14 @@ def _pb_attrs_cut(items: Any, length: int) -> tuple[dict[str, Any], bool]:
     cut = False
     for kv in items:  # the hot loop of ingest: scalars inline, nested values through _pb_any
         value = kv.value
-        kind = value.WhichOneof("value")
-        if kind == "string_value":
-            text = value.string_value
+        text = value.string_value  # most values are non-empty strings: one read, no WhichOneof
+        if text:
             if len(text) > length:
                 text, cut = text[:length], True
             out[kv.key] = text
-        elif kind in _SCALARS:
+            continue
+        kind = value.WhichOneof("value")
+        if kind in _SCALARS:
             out[kv.key] = getattr(value, kind)
         elif kind is None:
             out[kv.key] = None
@@ -251,14 +252,16 @@ def _pb_span_record(span: Any, resource: dict[str, Any], scope: Any,
         link_attributes, link_cut = _pb_attrs_cut(lk.attributes[:limits.attribute_count], length)
         link_list.append(SpanLink(lk.trace_id.hex(), lk.span_id.hex(), link_attributes))
         values_cut = values_cut or link_cut or len(lk.attributes) > limits.attribute_count
+    start, end, status = span.start_time_unix_nano, span.end_time_unix_nano, span.status
     record = Span(
         trace_id=_id_from_bytes(span.trace_id, 16, "trace_id"),  # type: ignore[arg-type]
         span_id=_id_from_bytes(span.span_id, 8, "span_id"),  # type: ignore[arg-type]
         parent_span_id=_id_from_bytes(span.parent_span_id, 8, "parent_span_id", required=False),
         name=span.name, kind=span.kind,
-        start_ns=_in_range(span.start_time_unix_nano, "start_time_unix_nano"),
-        end_ns=_in_range(span.end_time_unix_nano, "end_time_unix_nano"),
-        status_code=span.status.code, status_message=span.status.message,
+        # fixed64 on the wire: never negative, so only the int64 bound is checked here
+        start_ns=start if start <= MAX_TIME_NS else _in_range(start, "start_time_unix_nano"),
+        end_ns=end if end <= MAX_TIME_NS else _in_range(end, "end_time_unix_nano"),
+        status_code=status.code, status_message=status.message,
         attributes=span_attributes, events=event_list, links=link_list,
         resource=resource, scope_name=scope.name, scope_version=scope.version,
     )
