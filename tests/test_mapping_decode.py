@@ -32,7 +32,9 @@ def _pb_span(trace: bytes, span_id: bytes, **kw) -> PbSpan:
     arr.array_value.values.extend([AnyValue(string_value="x"), AnyValue(double_value=1.5),
                                    AnyValue(bool_value=True), AnyValue(bytes_value=b"\x00\x01")])
     s.attributes.extend([KeyValue(key="nested", value=nested), KeyValue(key="arr", value=arr),
-                         KeyValue(key="gen_ai.input.messages", value=AnyValue(string_value='[{"role": "user"}]'))])
+                         KeyValue(key="gen_ai.input.messages", value=AnyValue(string_value='[{"role": "user"}]')),
+                         KeyValue(key="empty", value=AnyValue(string_value="")), KeyValue(key="unset"),
+                         KeyValue(key="tokens", value=AnyValue(int_value=412))])
     return s
 
 
@@ -43,6 +45,7 @@ def test_protobuf_spans_decode_with_hex_ids_and_any_values() -> None:
     assert s.attributes["nested"] == {"a": 1}
     assert s.attributes["arr"] == ["x", 1.5, True, "AAE="]
     assert s.json_attr("gen_ai.input.messages") == [{"role": "user"}]
+    assert (s.attributes["empty"], s.attributes["unset"], s.attributes["tokens"]) == ("", None, 412)
     assert (s.kind, s.status_code, s.status_message, s.service_name) == (3, 2, "boom", "agent")
     assert decoded.problems == []
 
