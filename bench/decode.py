@@ -2,8 +2,8 @@
 
 Decoding is measured with Python's default GC thresholds, with the collector's (gen-0 100,000) and with GC
 off, on the same pre-built requests as bench/ingest.py; then the `[redaction]` step with the builtin rules,
-and the memory a decode worker process takes just to import its code. Run:
-`python bench/decode.py [--requests 40]`.
+the Arrow columns, a decode worker's whole job per request, and the memory a decode worker process takes just
+to import its code. Run: `python bench/decode.py [--requests 40]`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import duckdb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.ingest import build_requests  # noqa: E402
+from collector.receivers.decode_pool import decode_request  # noqa: E402
 from collector.receivers.span_rows import spans_to_arrow  # noqa: E402
 from collector.store.schema import migrate  # noqa: E402
 from mapping import decode_otlp  # noqa: E402
@@ -67,6 +68,13 @@ def main() -> None:
         times.append(time.process_time() - started)
     gc.enable()
     print(f"spans_to_arrow: {n / min(times):,.0f} spans/s ({min(times) / n * 1e6:.1f} µs CPU per span)")
+    times = []  # a decode worker's whole job per request (decode, Arrow, IPC bytes, digest), best of five, in CPU
+    for _ in range(5):
+        started = time.process_time()
+        for r in requests:
+            decode_request(r, "application/x-protobuf")
+        times.append(time.process_time() - started)
+    print(f"decode_request (a worker's whole job): {min(times) / n * 1e6:.2f} µs CPU per span")
     with tempfile.TemporaryDirectory() as tmp:
         con = duckdb.connect(str(Path(tmp) / "decode.duckdb"))
         migrate(con)
