@@ -9,6 +9,7 @@ key crashes the metric. DeepEval runs in its own venv with telemetry off:
     python bench/scoring.py --deepeval-python /tmp/venv-deepeval/bin/python
 
 (with mcp 2.x DeepEval 4.3.1 fails on every MCP result: it reads `structuredContent`, which mcp 2 renamed).
+`python bench/scoring.py --call-validity` only times the deterministic mcp_call_validity, in this process.
 """
 
 from __future__ import annotations
@@ -38,12 +39,36 @@ def run(python: str, impl: str, stub: JudgeStub, *extra: str) -> dict:
     return result
 
 
+def call_validity(repeat: int) -> None:
+    """CPU per measure of the deterministic metric, as the collector runs it on every conversation: the first
+    measure (a server's schemas checked against the meta-schema) and the rest."""
+    import time
+
+    from scoring import MCPCallValidityMetric
+    from tests.support.cases import three_task_case
+
+    case = three_task_case()
+    times = []
+    for _ in range(repeat):
+        started = time.process_time()
+        MCPCallValidityMetric().measure(case)
+        times.append(time.process_time() - started)
+    rest = sorted(times[1:])
+    print(f"mcp_call_validity, 3 tasks: first measure {times[0] * 1000:.2f} ms CPU, then median "
+          f"{rest[len(rest) // 2] * 1000:.2f} ms over {repeat - 1}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--deepeval-python", default="/tmp/venv-deepeval/bin/python")
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--conversations", type=int, default=50)
+    parser.add_argument("--call-validity", action="store_true",
+                        help="only time mcp_call_validity (deterministic, in this process) on a 3-task case")
     args = parser.parse_args()
+    if args.call_validity:
+        call_validity(max(args.repeat, 100))
+        return
     sides = {"deepeval": args.deepeval_python, "tracejudge": sys.executable}
     rows = []
     with JudgeStub() as fast:

@@ -9,6 +9,7 @@ Score = valid calls / calls; a conversation without MCP calls is not applicable 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -86,14 +87,37 @@ class _Inventory:
         return uri in self.resources or any(p.fullmatch(uri) for p in self.templates)
 
 
-def _schema_violations(args: dict[str, Any], schema: dict[str, Any], call: _Call) -> None:
+def _checked_validator(schema: dict[str, Any]) -> Any:
+    """A validator for the schema, or the reason the schema itself is invalid (a str)."""
+    cls = validator_for(schema, default=Draft202012Validator)
     try:
-        cls = validator_for(schema, default=Draft202012Validator)
         cls.check_schema(schema)
     except SchemaError as exc:
-        call.notes.append(f"the server's inputSchema is itself invalid ({exc.message}); arguments not checked")
+        return exc.message
+    return cls(schema)
+
+
+@functools.lru_cache(maxsize=512)
+def _validator_for_json(schema_json: str) -> Any:
+    """Checking a schema against its meta-schema costs about 0.5 ms, 50x validating one call's arguments, and
+    a server's tools come back in every conversation: each distinct schema is checked once."""
+    return _checked_validator(json.loads(schema_json))
+
+
+def _validator(schema: dict[str, Any]) -> Any:
+    try:
+        key = json.dumps(schema, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError):  # not plain JSON: checked every time, as before
+        return _checked_validator(schema)
+    return _validator_for_json(key)
+
+
+def _schema_violations(args: dict[str, Any], schema: dict[str, Any], call: _Call) -> None:
+    validator = _validator(schema)
+    if isinstance(validator, str):
+        call.notes.append(f"the server's inputSchema is itself invalid ({validator}); arguments not checked")
         return
-    errors = sorted(cls(schema).iter_errors(args), key=lambda e: list(map(str, e.absolute_path)))
+    errors = sorted(validator.iter_errors(args), key=lambda e: list(map(str, e.absolute_path)))
     for err in errors[:MAX_SCHEMA_ERRORS]:
         where = "/".join(map(str, err.absolute_path))
         call.violations.append(f"arguments do not match inputSchema{f' at {where}' if where else ''}: "

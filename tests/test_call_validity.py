@@ -109,6 +109,22 @@ def test_an_invalid_server_schema_is_noted_not_blamed_on_the_call() -> None:
     assert "inputSchema is itself invalid" in metric.score_breakdown["calls"][0]["notes"][0]
 
 
+def test_each_servers_own_schema_judges_its_calls_however_often_a_tool_name_comes_back() -> None:
+    """Checked schemas are reused across conversations (checking one costs 50x validating a call): two servers
+    with a tool of the same name and different schemas, and an invalid one, must each be judged by their own."""
+    strict = copy.deepcopy(FLIGHTS_SERVER)
+    strict["available_tools"][0]["inputSchema"]["properties"]["origin"] = {"type": "integer"}
+    broken = copy.deepcopy(FLIGHTS_SERVER)
+    broken["available_tools"][0]["inputSchema"] = {"type": "objekt"}
+    calls = {"role": "assistant", "content": "", "mcp_tools_called": [search_call()]}
+    for _ in range(2):
+        assert _measure(_case(calls)).score == 1.0
+        judged = _measure(_case(calls, servers=[strict]))
+        assert judged.score == 0.0 and "at origin: 'SFO' is not of type 'integer'" in judged.reason
+        noted = _measure(_case(calls, servers=[broken]))
+        assert noted.score == 1.0 and "itself invalid" in noted.score_breakdown["calls"][0]["notes"][0]
+
+
 def test_a_kind_whose_list_was_never_seen_cannot_make_a_call_not_advertised() -> None:
     """The shipped pydantic-ai trace holds a tools/list only: its resource read and prompt get are not flagged,
     and the only invalid call is the one the server failed."""
