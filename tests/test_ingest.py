@@ -82,6 +82,9 @@ def test_grpc_and_http_exporters_store_every_span(db: Path) -> None:
         http_exporter = HttpSpanExporter(endpoint=collector.http_url, compression=Compression.Gzip)
         assert http_exporter.export(spans[3:]) is SpanExportResult.SUCCESS
         assert collector.metric("tracejudge_spans_accepted_total") == len(spans)
+        # two turns, two traces, one conversation: waiting out its quiet period, as /metrics tells the operator
+        assert (collector.metric("tracejudge_traces_waiting"), collector.metric("tracejudge_conversations_waiting")) \
+            == (2, 1)
         assert collector.stop() == 0
     rows = stored(db)
     assert len(rows) == len(spans)
