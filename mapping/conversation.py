@@ -593,7 +593,7 @@ def _build_one(conversation_id: str, key: str, traces: list[list[Span]], given: 
     if not turns:
         return None
     all_spans = [s for spans in traces for s in spans]
-    test_case = ConversationalTestCase.from_owned_turns(turns, name=conversation_id, mcp_servers=inventory.to_servers())
+    test_case = ConversationalTestCase(turns=turns, name=conversation_id, mcp_servers=inventory.to_servers())
     digest = hashlib.sha256(json.dumps(test_case.model_dump(mode="json"), sort_keys=True,
                                        ensure_ascii=False).encode()).hexdigest()
     return Conversation(

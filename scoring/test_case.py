@@ -28,7 +28,6 @@ from pydantic import (
     SerializationInfo,
     SerializerFunctionWrapHandler,
     ValidationError,
-    ValidationInfo,
     ValidatorFunctionWrapHandler,
     WrapSerializer,
     WrapValidator,
@@ -60,8 +59,6 @@ __all__ = [
     "load_test_case",
 ]
 
-
-_OWNED_TURNS = "tracejudge.owned_turns"  # validation context: the Turns are the caller's own, not copied
 
 class _Model(BaseModel):
     """Accepts another library's pydantic object (e.g. `mcp.types.Tool`) as its protocol JSON, and any other
@@ -466,7 +463,7 @@ class ConversationalTestCase(_AdditionalMetadata, _CaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _deepeval_input(cls, data: Any, info: ValidationInfo) -> Any:
+    def _deepeval_input(cls, data: Any) -> Any:
         """Turns are copied (changing a Turn afterwards does not change the case); wrong shapes are TypeErrors."""
         if not isinstance(data, dict):
             return data
@@ -477,8 +474,7 @@ class ConversationalTestCase(_AdditionalMetadata, _CaseModel):
             for turn in turns:
                 if not isinstance(turn, Turn | dict):
                     raise TypeError(f"'turns' must be a list of Turn or dict, got {type(turn)}")
-            owned = bool(info.context and info.context.get(_OWNED_TURNS))
-            data = {**data, "turns": [copy.deepcopy(t) if isinstance(t, Turn) and not owned else t for t in turns]}
+            data = {**data, "turns": [copy.deepcopy(t) if isinstance(t, Turn) else t for t in turns]}
         context = data.get("context")
         if context is not None and (not isinstance(context, list) or not all(isinstance(c, str) for c in context)):
             raise TypeError("'context' must be None or a list of strings")
@@ -486,12 +482,6 @@ class ConversationalTestCase(_AdditionalMetadata, _CaseModel):
         if isinstance(servers, list | tuple):
             data = {**data, "mcp_servers": [_server_record(server) for server in servers]}
         return data
-
-    @classmethod
-    def from_owned_turns(cls, turns: list[Turn], **fields: Any) -> ConversationalTestCase:
-        """A case over Turns no one else holds (the mapping's own), validated like any other but not copied: the
-        copy that keeps a caller's later changes out was 6 % of the collector's CPU while assembling."""
-        return cls.model_validate({"turns": turns, **fields}, context={_OWNED_TURNS: True})
 
     def normalized(self) -> ConversationalTestCase:
         """This case with every live object of another library as tracejudge's model (what metrics read);
