@@ -97,19 +97,24 @@ def _checked_validator(schema: dict[str, Any]) -> Any:
     return cls(schema)
 
 
-@functools.lru_cache(maxsize=512)
+CACHED_SCHEMAS = 256  # distinct inputSchemas whose checked validators are kept
+CACHED_SCHEMA_CHARS = 16 * 1024  # larger schemas are checked every time: the cache stays a few MB at most
+
+
+@functools.lru_cache(maxsize=CACHED_SCHEMAS)
 def _validator_for_json(schema_json: str) -> Any:
     """Checking a schema against its meta-schema costs about 0.5 ms, 50x validating one call's arguments, and
-    a server's tools come back in every conversation: each distinct schema is checked once."""
+    a server's tools come back in every conversation: each distinct schema is checked once. Built from the JSON
+    (a private copy, in the schema's own key order, so errors come out in the same order as before)."""
     return _checked_validator(json.loads(schema_json))
 
 
 def _validator(schema: dict[str, Any]) -> Any:
     try:
-        key = json.dumps(schema, sort_keys=True, allow_nan=False)
+        key = json.dumps(schema, allow_nan=False)
     except (TypeError, ValueError):  # not plain JSON: checked every time, as before
         return _checked_validator(schema)
-    return _validator_for_json(key)
+    return _validator_for_json(key) if len(key) <= CACHED_SCHEMA_CHARS else _checked_validator(schema)
 
 
 def _schema_violations(args: dict[str, Any], schema: dict[str, Any], call: _Call) -> None:

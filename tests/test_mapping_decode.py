@@ -61,6 +61,18 @@ def test_invalid_protobuf_spans_are_reported_and_the_good_ones_kept() -> None:
     assert "span_id is missing" in reasons[2]
 
 
+def test_protobuf_times_past_int64_are_span_problems_and_the_rest_are_kept() -> None:
+    late = _pb_span(b"\x01" * 16, b"\x03" * 8)
+    late.start_time_unix_nano = 2**63  # fixed64 on the wire: past what the store keeps (the year 2262)
+    last = _pb_span(b"\x01" * 16, b"\x04" * 8)
+    last.end_time_unix_nano = 2**64 - 1
+    decoded = decode_otlp(_pb_request([_pb_span(b"\x01" * 16, b"\x02" * 8), late, last]), "application/x-protobuf")
+    assert [s.span_id for s in decoded.spans] == ["02" * 8]
+    reasons = [str(p) for p in decoded.problems]
+    assert "start_time_unix_nano" in reasons[0] and "after the year 2262" in reasons[0]
+    assert "end_time_unix_nano" in reasons[1] and "after the year 2262" in reasons[1]
+
+
 def test_otlp_json_with_hex_ids_camel_case_and_string_ints() -> None:
     body = request(({"service.name": "svc"}, [
         span(1, 1, "root", attributes={"n": 3, "f": 0.5, "b": False, "obj": {"k": [1, 2]}}),

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import sys
 import threading
 import time
 from collections import OrderedDict
@@ -103,8 +102,10 @@ class ConversationAssembler:
         old = self._group_of.get(trace)
         group = old or trace
         if key is not None and key[0] < self._rank_of.get(trace, _UNKEYED):
-            # one string per conversation, not one per trace (each commit's keys are new strings): 62 bytes a trace
-            self._rank_of[trace], group = key[0], sys.intern(key[1])
+            self._rank_of[trace], group = key
+            members = self._members.get(group)
+            if members:  # the key string its other traces hold: one per conversation, not one per trace (62 bytes)
+                group = self._group_of[next(iter(members))]
         if group != old:
             if old is not None:
                 self._leave(trace, old)
