@@ -27,7 +27,7 @@ from collector.ui.rendering import STATIC_CSP
 from collector.ui.routes import WebUI
 from scoring.stage import ScoringStage
 
-MAX_QUERIES = 4  # queries and reports running at once; more get 429
+MAX_QUERIES = 4  # queries and reports in flight (they run one at a time); more get 429
 JOB_STATES = ("pending", "running", "done", "failed", "budget", "waiting_for_judge")
 
 
@@ -43,6 +43,9 @@ class AdminServer:
         self.stage: ScoringStage | None = None
         self._query_token = query_token.encode() if query_token else None
         self._queries = ThreadPoolExecutor(2, thread_name_prefix="tracejudge-query")  # apart from the pipeline
+        # /api/query and /report run the user's SQL one at a time: what DuckDB builds while it runs one (a 500 MB
+        # vector of strings) is outside memory_limit, and two such queries at once took the server past 1 GB
+        self._user_sql = ThreadPoolExecutor(1, thread_name_prefix="tracejudge-user-sql")
         self._busy = 0
         self.port: int | None = None
         self.app = web.Application(client_max_size=1024 * 1024)  # a query is small
@@ -119,7 +122,7 @@ class AdminServer:
             return _error(400, f'send {{"sql": "SELECT ...", "limit": 1..{DEFAULT_LIMIT}}}')
         self._busy += 1
         try:
-            answer = await asyncio.get_running_loop().run_in_executor(self._queries, _answer, self._cursor(), sql,
+            answer = await asyncio.get_running_loop().run_in_executor(self._user_sql, _answer, self._cursor(), sql,
                                                                       limit)
         except QueryRefused as exc:
             return _error(403, str(exc))
@@ -139,7 +142,7 @@ class AdminServer:
             return _error(429, "too many queries and reports are running; retry shortly")
         self._busy += 1
         try:
-            page = await asyncio.get_running_loop().run_in_executor(self._queries, _then_release, lambda: export_views(
+            page = await asyncio.get_running_loop().run_in_executor(self._user_sql, _then_release, lambda: export_views(
                 self._cursor(), since, f"the collector at port {self.port}", summaries=self.summaries,
                 budget_usd=self._budget_usd, trace_url=self._trace_url))
         except ReportError as exc:

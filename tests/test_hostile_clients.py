@@ -195,6 +195,27 @@ def test_queries_that_would_take_all_memory_fail_alone(guarded) -> None:
     exporter_still_served(guarded, TOKEN)
 
 
+def test_concurrent_queries_cannot_add_up_past_a_gigabyte(guarded) -> None:
+    """DuckDB builds a 500 MB vector for this query before the answer's byte cut can apply, outside memory_limit;
+    four at once (the most that may be in flight) took the server to 1.2 GB. They now run one at a time."""
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    answers: list[int] = []
+
+    def heavy() -> None:
+        reply = httpx.post(f"{guarded.admin_url}/api/query", headers=auth, timeout=120,
+                           json={"sql": "SELECT repeat('x', 5000000) FROM range(100)"})
+        answers.append(reply.status_code)
+
+    senders = [threading.Thread(target=heavy) for _ in range(4)]
+    for sender in senders:
+        sender.start()
+    for sender in senders:
+        sender.join()
+    assert answers == [200] * 4  # queued behind each other, not refused
+    assert peak_rss_mb(guarded) < 1000, peak_rss_mb(guarded)
+    exporter_still_served(guarded, TOKEN)
+
+
 def test_every_answer_is_strict_json_even_for_values_json_cannot_hold(guarded) -> None:
     def refuse(constant: str) -> None:
         raise AssertionError(f"{constant} in the answer is not JSON")
