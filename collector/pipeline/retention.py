@@ -186,7 +186,7 @@ class Retention:
         snapshot, conversations, traces = self.con.execute(
             "SELECT snapshot_at, conversation_ids, trace_ids FROM retention_batches WHERE batch_id = ?",
             [batch_id]).fetchone()
-        with id_table(self.con, traces) as ids:
+        with id_table(self.con, traces) as ids, id_table(self.con, conversations) as pruned:
             where = f"trace_id IN (SELECT id FROM {ids}) AND received_at <= ?"
             archived = self._archive("spans", f"SELECT * FROM spans WHERE {where}", [snapshot],
                                      "CAST(coalesce(make_timestamp(start_ns // 1000), timezone('UTC', received_at)) "
@@ -195,8 +195,7 @@ class Retention:
             try:
                 [(deleted,)] = self.con.execute(f"DELETE FROM spans WHERE {where}", [snapshot]).fetchall()
                 self.con.execute(f"DELETE FROM assembled_traces WHERE trace_id IN (SELECT id FROM {ids})")
-                self.con.execute("INSERT OR REPLACE INTO pruned_conversations SELECT unnest(?), now()",
-                                 [conversations])
+                self.con.execute(f"INSERT OR REPLACE INTO pruned_conversations SELECT id, now() FROM {pruned}")
                 self.con.execute("DELETE FROM retention_batches WHERE batch_id = ?", [batch_id])
                 self.con.execute("COMMIT")
             except Exception:
