@@ -32,6 +32,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 from opentelemetry.sdk.trace.export import SpanExportResult
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.support.at_once import at_once  # noqa: E402
 from tests.support.collector_process import CollectorProcess  # noqa: E402
 from tests.test_ingest import agent_spans  # noqa: E402
 
@@ -153,11 +154,7 @@ def grpc_unauthenticated(collector: CollectorProcess) -> str:
             except grpc.RpcError as exc:
                 codes[exc.code().name] += 1
 
-    threads = [threading.Thread(target=send) for _ in range(40)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    at_once(send, 40)
     return f"40 x 60 MiB unauthenticated gRPC exports -> {dict(codes)}"
 
 
@@ -181,6 +178,21 @@ def queries(collector: CollectorProcess) -> str:
         body = reply.json()
         answers.append(f"{reply.status_code}" + (" truncated" if body.get("truncated") else ""))
     return f"5 memory-hungry queries -> {', '.join(answers)}"
+
+
+def concurrent_queries(collector: CollectorProcess) -> str:
+    """The heaviest of them four times at once (the most /api/query lets in flight): each builds a 500 MB vector
+    outside memory_limit, so what matters is how many run together."""
+    answers: list[int] = []
+
+    def one() -> None:
+        reply = httpx.post(f"{collector.admin_url}/api/query", timeout=300,
+                           headers={"Authorization": f"Bearer {TOKEN}"},
+                           json={"sql": "SELECT repeat('x', 5000000) FROM range(100)"})
+        answers.append(reply.status_code)
+
+    at_once(one, 4)
+    return f"4 concurrent 500 MB-vector queries -> {', '.join(map(str, sorted(answers)))}"
 
 
 def slow_clients(collector: CollectorProcess) -> str:
@@ -273,6 +285,7 @@ ATTACKS = {
     "grpc": (grpc_unauthenticated, "[server]\nmax_message_bytes = 67108864\n"),
     "gzip": (gzip_members, ""),
     "queries": (queries, ""),
+    "concurrent": (concurrent_queries, ""),
     "slow": (slow_clients, ""),
     "decode": (big_decodes, "[server]\nmax_message_bytes = 67108864\n"),
     "assembly": (end_marked_first, "[conversations]\nquiet_period_s = 1\n"),

@@ -179,6 +179,15 @@ def phoenix(python: str, requests: list[bytes], in_flight: int, spans_per_reques
             "p99_ms_ack": round(percentile(latencies, 99) * 1000, 1), "peak_rss_mb": round(rss)}
 
 
+def collector_config(tmp: Path, base: Path | None, extra: str = "") -> Path | None:
+    """The collector's tracejudge.toml: the file given with `--config`, with the bench's own section appended."""
+    if not extra:
+        return base
+    path = tmp / "tracejudge.toml"
+    path.write_text((base.read_text() if base else "") + "\n" + extra)
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=200)
@@ -192,10 +201,7 @@ def main() -> None:
     print(f"request: {args.spans} spans, {len(sizes[0])} bytes ({len(sizes[0]) / args.spans:.0f} B/span)")
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        config = args.config
-        if args.redaction:
-            config = Path(tmp) / "tracejudge.toml"
-            config.write_text((args.config.read_text() if args.config else "") + "\n[redaction]\nenabled = true\n")
+        config = collector_config(Path(tmp), args.config, "[redaction]\nenabled = true\n" if args.redaction else "")
         collector = CollectorProcess(Path(tmp) / "bench.duckdb", config=config).start()
         try:
             channel = grpc.insecure_channel(collector.grpc_endpoint,

@@ -3,9 +3,9 @@
 Sends `--blocks` blocks of `--block-spans` agent-shaped spans over gRPC at full speed to one `tracejudge serve`
 (the requests of `bench/ingest.py`, 8 spans per trace, so the quiet window fills with traces as the run goes:
 12,500 more per 100,000 spans, none of them complete within the default 120 s quiet period), and prints per
-block: durable spans/s, CPU per span of the server and its decode workers (from /proc), the traces waiting in the
-quiet window, the server's RSS (now and its peak) and the peak with its workers (each process's own, summed).
-The last line compares the last block with the first.
+block: durable spans/s, CPU per span of the server and of its decode workers (from /proc), the checkpoints DuckDB
+made (the WAL file shrinking), the traces waiting in the quiet window, the server's RSS (now and its peak) and the
+peak with its workers (each process's own, summed). The last line compares the last block with the first.
 Run: `python bench/ingest_growth.py [--blocks 10] [--block-spans 100000] [--in-flight 8] [--quiet-period S]
 [--config TOML]`.
 """
@@ -16,13 +16,23 @@ import argparse
 import os
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.ingest import EXPORT, build_requests, export_retrying, peak_rss_mb, process_tree, run, status_mb  # noqa: E402
+from bench.ingest import (  # noqa: E402
+    EXPORT,
+    build_requests,
+    collector_config,
+    export_retrying,
+    peak_rss_mb,
+    process_tree,
+    run,
+    status_mb,
+)
 from tests.support.collector_process import CollectorProcess  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -40,6 +50,29 @@ def cpu_s(pids: list[int]) -> float:
     return total / TICK
 
 
+class WalWatch:
+    """Counts DuckDB's checkpoints from outside: the WAL file shrinks when one folds it into the database
+    (sampled every 20 ms, so two within one sample count once)."""
+
+    def __init__(self, wal: Path) -> None:
+        self.wal, self.count = wal, 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        last = 0
+        while not self._done.wait(0.02):
+            size = self.wal.stat().st_size if self.wal.exists() else 0
+            if size < last:
+                self.count += 1
+            last = size
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--blocks", type=int, default=10)
@@ -54,12 +87,10 @@ def main() -> None:
     per_block = args.block_spans // args.spans
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        config = args.config
-        if args.quiet_period is not None:
-            config = Path(tmp) / "tracejudge.toml"
-            config.write_text((args.config.read_text() if args.config else "")
-                              + f"\n[conversations]\nquiet_period_s = {args.quiet_period}\n")
-        collector = CollectorProcess(Path(tmp) / "bench.duckdb", config=config).start()
+        quiet = f"[conversations]\nquiet_period_s = {args.quiet_period}\n" if args.quiet_period is not None else ""
+        db = Path(tmp) / "bench.duckdb"
+        collector = CollectorProcess(db, config=collector_config(Path(tmp), args.config, quiet)).start()
+        checkpoints = WalWatch(Path(f"{db}.wal"))
         try:
             assert collector.proc is not None
             server = collector.proc.pid
@@ -69,20 +100,22 @@ def main() -> None:
             for block in range(args.blocks):
                 requests = build_requests(per_block, args.spans, block * per_block)
                 pids = process_tree(server)
-                before = cpu_s(pids)
+                before, server_before, seen = cpu_s(pids), cpu_s([server]), checkpoints.count
                 wall, _ = run(lambda body: export_retrying(export, body), requests, args.in_flight, None, args.spans)
                 spans = per_block * args.spans
-                used = cpu_s(pids) - before
+                used, server_used = cpu_s(pids) - before, cpu_s([server]) - server_before
                 waiting = collector.metric("tracejudge_traces_waiting")
                 row = (block, spans / wall, used / spans * 1e6, waiting, status_mb(server, "VmRSS"),
                        status_mb(server, "VmHWM"), peak_rss_mb(server))
                 rows.append(row)
                 print(f"block {block + 1:2d}: {row[1]:8,.0f} durable spans/s, {row[2]:5.1f} µs CPU per span "
-                      f"(server + workers), {row[3]:9,.0f} traces waiting, server RSS {row[4]:4.0f} MB "
-                      f"(peak {row[5]:4.0f} MB; with workers {row[6]:4.0f} MB)", flush=True)
+                      f"(server {server_used / spans * 1e6:4.1f} + workers {(used - server_used) / spans * 1e6:4.1f}), "
+                      f"{checkpoints.count - seen} checkpoints, {row[3]:9,.0f} traces waiting, server RSS "
+                      f"{row[4]:4.0f} MB (peak {row[5]:4.0f} MB; with workers {row[6]:4.0f} MB)", flush=True)
                 time.sleep(1)
             channel.close()
         finally:
+            checkpoints.stop()
             collector.stop()
     first, last = rows[0], rows[-1]
     print(f"last block / first: throughput {last[1] / first[1]:.2f}x, CPU per span {last[2] / first[2]:.2f}x, "

@@ -20,6 +20,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 from opentelemetry.sdk.trace.export import SpanExportResult
 
+from tests.support.at_once import at_once
 from tests.support.collector_process import CollectorProcess
 from tests.support.otlp_json import request, span
 from tests.test_ingest import agent_spans
@@ -68,11 +69,7 @@ def test_unauthenticated_grpc_exports_are_refused_before_their_message_is_buffer
             except grpc.RpcError as exc:
                 codes.append(exc.code())
 
-    senders = [threading.Thread(target=send) for _ in range(24)]
-    for sender in senders:
-        sender.start()
-    for sender in senders:
-        sender.join()
+    at_once(send, 24)
     assert codes == [grpc.StatusCode.UNAUTHENTICATED] * 24
     # 24 x 12 MiB held would be 288 MiB more; refused on the metadata, the server grows by far less
     assert peak_rss_mb(guarded) - before < 150, (before, peak_rss_mb(guarded))
@@ -206,11 +203,7 @@ def test_concurrent_queries_cannot_add_up_past_a_gigabyte(guarded) -> None:
                            json={"sql": "SELECT repeat('x', 5000000) FROM range(100)"})
         answers.append(reply.status_code)
 
-    senders = [threading.Thread(target=heavy) for _ in range(4)]
-    for sender in senders:
-        sender.start()
-    for sender in senders:
-        sender.join()
+    at_once(heavy, 4)
     assert answers == [200] * 4  # queued behind each other, not refused
     assert peak_rss_mb(guarded) < 1000, peak_rss_mb(guarded)
     exporter_still_served(guarded, TOKEN)

@@ -122,7 +122,7 @@ class ConversationAssembler:
         if members is not None:
             members.add(trace)
         elif trace != group:
-            self._members[group] = {trace, group} if self._group_of.get(group) == group else {trace}
+            self._members[group] = {trace} | self._own_trace(group)
 
     def _leave(self, trace: str, group: str) -> None:
         """The trace no longer waits with this conversation (its `_group_of` entry is the caller's to change)."""
@@ -138,12 +138,14 @@ class ConversationAssembler:
             self._last.pop(group, None)
             self._stamp.pop(group, None)
 
+    def _own_trace(self, group: str) -> set[str]:
+        """The trace whose id is the conversation's, if it waits in it (a conversation without a member set)."""
+        return {group} if self._group_of.get(group) == group else set()
+
     def _traces_of(self, group: str) -> set[str]:
         """The conversation's waiting traces; the lock is held."""
         members = self._members.get(group)
-        if members is not None:
-            return set(members)
-        return {group} if self._group_of.get(group) == group else set()
+        return set(members) if members is not None else self._own_trace(group)
 
     def _forget(self, group: str, stamp: int) -> bool:
         """Drop an assembled conversation from the waiting set unless a span arrived for it meanwhile."""

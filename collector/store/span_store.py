@@ -78,9 +78,10 @@ class SpanStore:
     def __init__(self, path: Path, *, max_batch_spans: int = 50_000, max_queue_spans: int = 500_000,
                  retry_after_s: int = 1, on_commit: Callable[[float, int, int], None] | None = None,
                  memory_limit: str | None = None, temp_limit: str | None = None, threads: int | None = None,
-                 checkpoint_threshold: str = "16MB") -> None:
+                 checkpoint_threshold: str | None = None) -> None:
         self.path = path
-        self.checkpoint_threshold = checkpoint_threshold  # WAL size at which a commit checkpoints (and waits for it)
+        # WAL size at which a commit checkpoints it (and waits); None: DuckDB's default (16 MiB)
+        self.checkpoint_threshold = checkpoint_threshold
         self.threads = threads  # DuckDB's worker threads for this database; None: DuckDB's default (the cores)
         self.memory_limit = memory_limit  # DuckDB's buffer pool, shared by ingest and every query
         self.temp_limit = temp_limit  # what a query may spill to disk

@@ -165,7 +165,7 @@ class BatchQueue:
             self._pollers[batch_id] = asyncio.create_task(self._poll_until_done(batch_id))
 
     async def _poll_until_done(self, batch_id: str) -> None:
-        import openai  # on first use, as the judge does (scoring/judges/llm.py, _openai)
+        import openai  # on first use, as the judge does (scoring/judges/llm.py)
 
         client = self._client()
         waited = 0.0

@@ -135,7 +135,8 @@ class LLMJudge:
             poll_s=options.poll_s)
 
     def _new_client(self) -> openai.AsyncOpenAI:
-        openai = _openai()
+        import openai  # on the first judge call: 27 MB a collector without an LLM judge never needs
+
         return openai.AsyncOpenAI(api_key=self._api_key, base_url=self.base_url, timeout=self.timeout, max_retries=0,
                                   http_client=openai.DefaultAsyncHttpxClient(verify=shared_ssl_context()))
 
@@ -211,12 +212,15 @@ class LLMJudge:
                 raise JudgeOutputError(f"the LLM judge's batch answer is not a chat completion: {exc}") from exc
         response = httpx.Response(answer.status, json=answer.body,
                                   request=httpx.Request("POST", f"{self.base_url or 'https://api.openai.com/v1'}"))
-        error = _openai().APIStatusError(str(answer.body)[:200], response=response, body=answer.body)
+        import openai
+
+        error = openai.APIStatusError(str(answer.body)[:200], response=response, body=answer.body)
         retry = self._classify(error, request)
         raise self._unavailable(retry.what if retry else str(answer.body)[:200], 1)
 
     def _classify(self, exc: Exception, request: dict[str, Any] | None = None) -> Retry | None:
-        openai = _openai()
+        import openai
+
         if isinstance(exc, openai.APIStatusError):
             status = exc.status_code
             if status in (401, 403):
@@ -326,18 +330,10 @@ class LLMJudge:
         )
 
 
-def _openai() -> Any:
-    """The openai package, imported on the first judge call: it is 27 MB of the collector's memory, which a
-    collector that never asks an LLM judge does not need."""
-    import openai
-
-    return openai
-
-
 def load_client_library() -> None:
     """Import the openai package now; the collector runs this in a thread when it has an LLM judge, so the first
     judge call does not stop its event loop (and ingest with it) for the half second the import takes."""
-    _openai()
+    import openai  # noqa: F401
 
 
 def _cached_tokens(usage: Any) -> int:
