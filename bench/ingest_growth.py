@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import threading
@@ -83,6 +84,9 @@ def main() -> None:
                         help="[conversations] quiet_period_s (default: the collector's, 120 s); past the run's length "
                              "every trace stays in the quiet window, which then grows by 12,500 traces per block")
     parser.add_argument("--config", type=Path, help="a tracejudge.toml for the collector (e.g. [store] settings)")
+    parser.add_argument("--rate", type=float, default=None,
+                        help="offered spans/s (default: full speed); with --quiet-period, shows whether assembly "
+                             "keeps up at that load")
     args = parser.parse_args()
     per_block = args.block_spans // args.spans
     rows = []
@@ -101,16 +105,20 @@ def main() -> None:
                 requests = build_requests(per_block, args.spans, block * per_block)
                 pids = process_tree(server)
                 before, server_before, seen = cpu_s(pids), cpu_s([server]), checkpoints.count
-                wall, _ = run(lambda body: export_retrying(export, body), requests, args.in_flight, None, args.spans)
+                assembled_before = collector.metric("tracejudge_conversations_assembled_total")
+                wall, _ = run(lambda body: export_retrying(export, body), requests, args.in_flight, args.rate,
+                              args.spans)
                 spans = per_block * args.spans
                 used, server_used = cpu_s(pids) - before, cpu_s([server]) - server_before
                 waiting = collector.metric("tracejudge_traces_waiting")
+                assembled = collector.metric("tracejudge_conversations_assembled_total") - assembled_before
                 row = (block, spans / wall, used / spans * 1e6, waiting, status_mb(server, "VmRSS"),
-                       status_mb(server, "VmHWM"), peak_rss_mb(server))
+                       status_mb(server, "VmHWM"), peak_rss_mb(server), assembled / wall)
                 rows.append(row)
                 print(f"block {block + 1:2d}: {row[1]:8,.0f} durable spans/s, {row[2]:5.1f} µs CPU per span "
                       f"(server {server_used / spans * 1e6:4.1f} + workers {(used - server_used) / spans * 1e6:4.1f}), "
-                      f"{checkpoints.count - seen} checkpoints, {row[3]:9,.0f} traces waiting, server RSS "
+                      f"{checkpoints.count - seen} checkpoints, {row[7]:5,.0f} conversations assembled/s, "
+                      f"{row[3]:9,.0f} traces waiting, server RSS "
                       f"{row[4]:4.0f} MB (peak {row[5]:4.0f} MB; with workers {row[6]:4.0f} MB)", flush=True)
                 time.sleep(1)
             channel.close()
@@ -120,6 +128,9 @@ def main() -> None:
     first, last = rows[0], rows[-1]
     print(f"last block / first: throughput {last[1] / first[1]:.2f}x, CPU per span {last[2] / first[2]:.2f}x, "
           f"after {args.blocks * per_block * args.spans:,} spans")
+    later = rows[1:] or rows
+    print(f"blocks 2-{len(rows)}: {statistics.mean(r[1] for r in later):,.0f} durable spans/s and "
+          f"{statistics.mean(r[7] for r in later):,.0f} conversations assembled/s on average")
 
 
 if __name__ == "__main__":

@@ -158,6 +158,9 @@ class ConversationSettings(_Section):
     poll_s: float = Field(1.0, gt=0, description="how often completed conversations are looked for")
     max_spans: int = Field(50_000, ge=1, description="a conversation with more spans is not assembled (logged), "
                            "so one runaway trace cannot take the collector's memory")
+    share_under_load: float = Field(0.25, gt=0, le=1, description="while ingest keeps the span writer busy, the "
+                                    "assembler works at most this share of the time (it pauses between batches of "
+                                    "conversations, so exports stay fast); when ingest is light it never pauses")
 
     @field_validator("quiet_period_s", "poll_s", mode="before")
     @classmethod

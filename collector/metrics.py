@@ -59,6 +59,8 @@ class CollectorMetrics:
                                     "period (or end marker) before it is assembled", registry=self.registry)
         self.conversations_waiting = Gauge("tracejudge_conversations_waiting", "Conversations those traces wait "
                                            "in", registry=self.registry)
+        self.conversations_assembled = Gauge("tracejudge_conversations_assembled_total", "Conversation versions "
+                                             "written since the start (each is scored)", registry=self.registry)
         self.jobs = Gauge("tracejudge_eval_jobs", "Scoring jobs by state", ["state"], registry=self.registry)
         self.cost_today = Gauge("tracejudge_judge_cost_today_usd", "Judge spend since 00:00 UTC",
                                 registry=self.registry)

@@ -95,11 +95,13 @@ class Collector:
         self.stage = ScoringStage(self.store.cursor(), stage_config(self.settings), self._log,
                                   self.metrics.on_measured, self.metrics.on_scored)
         self.assembler = ConversationAssembler(self.store.cursor(), self.settings, self.log,
-                                               self.stage.initial_status, self.stage.configs)
+                                               self.stage.initial_status, self.stage.configs,
+                                               writer_busy_s=lambda: self.store.stats.busy_s)
         self.store.listeners.append(self.assembler.observe)
         self.store.on_listener_error = self._assembler_missed
         self.metrics.traces_waiting.set_function(self.assembler.pending_traces)
         self.metrics.conversations_waiting.set_function(self.assembler.pending_conversations)
+        self.metrics.conversations_assembled.set_function(lambda: self.assembler.assembled)
         await asyncio.to_thread(self.assembler.recover)
         await asyncio.to_thread(self.stage.recover)
         self.admin.stage = self.stage

@@ -9,6 +9,7 @@ call id, so one call is one record however many spans describe it.
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import json
@@ -25,6 +26,7 @@ from mapping.otlp_logs import fold_log_events
 from mapping.results import prompt_result, resource_result, tool_result
 from mapping.spans import Span
 from scoring.test_case import (
+    OWNED_TURNS,
     ConversationalTestCase,
     MCPPromptCall,
     MCPResourceCall,
@@ -453,6 +455,18 @@ def _args(value: Any, name: str, notes: list[str]) -> dict[str, Any]:
     return {}
 
 
+def _owned(value: Any) -> Any:
+    """A copy of a span's value for a Turn to own: spans cache their parsed JSON and a case's user may change its
+    Turns. Plain JSON is copied by hand; `copy.deepcopy` of whole Turns cost a quarter of assembling them."""
+    if isinstance(value, dict):
+        return {k: _owned(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_owned(v) for v in value]
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return copy.deepcopy(value)
+
+
 def _explain_call(call: _Call, verdict: str, envelope: str | None) -> dict[str, Any]:
     entry: dict[str, Any] = {"kind": call.kind, "name": call.name, "call_id": call.call_id, "counted_as": verdict,
                              "sources": [_where_text(source) for source in call.sources]}
@@ -469,29 +483,30 @@ def _assistant_turn(draft: _Draft, inventory: _Inventory, explain: list[dict[str
     not_executed: list[dict[str, Any]] = []
     for call in draft.calls:
         envelope = None
+        arguments, result = _owned(call.arguments), _owned(call.result)
         if not call.executed:  # asked for by the model, never run: visible, but never a made call
-            not_executed.append({"name": call.name, "args": call.arguments, "call_id": call.call_id})
+            not_executed.append({"name": call.name, "args": arguments, "call_id": call.call_id})
             verdict = "not executed"
         elif call.kind == "resource":
-            resources.append(MCPResourceCall(uri=call.name, result=resource_result(call.result, call.name)))
+            resources.append(MCPResourceCall(uri=call.name, result=resource_result(result, call.name)))
             verdict = "MCP resource read"
         elif call.kind == "prompt":
-            prompts.append(MCPPromptCall(name=call.name, args=_args(call.arguments, call.name, notes),
-                                         result=prompt_result(call.result)))
+            prompts.append(MCPPromptCall(name=call.name, args=_args(arguments, call.name, notes),
+                                         result=prompt_result(result)))
             verdict = "MCP prompt get"
         elif call.mcp or inventory.server_of_tool(call.name):
             if not call.mcp:
                 call.mark_mcp((None, "", inventory.origin.get(call.name, "in the MCP inventory")))
-            unwrapped = unwrap_tool_result(call.result)
+            unwrapped = unwrap_tool_result(result)
             envelope = unwrapped.envelope
-            tools.append(MCPToolCall(name=call.name, args=_args(call.arguments, call.name, notes),
+            tools.append(MCPToolCall(name=call.name, args=_args(arguments, call.name, notes),
                                      result=tool_result(unwrapped.value, call.error or unwrapped.error,
                                                         call.error_message)))
             verdict = "MCP tool call"
         else:
-            params = call.arguments if isinstance(call.arguments, dict) or call.arguments is None \
-                else {"input": call.arguments}
-            functions.append(ToolCall(name=call.name, input_parameters=params, output=call.result, type="function"))
+            params = arguments if isinstance(arguments, dict) or arguments is None \
+                else {"input": arguments}
+            functions.append(ToolCall(name=call.name, input_parameters=params, output=result, type="function"))
             verdict = "function tool (no MCP span, tools/list or [mapping] mcp_tools names it)"
         if explain is not None:
             explain.append(_explain_call(call, verdict, envelope))
@@ -593,7 +608,8 @@ def _build_one(conversation_id: str, key: str, traces: list[list[Span]], given: 
     if not turns:
         return None
     all_spans = [s for spans in traces for s in spans]
-    test_case = ConversationalTestCase(turns=turns, name=conversation_id, mcp_servers=inventory.to_servers())
+    test_case = ConversationalTestCase.model_validate(  # the Turns hold only copies (`_owned`): no deep copy
+        {"turns": turns, "name": conversation_id, "mcp_servers": inventory.to_servers()}, context={OWNED_TURNS: True})
     digest = hashlib.sha256(json.dumps(test_case.model_dump(mode="json"), sort_keys=True,
                                        ensure_ascii=False).encode()).hexdigest()
     return Conversation(

@@ -8,19 +8,24 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 import duckdb
 import pyarrow as pa
 
 
 @contextmanager
-def id_table(con: duckdb.DuckDBPyConnection, values: Iterable[str | int],
-             type: pa.DataType | None = None) -> Iterator[str]:
-    """The name of a one-column (`id`) table holding `values`, registered on `con` for the block's duration."""
-    name = f"ids_{uuid.uuid4().hex}"
-    con.register(name, pa.table({"id": pa.array(list(values), type=type or pa.string())}))
+def registered(con: duckdb.DuckDBPyConnection, table: pa.Table) -> Iterator[str]:
+    """A unique name under which `table` can be queried on `con` for the block's duration."""
+    name = f"arrow_{uuid.uuid4().hex}"
+    con.register(name, table)
     try:
         yield name
     finally:
         con.unregister(name)
+
+
+def id_table(con: duckdb.DuckDBPyConnection, values: Iterable[str | int],
+             type: pa.DataType | None = None) -> AbstractContextManager[str]:
+    """The name of a one-column (`id`) table holding `values`, registered on `con` for the block's duration."""
+    return registered(con, pa.table({"id": pa.array(list(values), type=type or pa.string())}))

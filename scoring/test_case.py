@@ -28,6 +28,7 @@ from pydantic import (
     SerializationInfo,
     SerializerFunctionWrapHandler,
     ValidationError,
+    ValidationInfo,
     ValidatorFunctionWrapHandler,
     WrapSerializer,
     WrapValidator,
@@ -439,6 +440,7 @@ class Turn(_AdditionalMetadata, _CaseModel):
         return bool(self.mcp_tools_called or self.mcp_resources_called or self.mcp_prompts_called)
 
 
+OWNED_TURNS = "tracejudge.owned_turns"  # validation context key: the Turns given are the case's own, not copied
 _MULTIMODAL = re.compile(r"\[DEEPEVAL:(?:IMAGE|PDF):.*?\]")  # DeepEval's placeholder for an image in text
 
 
@@ -463,8 +465,10 @@ class ConversationalTestCase(_AdditionalMetadata, _CaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _deepeval_input(cls, data: Any) -> Any:
-        """Turns are copied (changing a Turn afterwards does not change the case); wrong shapes are TypeErrors."""
+    def _deepeval_input(cls, data: Any, info: ValidationInfo) -> Any:
+        """Turns are copied (changing a Turn afterwards does not change the case), unless the caller says it hands
+        them over (`context={OWNED_TURNS: True}`: the mapping, whose Turns nothing else holds); wrong shapes are
+        TypeErrors."""
         if not isinstance(data, dict):
             return data
         turns = data.get("turns")
@@ -474,7 +478,8 @@ class ConversationalTestCase(_AdditionalMetadata, _CaseModel):
             for turn in turns:
                 if not isinstance(turn, Turn | dict):
                     raise TypeError(f"'turns' must be a list of Turn or dict, got {type(turn)}")
-            data = {**data, "turns": [copy.deepcopy(t) if isinstance(t, Turn) else t for t in turns]}
+            if not (info.context or {}).get(OWNED_TURNS):
+                data = {**data, "turns": [copy.deepcopy(t) if isinstance(t, Turn) else t for t in turns]}
         context = data.get("context")
         if context is not None and (not isinstance(context, list) or not all(isinstance(c, str) for c in context)):
             raise TypeError("'context' must be None or a list of strings")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 from typing import Any
@@ -413,3 +414,32 @@ def test_a_plain_tool_is_not_renamed_into_an_mcp_tool_it_resembles() -> None:
         {"server_name": "brave", "available_tools": [{"name": "brave_search"}]}])
     turn = conversation.test_case.turns[1]
     assert turn.mcp_tools_called is None and [t.name for t in turn.tools_called] == ["search"]
+
+
+def test_changing_a_built_case_changes_neither_the_spans_nor_the_next_case_built_from_them() -> None:
+    nested = {"where": {"city": "Paris", "days": [1, 2]}}
+    body = request(({}, [
+        span(3, 1, "invoke_agent a", attributes={"gen_ai.operation.name": "invoke_agent",
+                                                 "gen_ai.input.messages": [{"role": "user", "parts": [
+                                                     {"type": "text", "content": "plan my week"}]}],
+                                                 "gen_ai.output.messages": [{"role": "assistant", "parts": [
+                                                     {"type": "text", "content": "done"}]}]}, end=10),
+        span(3, 2, "tools/call forecast", 1, start=1, kind=2, attributes={
+            "mcp.method.name": "tools/call", "gen_ai.tool.name": "forecast", "gen_ai.tool.call.arguments": nested,
+            "gen_ai.tool.call.result": {"content": [{"type": "text", "text": "rain"}], "isError": False}}),
+        span(3, 3, "execute_tool plan", 1, start=2, attributes={
+            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "plan",
+            "gen_ai.tool.call.arguments": nested, "gen_ai.tool.call.result": {"steps": [{"day": 1}]}}),
+    ]))
+    spans = spans_of(body)
+    [first] = build_conversations(spans)
+    expected = copy.deepcopy(shape(first.test_case))
+    turn = first.test_case.turns[1]
+    assert turn.mcp_tools_called and turn.tools_called, "the case needs an MCP call and a function call"
+    turn.mcp_tools_called[0].args["where"]["days"].append(3)
+    turn.mcp_tools_called[0].result.content.clear()
+    turn.tools_called[0].input_parameters["where"]["city"] = "Rome"
+    turn.tools_called[0].output["steps"][0]["day"] = 9
+    [again] = build_conversations(spans)
+    assert shape(again.test_case) == expected
+    assert again.content_hash == first.content_hash

@@ -169,6 +169,9 @@ def test_a_late_span_makes_a_new_version_that_supersedes_the_old(tmp_path, judge
                                   "WHERE conversation_id = 'conv-b' ORDER BY 1")
         assert latest == [["mcp_call_validity", 2], ["mcp_task_completion", 2], ["mcp_use", 2]]
         assert query(collector, "SELECT count(*) FROM scores WHERE conversation_id = 'conv-b'") == [[6]]
+        # every version written, the late one too, is counted where the operator looks
+        [[versions]] = query(collector, "SELECT count(*) FROM conversations")
+        assert collector.metric("tracejudge_conversations_assembled_total") == versions >= 3
         collector.stop()
 
 

@@ -28,7 +28,7 @@ from collector.pipeline.sampling import attribute_values, decide
 from collector.receivers.span_rows import plain_strings
 from mapping import Conversation, Span, build_conversations
 from mapping.conversation_key import KEY_PRECEDENCE
-from scoring.id_table import id_table
+from scoring.id_table import id_table, registered
 
 MAX_PER_POLL = 256  # conversations assembled per poll: a backlog never hides a newly end-marked one for long
 SPANS_PER_READ = 50_000  # spans read back in one query while assembling; bounds the assembler's memory
@@ -37,8 +37,21 @@ _RANK = "CASE conversation_key_source " + " ".join(
     f"WHEN '{key}' THEN {i}" for i, key in enumerate(KEY_PRECEDENCE)) + " END"
 _UNKEYED = len(KEY_PRECEDENCE)  # the rank of a trace that carries no conversation key (its own conversation)
 _PRECEDENCE = pa.array(KEY_PRECEDENCE)
+_UTC_US = pa.timestamp("us", tz="UTC")
+_VERSION_SCHEMA = pa.schema([
+    ("conversation_id", pa.string()), ("version", pa.int32()), ("content_hash", pa.string()), ("status", pa.string()),
+    ("key_source", pa.string()), ("service_name", pa.string()), ("agent_name", pa.string()), ("turns", pa.int32()),
+    ("mcp_calls", pa.int32()), ("trace_ids", pa.list_(pa.string())), ("first_span_ns", pa.int64()),
+    ("last_span_ns", pa.int64()), ("test_case", pa.string()), ("sample_value", pa.float64()),
+    ("sampled", pa.string()), ("assembled_at", _UTC_US)])
+_JOB_SCHEMA = pa.schema([
+    ("conversation_id", pa.string()), ("conversation_version", pa.int32()), ("metric", pa.string()),
+    ("metric_config", pa.string()), ("status", pa.string()), ("created_at", _UTC_US), ("updated_at", _UTC_US)])
 _COLUMNS = ("trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, status_code, status_message, "
             "scope_name, scope_version, attributes, resource_attributes, events, links, received_at")
+
+
+_Built = tuple[Conversation, dict[str, set[str]]]  # a rebuilt conversation and its sampling attribute values
 
 
 def _calls(conversation: Conversation) -> int:
@@ -66,12 +79,14 @@ class ConversationAssembler:
     to, so a poll costs what changed and what is due, not the size of the quiet window."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, settings: Settings, logger: Logger,
-                 job_status: Callable[[str], str], metric_configs: dict[str, str]) -> None:
+                 job_status: Callable[[str], str], metric_configs: dict[str, str],
+                 writer_busy_s: Callable[[], float] | None = None) -> None:
         self.con = con
         self.settings = settings
         self.log = logger
         self.job_status = job_status  # metric -> the status a new job starts in
         self.metric_configs = metric_configs  # metric -> config hash (part of the job and score key)
+        self.writer_busy_s = writer_busy_s  # the span writer's seconds spent committing so far (None: not known)
         self._group_of: dict[str, str] = {}  # waiting trace -> the conversation its spans name so far
         self._rank_of: dict[str, int] = {}  # waiting trace -> precedence of that key (_UNKEYED: none)
         # conversation -> its waiting traces, only where they are not just the conversation's own trace: most
@@ -177,14 +192,30 @@ class ConversationAssembler:
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             done = 0
+            started, busy = time.monotonic(), self._writer_busy()
             try:
                 done = await asyncio.to_thread(self.assemble_due, False, MAX_PER_POLL)
             except Exception as exc:  # a bad conversation must not stop the loop; it is logged and retried
                 self.log.error("assembly failed", reason=f"{type(exc).__name__}: {exc}")
-            if done >= MAX_PER_POLL:
-                continue  # a backlog: go on at once, but look again for end-marked conversations first
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.settings.conversations.poll_s)
+            # a backlog: go on at once (looking again for end-marked conversations first), unless ingest presses
+            wait = max(0.0 if done >= MAX_PER_POLL else self.settings.conversations.poll_s,
+                       self.pause_for_ingest(time.monotonic() - started, self._writer_busy() - busy))
+            if wait > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), wait)
+
+    def _writer_busy(self) -> float:
+        return self.writer_busy_s() if self.writer_busy_s is not None else 0.0
+
+    def pause_for_ingest(self, spent_s: float, writer_busy_s: float) -> float:
+        """How long to pause after a full batch that took `spent_s`, during which the span writer was committing
+        for `writer_busy_s`. Both share two cores and one database: when the writer was busy half the time or
+        more, the assembler keeps to `[conversations] share_under_load` so exports stay fast (its backlog waits,
+        stored); otherwise it goes on at once."""
+        share = self.settings.conversations.share_under_load
+        if spent_s <= 0 or writer_busy_s < spent_s / 2 or share >= 1:
+            return 0.0
+        return spent_s * (1 - share) / share
 
     def _due(self, force: bool, limit: int | None) -> dict[str, tuple[int, set[str]]]:
         """End-marked conversations first, then those quiet for the quiet period, oldest first: (stamp, traces)."""
@@ -309,23 +340,24 @@ class ConversationAssembler:
         for row in rows:
             by_trace.setdefault(row[0], []).append(row)
         failed: set[str] = set()
-        assembled: dict[str, set[str]] = {}
+        built: dict[str, list[_Built]] = {}
         newest: dict[str, datetime] = {}
         for conversation_id in batch:
-            members = conversations[conversation_id]
-            mine = [r for t in members for r in by_trace.get(t, ())]
+            mine = [r for t in conversations[conversation_id] for r in by_trace.get(t, ())]
             try:
-                self._assemble(conversation_id, mine)
+                built[conversation_id] = self._map(conversation_id, mine)
             except Exception as exc:  # one bad conversation must not hold up the others; it is retried later
-                self.log.error("assembly failed", conversation_id=conversation_id,
-                               reason=f"{type(exc).__name__}: {exc}")
+                self._failed(conversation_id, exc)
                 failed.add(conversation_id)
                 continue
-            assembled[conversation_id] = members
             # the newest span assembled, not the clock: a span committed meanwhile is still newer after a restart
             newest[conversation_id] = max((r[15] for r in mine), default=datetime.now(UTC))
-        self._mark_assembled(assembled, newest)
+        failed |= self._write_all(built)
+        self._mark_assembled({c: conversations[c] for c in built if c not in failed}, newest)
         return failed
+
+    def _failed(self, conversation_id: str, exc: Exception) -> None:
+        self.log.error("assembly failed", conversation_id=conversation_id, reason=f"{type(exc).__name__}: {exc}")
 
     def _mark_assembled(self, conversations: dict[str, set[str]], newest: dict[str, datetime]) -> None:
         if not conversations:
@@ -337,70 +369,116 @@ class ConversationAssembler:
             "assembled_at": pa.array([newest.get(c, now) for c, members in conversations.items() for _ in members],
                                      pa.timestamp("us", tz="UTC")),
         })
-        self.con.register("assembled_now", table)
-        try:
-            self.con.execute("INSERT OR REPLACE INTO assembled_traces SELECT trace_id, conversation_id, assembled_at "
-                             "FROM assembled_now")
-        finally:
-            self.con.unregister("assembled_now")
+        with registered(self.con, table) as name:
+            self.con.execute(f"INSERT OR REPLACE INTO assembled_traces SELECT trace_id, conversation_id, assembled_at "
+                             f"FROM {name}")
 
-    def _assemble(self, conversation_id: str, rows: list[tuple]) -> None:
+    def _map(self, conversation_id: str, rows: list[tuple]) -> list[_Built]:
+        """The conversation rebuilt from its stored rows, with the sampling filters' attribute values."""
         spans = [Span.from_record({
             "trace_id": r[0], "span_id": r[1], "parent_span_id": r[2], "name": r[3], "kind": r[4],
             "start_ns": r[5], "end_ns": r[6], "status_code": r[7], "status_message": r[8], "scope_name": r[9],
             "scope_version": r[10], "attributes": json.loads(r[11]), "resource": json.loads(r[12]),
             "events": json.loads(r[13]), "links": json.loads(r[14]),
         }) for r in rows]
-        written = [c for c in build_conversations(spans, mcp_tools=self.settings.mapping.mcp_tools)
-                   if c.conversation_id == conversation_id]
-        for conversation in written:
-            mine = set(conversation.trace_ids)
-            self.write_version(conversation, attribute_values(self.settings.sampling,
-                                                              (s for s in spans if s.trace_id in mine)))
+        built = []
+        for conversation in build_conversations(spans, mcp_tools=self.settings.mapping.mcp_tools):
+            if conversation.conversation_id == conversation_id:
+                mine = set(conversation.trace_ids)
+                built.append((conversation, attribute_values(self.settings.sampling,
+                                                             (s for s in spans if s.trace_id in mine))))
+        return built
 
-    def write_version(self, conversation: Conversation,
-                      attributes: dict[str, set[str]] | None = None) -> int | None:
-        """A new version when the content changed (with its jobs); None when this content is already stored.
-        `attributes`: the values of the sampling filters' attribute keys in the conversation's spans."""
-        cid = conversation.conversation_id
-        if self.con.execute("SELECT 1 FROM pruned_conversations WHERE conversation_id = ?", [cid]).fetchone():
-            # its earlier spans were pruned by retention: what is left would be a truncated conversation
-            self.late_after_prune += 1
-            self.log.warning("late spans for a pruned conversation: stored, not assembled", conversation_id=cid,
-                             traces=len(conversation.trace_ids))
-            return None
-        latest = self.con.execute("SELECT version, content_hash FROM conversations WHERE conversation_id = ? "
-                                  "ORDER BY version DESC LIMIT 1", [cid]).fetchone()
-        if latest is not None and latest[1] == conversation.content_hash:
-            return None
-        version = (latest[0] if latest else 0) + 1
-        metrics = self.settings.scoring.metrics
-        value, sampled = decide(self.settings.sampling, metrics, cid, conversation.service_name,
-                                conversation.agent_name, attributes)
+    def _write_all(self, built: dict[str, list[_Built]]) -> set[str]:
+        """Write a batch's new versions in one transaction (a commit per conversation cost 7 ms of CPU); when
+        that fails, each conversation alone, so one that cannot be written does not hold up the rest. The ids
+        that failed."""
+        try:
+            self.write_versions([b for items in built.values() for b in items])
+            return set()
+        except Exception as exc:
+            if len(built) == 1:
+                self._failed(next(iter(built)), exc)
+                return set(built)
+        failed = set()
+        for conversation_id, items in built.items():
+            try:
+                self.write_versions(items)
+            except Exception as exc:
+                self._failed(conversation_id, exc)
+                failed.add(conversation_id)
+        return failed
+
+    def write_versions(self, built: list[_Built]) -> list[int | None]:
+        """A new version of each conversation whose content changed, with its jobs, in one transaction; per
+        conversation its version, or None when this content is already stored (or its spans were pruned).
+        Each item: the conversation and the values of the sampling filters' attribute keys in its spans."""
+        if not built:
+            return []
+        with id_table(self.con, {c.conversation_id for c, _ in built}) as ids:
+            pruned = {cid for (cid,) in self.con.execute(
+                f"SELECT conversation_id FROM pruned_conversations WHERE conversation_id IN (SELECT id FROM {ids})"
+            ).fetchall()}
+            latest = {cid: (version, digest) for cid, version, digest in self.con.execute(
+                f"SELECT conversation_id, max(version), arg_max(content_hash, version) FROM conversations "
+                f"WHERE conversation_id IN (SELECT id FROM {ids}) GROUP BY conversation_id").fetchall()}
         now = datetime.now(UTC)
+        metrics = self.settings.scoring.metrics
+        versions: list[int | None] = []
+        rows: list[dict[str, object]] = []
+        jobs: list[dict[str, object]] = []
+        written: list[tuple[Conversation, int, list[str]]] = []  # logged once they are committed
+        for conversation, attributes in built:
+            cid = conversation.conversation_id
+            if cid in pruned:  # its earlier spans were pruned by retention: the rest would be a truncated conversation
+                self.late_after_prune += 1
+                self.log.warning("late spans for a pruned conversation: stored, not assembled", conversation_id=cid,
+                                 traces=len(conversation.trace_ids))
+                versions.append(None)
+                continue
+            last = latest.get(cid)
+            if last is not None and last[1] == conversation.content_hash:
+                versions.append(None)
+                continue
+            version = (last[0] if last else 0) + 1
+            latest[cid] = (version, conversation.content_hash)
+            value, sampled = decide(self.settings.sampling, metrics, cid, conversation.service_name,
+                                    conversation.agent_name, attributes)
+            rows.append({"conversation_id": cid, "version": version, "content_hash": conversation.content_hash,
+                         "status": "complete", "key_source": conversation.key,
+                         "service_name": conversation.service_name, "agent_name": conversation.agent_name,
+                         "turns": len(conversation.test_case.turns), "mcp_calls": _calls(conversation),
+                         "trace_ids": list(conversation.trace_ids), "first_span_ns": conversation.first_span_ns,
+                         "last_span_ns": conversation.last_span_ns,
+                         "test_case": conversation.test_case.model_dump_json(exclude_none=True),
+                         "sample_value": value, "sampled": json.dumps(sampled), "assembled_at": now})
+            jobs.extend({"conversation_id": cid, "conversation_version": version, "metric": metric,
+                         "metric_config": self.metric_configs[metric], "status": self.job_status(metric),
+                         "created_at": now, "updated_at": now} for metric, chosen in sampled.items() if chosen)
+            versions.append(version)
+            written.append((conversation, version, [m for m, chosen in sampled.items() if chosen]))
+        if rows:
+            self._insert(rows, jobs)
+        for conversation, version, queued in written:
+            self.assembled += 1
+            self.log.info("conversation complete", conversation_id=conversation.conversation_id, version=version,
+                          turns=len(conversation.test_case.turns), mcp_calls=_calls(conversation),
+                          metrics_queued=queued)
+        return versions
+
+    def _insert(self, rows: list[dict[str, object]], jobs: list[dict[str, object]]) -> None:
+        """The versions and their jobs, as two Arrow appends in one transaction."""
         self.con.execute("BEGIN TRANSACTION")
         try:
-            self.con.execute(
-                "INSERT INTO conversations VALUES (?, ?, ?, 'complete', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [cid, version, conversation.content_hash, conversation.key, conversation.service_name,
-                 conversation.agent_name, len(conversation.test_case.turns), _calls(conversation),
-                 list(conversation.trace_ids), conversation.first_span_ns, conversation.last_span_ns,
-                 conversation.test_case.model_dump_json(exclude_none=True), value, json.dumps(sampled), now])
-            for metric, chosen in sampled.items():
-                if chosen:
-                    self.con.execute(
-                        "INSERT INTO eval_jobs (conversation_id, conversation_version, metric, metric_config, "
-                        "status, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        [cid, version, metric, self.metric_configs[metric], self.job_status(metric), now, now])
+            with registered(self.con, pa.Table.from_pylist(rows, schema=_VERSION_SCHEMA)) as name:
+                self.con.execute(f"INSERT INTO conversations BY NAME SELECT * FROM {name}")
+            if jobs:
+                with registered(self.con, pa.Table.from_pylist(jobs, schema=_JOB_SCHEMA)) as name:
+                    self.con.execute(f"INSERT INTO eval_jobs BY NAME SELECT * FROM {name}")
             self.con.execute("COMMIT")
         except Exception:
             self.con.execute("ROLLBACK")
             raise
-        self.assembled += 1
-        self.log.info("conversation complete", conversation_id=cid, version=version,
-                      turns=len(conversation.test_case.turns), mcp_calls=_calls(conversation),
-                      metrics_queued=[m for m, s in sampled.items() if s])
-        return version
 
     def pending_traces(self) -> int:
         with self._lock:

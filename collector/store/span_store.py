@@ -72,6 +72,7 @@ class StoreStats:
     last_error: str | None = None
     listener_errors: int = 0  # commits a listener (the assembler) failed to take in
     memory_retries: int = 0  # commits retried because a query held DuckDB's memory
+    busy_s: float = 0.0  # seconds the writer spent committing: how hard ingest presses the database
 
 
 class SpanStore:
@@ -208,7 +209,9 @@ class SpanStore:
                     break
                 batch.append(item)
                 count += item.table.num_rows
+            started = time.perf_counter()
             self._commit(batch, count)
+            self.stats.busy_s += time.perf_counter() - started
 
     def _commit(self, batch: list[_Pending], count: int) -> None:
         if len(batch) == 1:

@@ -1,0 +1,79 @@
+"""Assembly benchmark: CPU per conversation that the assembler rebuilds and writes, alone on this machine.
+
+Stores `--requests` requests of `bench/ingest.py` (512 agent-shaped spans each, 8 spans per trace, 8 traces per
+conversation) through a real span store, then has the real assembler take every waiting conversation, 256 per
+call as it does in `tracejudge serve`: read the spans back, map them (`build_conversations`) and write the
+versions and their scoring jobs. Prints CPU and wall time per conversation, the best of `--repeat` runs.
+Run: `python bench/assembly.py [--requests 40] [--repeat 3] [--profile]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import datetime as dt
+import io
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.ingest import build_requests  # noqa: E402
+from collector.config import Settings  # noqa: E402
+from collector.log import Logger  # noqa: E402
+from collector.pipeline.conversation_assembler import MAX_PER_POLL, ConversationAssembler  # noqa: E402
+from collector.receivers.span_rows import spans_to_arrow  # noqa: E402
+from collector.store.span_store import SpanStore, mark_pandas_absent  # noqa: E402
+from mapping import decode_otlp  # noqa: E402
+
+
+def once(requests: list[bytes], profile: cProfile.Profile | None) -> tuple[int, float, float]:
+    """(conversations, CPU seconds, wall seconds) of assembling everything the requests hold."""
+    with tempfile.TemporaryDirectory() as tmp:
+        store = SpanStore(Path(tmp) / "bench.duckdb")
+        store.open()
+        settings = Settings()
+        assembler = ConversationAssembler(store.cursor(), settings, Logger(stream=io.StringIO()),
+                                          lambda metric: "pending", {m: "x" for m in settings.scoring.metrics})
+        store.listeners.append(assembler.observe)
+
+        async def fill() -> None:
+            for body in requests:
+                spans = decode_otlp(body, "application/x-protobuf").spans
+                await store.write(spans_to_arrow(spans, dt.datetime.now(dt.UTC)))
+
+        asyncio.run(fill())
+        cpu, wall, total = time.process_time(), time.perf_counter(), 0
+        if profile is not None:
+            profile.enable()
+        while done := assembler.assemble_due(True, MAX_PER_POLL):
+            total += done
+        if profile is not None:
+            profile.disable()
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        store.close()
+    return total, cpu, wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=40)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--profile", action="store_true", help="print the 30 costliest calls (cumulative)")
+    args = parser.parse_args()
+    mark_pandas_absent()  # as `tracejudge serve` does
+    requests = build_requests(args.requests, 512)
+    profile = cProfile.Profile() if args.profile else None
+    runs = [once(requests, profile) for _ in range(args.repeat)]
+    conversations, cpu, wall = min(runs, key=lambda r: r[1])
+    print(f"{conversations} conversations of 64 spans: {cpu / conversations * 1000:.2f} ms CPU and "
+          f"{wall / conversations * 1000:.2f} ms wall per conversation (best of {args.repeat})")
+    if profile is not None:
+        pstats.Stats(profile).sort_stats("cumulative").print_stats(30)
+
+
+if __name__ == "__main__":
+    main()
