@@ -4,10 +4,12 @@ Sends `--blocks` blocks of `--block-spans` agent-shaped spans over gRPC at full 
 (the requests of `bench/ingest.py`, 8 spans per trace, so the quiet window fills with traces as the run goes:
 12,500 more per 100,000 spans, none of them complete within the default 120 s quiet period), and prints per
 block: durable spans/s, CPU per span of the server and of its decode workers (from /proc), the checkpoints DuckDB
-made (the WAL file shrinking), the traces waiting in the quiet window, the server's RSS (now and its peak) and the
-peak with its workers (each process's own, summed). The last line compares the last block with the first.
+made (the WAL file shrinking) and the WAL's size, the conversations assembled and the scores written per second
+(with `--quiet-period` short enough for conversations to complete), the traces waiting in the quiet window, the
+server's RSS (now and its peak) and the peak with its workers (each process's own, summed). The last lines compare
+the last block with the first and average blocks 2 on. `--rate` offers a fixed load instead of full speed.
 Run: `python bench/ingest_growth.py [--blocks 10] [--block-spans 100000] [--in-flight 8] [--quiet-period S]
-[--config TOML]`.
+[--rate SPANS_S] [--config TOML]`.
 """
 
 from __future__ import annotations
@@ -69,6 +71,9 @@ class WalWatch:
                 self.count += 1
             last = size
 
+    def wal_mb(self) -> float:
+        return self.wal.stat().st_size / 2**20 if self.wal.exists() else 0.0
+
     def stop(self) -> None:
         self._done.set()
         self._thread.join()
@@ -106,6 +111,7 @@ def main() -> None:
                 pids = process_tree(server)
                 before, server_before, seen = cpu_s(pids), cpu_s([server]), checkpoints.count
                 assembled_before = collector.metric("tracejudge_conversations_assembled_total")
+                scored_before = collector.metric("tracejudge_scores_total")
                 wall, _ = run(lambda body: export_retrying(export, body), requests, args.in_flight, args.rate,
                               args.spans)
                 spans = per_block * args.spans
@@ -113,11 +119,13 @@ def main() -> None:
                 waiting = collector.metric("tracejudge_traces_waiting")
                 assembled = collector.metric("tracejudge_conversations_assembled_total") - assembled_before
                 row = (block, spans / wall, used / spans * 1e6, waiting, status_mb(server, "VmRSS"),
-                       status_mb(server, "VmHWM"), peak_rss_mb(server), assembled / wall)
+                       status_mb(server, "VmHWM"), peak_rss_mb(server), assembled / wall,
+                       (collector.metric("tracejudge_scores_total") - scored_before) / wall)
                 rows.append(row)
                 print(f"block {block + 1:2d}: {row[1]:8,.0f} durable spans/s, {row[2]:5.1f} µs CPU per span "
                       f"(server {server_used / spans * 1e6:4.1f} + workers {(used - server_used) / spans * 1e6:4.1f}), "
-                      f"{checkpoints.count - seen} checkpoints, {row[7]:5,.0f} conversations assembled/s, "
+                      f"{checkpoints.count - seen} checkpoints (WAL {checkpoints.wal_mb():4.0f} MB), "
+                      f"{row[7]:5,.0f} conversations assembled/s and {row[8]:5,.0f} scored/s, "
                       f"{row[3]:9,.0f} traces waiting, server RSS "
                       f"{row[4]:4.0f} MB (peak {row[5]:4.0f} MB; with workers {row[6]:4.0f} MB)", flush=True)
                 time.sleep(1)
@@ -130,7 +138,8 @@ def main() -> None:
           f"after {args.blocks * per_block * args.spans:,} spans")
     later = rows[1:] or rows
     print(f"blocks 2-{len(rows)}: {statistics.mean(r[1] for r in later):,.0f} durable spans/s and "
-          f"{statistics.mean(r[7] for r in later):,.0f} conversations assembled/s on average")
+          f"{statistics.mean(r[7] for r in later):,.0f} conversations assembled/s and "
+          f"{statistics.mean(r[8] for r in later):,.0f} scores/s on average")
 
 
 if __name__ == "__main__":
