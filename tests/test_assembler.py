@@ -175,4 +175,3 @@ def test_the_assembler_keeps_to_its_share_only_while_ingest_keeps_the_writer_bus
     assembler.settings.conversations.share_under_load = 1
     assert assembler.pause_for_ingest(1.0, 1.0) == 0.0
     store.close()
-

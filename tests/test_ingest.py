@@ -564,3 +564,33 @@ def test_a_dead_decode_worker_is_replaced_and_the_export_retried(db: Path) -> No
         assert httpx.post(collector.http_url, json=body).status_code == 200
         collector.stop()
     assert "after the crash" in [r[2] for r in stored(db)]
+
+
+def test_the_wal_is_checkpointed_while_conversations_are_assembled_and_scored(tmp_path: Path) -> None:
+    """DuckDB checkpoints only when no open transaction needs the old data; a query result left unread on an idle
+    connection (the storage report's, once a minute) kept one open, so while the pipeline assembled and scored,
+    no checkpoint ran and the WAL, and the memory holding its rows, grew with every export."""
+    config = tmp_path / "tracejudge.toml"
+    config.write_text('[store]\ncheckpoint_threshold = "1MB"\n[conversations]\nquiet_period_s = 0.2\npoll_s = 0.1\n'
+                      '[scoring]\nmetrics = ["mcp_call_validity"]\n')
+    wal = Path(f"{tmp_path}/t.duckdb.wal")
+    sizes = []
+    with CollectorProcess(tmp_path / "t.duckdb", config=config) as collector:
+        exporter = GrpcSpanExporter(endpoint=collector.grpc_endpoint, insecure=True)
+        for round_ in range(16):  # about 0.8 MB of WAL each, 13 MB in all
+            memory = InMemorySpanExporter()
+            provider = TracerProvider(resource=Resource.create({"service.name": "agent"}))
+            provider.add_span_processor(SimpleSpanProcessor(memory))
+            tracer = provider.get_tracer("agent")
+            for turn in range(8):
+                with tracer.start_as_current_span("invoke_agent", attributes={
+                        "gen_ai.operation.name": "invoke_agent", "gen_ai.conversation.id": f"c-{round_}-{turn}",
+                        "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [
+                            {"type": "text", "content": f"question {round_} {turn} " + "words " * 16_000}]}])}):
+                    pass
+            provider.shutdown()
+            assert exporter.export(list(memory.get_finished_spans())) is SpanExportResult.SUCCESS
+            time.sleep(0.3)  # conversations complete and are scored between the exports
+            sizes.append(wal.stat().st_size if wal.exists() else 0)
+        assert collector.metric("tracejudge_conversations_assembled_total") >= 64
+    assert max(sizes[8:]) < 4_000_000, [round(size / 1e6, 1) for size in sizes]

@@ -138,8 +138,8 @@ def open_lake_for_query(config: LakeConfig) -> duckdb.DuckDBPyConnection:
 
 def _require_table(con: duckdb.DuckDBPyConnection, table: str) -> None:
     found = con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = ? AND table_name = ?",
-                        [LAKE_ALIAS, table]).fetchone()
-    if not found or not found[0]:
+                        [LAKE_ALIAS, table]).fetchall()
+    if not found or not found[0][0]:
         raise LakeError(f"the lake has no {table} table yet: no replica has published to it")
 
 
@@ -189,8 +189,8 @@ class LakePublisher:
     def _newest(self, lake: duckdb.DuckDBPyConnection, table: str) -> datetime | None:
         column = TABLES[table][0]
         row = lake.execute(f"SELECT max({column})::VARCHAR FROM {LAKE_ALIAS}.{table} WHERE replica = ?",
-                           [self.config.replica]).fetchone()
-        return datetime.fromisoformat(row[0]) if row and row[0] else None
+                           [self.config.replica]).fetchall()
+        return datetime.fromisoformat(row[0][0]) if row and row[0][0] else None
 
     def publish(self) -> dict[str, int]:
         """Publish what is new; the rows inserted per table. LakeError when the lake cannot be written."""

@@ -142,9 +142,9 @@ class Retention:
         con = con or self.con
         rows = dict(con.execute("SELECT table_name, estimated_size FROM duckdb_tables() WHERE database_name = "
                                 "current_database()").fetchall())
-        block, used, free = con.execute(
+        [(block, used, free)] = con.execute(
             "SELECT block_size, used_blocks, free_blocks FROM pragma_database_size() "
-            "WHERE database_name = current_database()").fetchone()
+            "WHERE database_name = current_database()").fetchall()
         wal = Path(str(self.db_path) + ".wal")
         sizes = {"used": block * used, "free": block * free, "wal": wal.stat().st_size if wal.exists() else 0}
         return StorageReport(rows, sizes, dict(self.stats.pruned), dict(self.stats.archived), self.stats.last_prune_at)
@@ -183,9 +183,9 @@ class Retention:
 
     def _finish_span_batch(self, batch_id: str) -> None:
         """Archive (idempotently) and delete the journaled batch's spans, in that order."""
-        snapshot, conversations, traces = self.con.execute(
+        [(snapshot, conversations, traces)] = self.con.execute(
             "SELECT snapshot_at, conversation_ids, trace_ids FROM retention_batches WHERE batch_id = ?",
-            [batch_id]).fetchone()
+            [batch_id]).fetchall()
         with id_table(self.con, traces) as ids, id_table(self.con, conversations) as pruned:
             where = f"trace_id IN (SELECT id FROM {ids}) AND received_at <= ?"
             archived = self._archive("spans", f"SELECT * FROM spans WHERE {where}", [snapshot],
@@ -212,7 +212,7 @@ class Retention:
         while True:
             bound = self.con.execute(
                 f"SELECT max({aged.column}) FROM (SELECT {aged.column} FROM {aged.table} WHERE {aged.column} < ? "
-                f"{aged.extra} ORDER BY {aged.column} LIMIT ?)", [cutoff, size]).fetchone()[0]
+                f"{aged.extra} ORDER BY {aged.column} LIMIT ?)", [cutoff, size]).fetchall()[0][0]
             if bound is None:
                 return
             where = f"{aged.column} <= ? {aged.extra}"
