@@ -10,7 +10,6 @@ judge wait as `waiting_for_judge`; over the daily budget they wait as `budget` u
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import time
@@ -20,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import duckdb
+import pyarrow as pa
 
 from scoring.batch_ledger import DuckDBBatchLedger
 from scoring.call_validity import MCPCallValidityMetric
@@ -31,6 +31,7 @@ from scoring.errors import (
     NoTaskError,
 )
 from scoring.eval_mode import EvalMode, resolve_eval_mode
+from scoring.id_table import id_table, registered
 from scoring.interactions import conversation_data
 from scoring.judged_metric import JudgedMetric
 from scoring.judges.llm import LLMJudge, load_client_library
@@ -45,6 +46,7 @@ from scoring.test_case import load_test_case
 JUDGED = {"mcp_use": MultiTurnMCPUseMetric, "mcp_task_completion": MCPTaskCompletionMetric}
 OUTAGE_GIVE_UP_STREAK = 4  # `score --pending` stops waiting for a judge after this many failures in a row
 BATCH_CONCURRENCY = 2_000  # jobs measured at once in batch mode
+DETERMINISTIC_BATCH = 256  # deterministic jobs leased, measured and committed together
 OWN_FAILURE_STRIKES = 3  # unavailable this often while the judge answered others: the job's own failure
 Log = Callable[..., None]
 
@@ -100,6 +102,18 @@ SCORE_COLUMNS = ("conversation_id", "conversation_version", "metric", "metric_co
                  "evaluation_cost", "input_tokens", "output_tokens", "judge_calls", "latency_ms", "breakdown",
                  "fallback_reason", "error", "service_name", "agent_name", "conversation_end_time", "scored_at")
 
+_UTC_US = pa.timestamp("us", tz="UTC")
+_SCORE_SCHEMA = pa.schema([  # the `scores` table's columns, for a batch's Arrow append
+    ("conversation_id", pa.string()), ("conversation_version", pa.int32()), ("metric", pa.string()),
+    ("metric_config", pa.string()), ("eval_mode", pa.string()), ("score", pa.float64()), ("success", pa.bool_()),
+    ("threshold", pa.float64()), ("strict_mode", pa.bool_()), ("reason", pa.string()), ("confidence", pa.float64()),
+    ("judge_model", pa.string()), ("system_one_model", pa.string()), ("evaluation_cost", pa.float64()),
+    ("input_tokens", pa.int64()), ("output_tokens", pa.int64()), ("judge_calls", pa.int32()),
+    ("latency_ms", pa.float64()), ("breakdown", pa.string()), ("fallback_reason", pa.string()), ("error", pa.string()),
+    ("service_name", pa.string()), ("agent_name", pa.string()), ("conversation_end_time", _UTC_US),
+    ("scored_at", _UTC_US)])
+assert tuple(_SCORE_SCHEMA.names) == SCORE_COLUMNS
+
 
 def content_digest(test_case_json: str) -> str | None:
     """What a judge sees of a conversation (turns, MCP calls and results, the servers), hashed; span ids, names
@@ -137,6 +151,10 @@ class ScoringStage:
         self.outages = {m: JudgeOutage(config.outage_backoff_s, config.outage_max_backoff_s) for m in JUDGED}
         self._db = asyncio.Lock()
         self._running: set[asyncio.Task[None]] = set()
+        self._slot_freed = asyncio.Event()  # a running job (or deterministic batch) ended: room to lease into
+        # metrics that need no judge: leased in batches, apart from the judged jobs' `concurrency`
+        self._deterministic = [m for m, t in self.metrics.items() if not isinstance(t, JudgedMetric)]
+        self._batch: asyncio.Task[None] | None = None
         self._active: set[int] = set()  # job ids this process is measuring: their leases never expire here
         # job id -> (its metric's success count when an outage first gave its attempt back, failures since)
         self._given_back: dict[int, tuple[int, int]] = {}
@@ -198,14 +216,22 @@ class ScoringStage:
         if self._llm_judge is not None:
             await asyncio.to_thread(load_client_library)
         while not stop.is_set():
+            self._slot_freed.clear()
             try:
                 await self.step()
             except Exception as exc:  # the stage keeps going; the job stays leased and is retried
                 self.log("error", "scoring step failed", reason=f"{type(exc).__name__}: {exc}")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.config.poll_s)
-        if self._running:
-            await asyncio.gather(*self._running, return_exceptions=True)
+            # while work runs, lease again as soon as some ends: waiting out the poll after every lease held the
+            # stage to `concurrency` jobs per poll (8 a second), far behind the conversations assembled
+            busy = self._running or (self._batch is not None and not self._batch.done())
+            waits = [asyncio.ensure_future(stop.wait())] + (
+                [asyncio.ensure_future(self._slot_freed.wait())] if busy else [])
+            await asyncio.wait(waits, timeout=self.config.poll_s, return_when=asyncio.FIRST_COMPLETED)
+            for waiting in waits:
+                waiting.cancel()
+        running = [*self._running, *([self._batch] if self._batch is not None else [])]
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
 
     async def step(self) -> int:
         """Expire leases, apply the budget, lease what free slots allow and start those jobs."""
@@ -215,6 +241,8 @@ class ScoringStage:
                         "WHERE (status = 'running' AND lease_until < ? AND job_id NOT IN (SELECT unnest(?))) "
                         "OR (status = 'budget' AND not_before <= ?)",
                         [self.config.max_attempts, now, now, list(self._active) or [-1], now])
+        if self._deterministic and (self._batch is None or self._batch.done()):
+            await self._lease_deterministic(now)
         judged_allowed = await self._within_budget(now)
         # a batch answers within hours: lease enough jobs to fill one, since each waits without using the judge
         limit = BATCH_CONCURRENCY if self.config.judge.batch else self.config.concurrency
@@ -226,6 +254,7 @@ class ScoringStage:
         paused = [m for m, outage in self.outages.items() if outage.blocks(now)]
         if not judged_allowed:
             paused = list(JUDGED)
+        paused += self._deterministic  # leased in batches above
         only = f"AND metric NOT IN ({', '.join('?' * len(paused))})" if paused else ""
         leased = await self._sql(
             "UPDATE eval_jobs SET status = 'running', attempts = attempts + 1, lease_until = ?, updated_at = ? "
@@ -239,8 +268,105 @@ class ScoringStage:
             task = asyncio.create_task(self._run_job(*job))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
+            task.add_done_callback(lambda _: self._slot_freed.set())
             task.add_done_callback(lambda _, job_id=job[0]: self._active.discard(job_id))
         return len(leased)
+
+    async def _lease_deterministic(self, now: datetime) -> None:
+        """Lease up to DETERMINISTIC_BATCH jobs of the metrics that need no judge and measure them as one batch."""
+        marks = ", ".join("?" * len(self._deterministic))
+        jobs = await self._sql(
+            "UPDATE eval_jobs SET status = 'running', attempts = attempts + 1, lease_until = ?, updated_at = ? "
+            "WHERE job_id IN (SELECT job_id FROM eval_jobs WHERE status = 'pending' AND "
+            f"(not_before IS NULL OR not_before <= ?) AND metric IN ({marks}) ORDER BY job_id LIMIT ?) "
+            "RETURNING job_id, conversation_id, conversation_version, metric, attempts",
+            [now + timedelta(seconds=self.config.lease_s), now, now, *self._deterministic, DETERMINISTIC_BATCH])
+        if jobs:
+            self._batch = asyncio.create_task(self._run_deterministic(jobs))
+            self._batch.add_done_callback(lambda _: self._slot_freed.set())
+
+    async def _run_deterministic(self, jobs: list[tuple[Any, ...]]) -> None:
+        """Measure a batch of deterministic jobs in a worker thread and commit their scores in one transaction:
+        each takes a fraction of a millisecond, less than a transaction of its own costs."""
+        keys = pa.table({"conversation_id": [j[1] for j in jobs],
+                         "version": pa.array([j[2] for j in jobs], pa.int32())})
+        async with self._db:
+            cases = await asyncio.to_thread(self._cases_of, keys)
+        measured = await asyncio.to_thread(self._measure_all, jobs, cases)
+        rows, done, gone = [], [], []
+        for (job_id, conversation_id, version, metric_id, _), (metric, error, latency_ms) in zip(
+                jobs, measured, strict=True):
+            case = cases.get((conversation_id, version))
+            if case is None:
+                gone.append(job_id)
+            elif error is None:
+                rows.append(self._score_row(conversation_id, version, metric_id, metric, case[1], case[2], case[3],
+                                            latency_ms))
+                done.append(job_id)
+        async with self._db:
+            await asyncio.to_thread(self._commit_batch, rows, done, gone)
+        for (job_id, conversation_id, version, metric_id, attempts), (metric, error, latency_ms) in zip(
+                jobs, measured, strict=True):
+            case = cases.get((conversation_id, version))
+            if case is None:
+                continue
+            if self.on_measured is not None:
+                self.on_measured(metric_id, latency_ms / 1000, type(error).__name__ if error else None)
+            if error is None:
+                self._scored(conversation_id, version, metric_id, metric, case[1], case[2])
+            else:
+                await self._job_failed(job_id, metric_id, attempts, error, None, None)
+
+    def _cases_of(self, keys: pa.Table) -> dict[tuple[str, int], tuple[str, str | None, str | None, int | None]]:
+        """(conversation, version) -> (test case JSON, service, agent, last span ns), for the versions still stored."""
+        with registered(self.con, keys) as name:
+            rows = self.con.execute(
+                "SELECT c.conversation_id, c.version, c.test_case, c.service_name, c.agent_name, c.last_span_ns "
+                f"FROM conversations c JOIN (SELECT DISTINCT * FROM {name}) k USING (conversation_id, version)"
+            ).fetchall()
+        return {(r[0], r[1]): (r[2], r[3], r[4], r[5]) for r in rows}
+
+    def _measure_all(self, jobs: list[tuple[Any, ...]], cases: dict[tuple[str, int], tuple[Any, ...]]
+                     ) -> list[tuple[BaseMetric, BaseException | None, float]]:
+        """Each job's measured metric, the error its measure raised (None: a score) and its milliseconds; runs in a
+        worker thread, on an event loop of its own, so the stage's loop never waits on it."""
+        async def measure_all() -> list[tuple[BaseMetric, BaseException | None, float]]:
+            out = []
+            for _, conversation_id, version, metric_id, _ in jobs:
+                metric = self.metrics[metric_id].copy()
+                case = cases.get((conversation_id, version))
+                started, error = time.perf_counter(), None
+                if case is not None:
+                    try:
+                        await metric.a_measure(load_test_case(case[0]))
+                    except (NoTaskError, InvalidTestCaseError) as exc:
+                        metric.error = f"not applicable: {exc}"  # recorded as a score row, not retried
+                    except Exception as exc:  # noqa: BLE001 - retried or failed like any job's error
+                        error = exc
+                out.append((metric, error, (time.perf_counter() - started) * 1000))
+            return out
+
+        return asyncio.run(measure_all())
+
+    def _commit_batch(self, rows: list[list[Any]], done: list[int], gone: list[int]) -> None:
+        """The batch's scores and its jobs' outcomes in one transaction (two Arrow appends, two updates)."""
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            if rows:
+                table = pa.Table.from_pylist([dict(zip(SCORE_COLUMNS, row, strict=True)) for row in rows],
+                                             schema=_SCORE_SCHEMA)
+                with registered(self.con, table) as name:
+                    self.con.execute(f"INSERT OR IGNORE INTO scores BY NAME SELECT * FROM {name}")
+            for ids, change in ((done, "status = 'done', last_error = NULL"),
+                                (gone, "status = 'failed', last_error = 'the conversation version is gone'")):
+                if ids:
+                    with id_table(self.con, ids, pa.int64()) as name:
+                        self.con.execute(f"UPDATE eval_jobs SET {change}, lease_until = NULL, updated_at = now() "
+                                         f"WHERE job_id IN (SELECT id FROM {name}) AND status = 'running'")
+            self.con.execute("COMMIT")
+        except Exception:
+            self.con.execute("ROLLBACK")
+            raise
 
     async def _batch_budget_slots(self, now: datetime) -> int:
         """In batch mode spend lands hours after jobs are leased: lease only as many as the budget left pays for
@@ -309,16 +435,26 @@ class ScoringStage:
                 outage.succeeded()
             await self._write_score(job_id, conversation_id, version, metric_id, metric, service, agent,
                                     last_ns, latency_ms, digest)
-            self.processed += 1
-            result = "n/a" if metric.score is None else "scored" if metric.success is None else (
-                "pass" if metric.success else "fail")
-            if self.on_scored is not None:
-                self.on_scored(ScoredEvent(metric_id, service, agent, metric.score, result, metric.evaluation_cost,
-                                           metric.usage.input_tokens, metric.usage.output_tokens))
-            self.log("info", "score written", conversation_id=conversation_id, version=version, metric=metric_id,
-                     score=None if metric.score is None else round(metric.score, 4), result=result,
-                     cost_usd=metric.evaluation_cost)
+            self._scored(conversation_id, version, metric_id, metric, service, agent)
             return
+        await self._job_failed(job_id, metric_id, attempts, error, outage, given_back)
+
+    def _scored(self, conversation_id: str, version: int, metric_id: str, metric: BaseMetric, service: str | None,
+                agent: str | None) -> None:
+        """A score is committed: count it, tell the observers and log it."""
+        self.processed += 1
+        result = "n/a" if metric.score is None else "scored" if metric.success is None else (
+            "pass" if metric.success else "fail")
+        if self.on_scored is not None:
+            self.on_scored(ScoredEvent(metric_id, service, agent, metric.score, result, metric.evaluation_cost,
+                                       metric.usage.input_tokens, metric.usage.output_tokens))
+        self.log("info", "score written", conversation_id=conversation_id, version=version, metric=metric_id,
+                 score=None if metric.score is None else round(metric.score, 4), result=result,
+                 cost_usd=metric.evaluation_cost)
+
+    async def _job_failed(self, job_id: int, metric_id: str, attempts: int, error: BaseException,
+                          outage: JudgeOutage | None, given_back: tuple[int, int] | None) -> None:
+        """A measure raised: the judge's outage gives the attempt back, else the job is retried or failed."""
         message = f"{type(error).__name__}: {error}"
         # an outage gives the attempt back; but a job still unavailable after OWN_FAILURE_STRIKES tries,
         # while the judge has answered other jobs since its first, fails by itself (say it always times
@@ -388,6 +524,12 @@ class ScoringStage:
     async def _write_score(self, job_id: int, conversation_id: str, version: int, metric_id: str,
                            metric: BaseMetric, service: str | None, agent: str | None, last_ns: int | None,
                            latency_ms: float, digest: str | None = None) -> None:
+        row = self._score_row(conversation_id, version, metric_id, metric, service, agent, last_ns, latency_ms)
+        await self._commit_score(job_id, row, digest if metric.error is None else None)
+
+    def _score_row(self, conversation_id: str, version: int, metric_id: str, metric: BaseMetric,
+                   service: str | None, agent: str | None, last_ns: int | None, latency_ms: float) -> list[Any]:
+        """The `scores` row of a measured metric, in SCORE_COLUMNS order."""
         judged = isinstance(metric, JudgedMetric)
         breakdown = metric.score_breakdown or {}
         end_time = datetime.fromtimestamp(last_ns / 1e9, UTC) if last_ns else None
@@ -401,7 +543,7 @@ class ScoringStage:
             json.dumps(breakdown, default=str), getattr(metric, "system_one_fallback_reason", None), metric.error,
             service, agent, end_time, datetime.now(UTC),
         ]
-        await self._commit_score(job_id, row, digest if metric.error is None else None)
+        return row
 
     async def _commit_score(self, job_id: int, row: list[Any], digest: str | None) -> None:
         """The score row, what content it was measured on (when `digest`), and the job done: one transaction."""

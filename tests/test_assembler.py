@@ -175,3 +175,41 @@ def test_the_assembler_keeps_to_its_share_only_while_ingest_keeps_the_writer_bus
     assembler.settings.conversations.share_under_load = 1
     assert assembler.pause_for_ingest(1.0, 1.0) == 0.0
     store.close()
+
+
+def test_deterministic_jobs_are_scored_in_batches_not_a_lease_per_poll(tmp_path: Path) -> None:
+    """Forty call-validity jobs, two judge slots, a 60 s poll: every one is scored long before a second poll, and
+    a job whose conversation version is gone fails with that reason instead of holding up the batch."""
+    from scoring.stage import ScoringStage, StageConfig
+
+    store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=0.1)
+    assembler.settings.scoring.metrics = ["mcp_call_validity"]
+
+    async def scenario() -> tuple[list[tuple], list[tuple]]:
+        for trace in range(40):
+            await store.write(spans_to_arrow(_spans(trace + 1, trace + 1, session=f"chat-{trace}", turn="hello"),
+                                             dt.datetime.now(dt.UTC)))
+        await asyncio.sleep(0.2)
+        assert assembler.assemble_due() == 40
+        con = store.cursor()
+        con.execute("DELETE FROM conversations WHERE conversation_id = 'chat-7'")
+        stage = ScoringStage(store.cursor(), StageConfig(metrics=("mcp_call_validity",), concurrency=2, poll_s=60),
+                             lambda *a, **k: None)
+        stop = asyncio.Event()
+        running = asyncio.create_task(stage.run(stop))
+        for _ in range(400):  # up to 20 s, a third of one poll period
+            jobs = con.execute("SELECT status, count(*) FROM eval_jobs GROUP BY ALL ORDER BY 1").fetchall()
+            if jobs == [("done", 39), ("failed", 1)]:
+                break
+            await asyncio.sleep(0.05)
+        stop.set()
+        await running
+        return (con.execute("SELECT conversation_id, metric, score, reason FROM scores ORDER BY 1").fetchall(),
+                con.execute("SELECT conversation_id, last_error FROM eval_jobs WHERE status = 'failed'").fetchall())
+
+    scores, failed = asyncio.run(scenario())
+    # no MCP call in these conversations: the check does not apply, and says so in the score row
+    assert [s[:2] for s in scores] == sorted((f"chat-{i}", "mcp_call_validity") for i in range(40) if i != 7)
+    assert all(s[2] is None and s[3].endswith("not applicable.") for s in scores), scores[0]
+    assert failed == [("chat-7", "the conversation version is gone")]
+    store.close()
