@@ -31,8 +31,6 @@ from mapping.conversation_key import KEY_PRECEDENCE
 from scoring.id_table import id_table, registered
 
 MAX_PER_POLL = 256  # conversations assembled per poll: a backlog never hides a newly end-marked one for long
-PROBE_S = 0.25  # the shortest wait that measures how busy ingest keeps the span writer
-PROBE_EVERY_S = 5.0  # during a backlog worked through without pauses, how often to measure that again
 SPANS_PER_READ = 50_000  # spans read back in one query while assembling; bounds the assembler's memory
 END_MARKER = '"tracejudge.conversation.end":true'
 _RANK = "CASE conversation_key_source " + " ".join(
@@ -192,40 +190,30 @@ class ConversationAssembler:
                     self._note(trace, keys.get(trace), now)
 
     async def run(self, stop: asyncio.Event) -> None:
-        load, last_wait = 0.0, time.monotonic()  # the writer's busy share while the assembler last waited
         while not stop.is_set():
             done = 0
-            started = time.monotonic()
+            started, busy = time.monotonic(), self._writer_busy()
             try:
                 done = await asyncio.to_thread(self.assemble_due, False, MAX_PER_POLL)
             except Exception as exc:  # a bad conversation must not stop the loop; it is logged and retried
                 self.log.error("assembly failed", reason=f"{type(exc).__name__}: {exc}")
-            pause = self.pause_for_ingest(time.monotonic() - started, load)
-            if done < MAX_PER_POLL:
-                wait = max(pause, self.settings.conversations.poll_s)
-            elif pause == 0 and time.monotonic() - last_wait > PROBE_EVERY_S:
-                wait = PROBE_S  # a long backlog: look at ingest again without the assembler's own load
-            else:
-                wait = pause  # a backlog: go on at once (end-marked conversations first), unless ingest presses
+            # a backlog: go on at once (looking again for end-marked conversations first), unless ingest presses
+            wait = max(0.0 if done >= MAX_PER_POLL else self.settings.conversations.poll_s,
+                       self.pause_for_ingest(time.monotonic() - started, self._writer_busy() - busy))
             if wait > 0:
-                waited, busy = time.monotonic(), self._writer_busy()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), wait)
-                last_wait = time.monotonic()
-                if last_wait - waited >= PROBE_S:
-                    load = (self._writer_busy() - busy) / (last_wait - waited)
 
     def _writer_busy(self) -> float:
         return self.writer_busy_s() if self.writer_busy_s is not None else 0.0
 
-    def pause_for_ingest(self, spent_s: float, writer_load: float) -> float:
-        """How long to pause after assembling for `spent_s`, given the share of time the span writer was
-        committing while the assembler last waited (measured then, since the assembler's own work on the same
-        cores and GIL stretches every commit). When ingest kept the writer busy half that time or more, the
-        assembler keeps to `[conversations] share_under_load` so exports stay fast (its backlog waits, stored);
-        otherwise it goes on at once."""
+    def pause_for_ingest(self, spent_s: float, writer_busy_s: float) -> float:
+        """How long to pause after a full batch that took `spent_s`, during which the span writer was committing
+        for `writer_busy_s`. Both share two cores and one database: when the writer was busy half the time or
+        more, the assembler keeps to `[conversations] share_under_load` so exports stay fast (its backlog waits,
+        stored); otherwise it goes on at once."""
         share = self.settings.conversations.share_under_load
-        if spent_s <= 0 or writer_load < 0.5 or share >= 1:
+        if spent_s <= 0 or writer_busy_s < spent_s / 2 or share >= 1:
             return 0.0
         return spent_s * (1 - share) / share
 
