@@ -429,7 +429,7 @@ class _Inventory:
         out = []
         for name in sorted(self.servers):
             entry = self.servers[name]
-            out.append(MCPServer.model_validate({
+            out.append(MCPServer.model_validate(_owned({  # a case's own copy of the spans' schemas
                 "server_name": name,
                 **entry["meta"].get("transport", {}),
                 "available_tools": [entry["tools"][k] for k in sorted(entry["tools"])],
@@ -437,7 +437,7 @@ class _Inventory:
                 "available_resource_templates": [entry["resource_templates"][k]
                                                  for k in sorted(entry["resource_templates"])],
                 "available_prompts": [entry["prompts"][k] for k in sorted(entry["prompts"])],
-            }))
+            })))
         return out
 
 

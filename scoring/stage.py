@@ -10,6 +10,7 @@ judge wait as `waiting_for_judge`; over the daily budget they wait as `budget` u
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import time
@@ -47,6 +48,7 @@ JUDGED = {"mcp_use": MultiTurnMCPUseMetric, "mcp_task_completion": MCPTaskComple
 OUTAGE_GIVE_UP_STREAK = 4  # `score --pending` stops waiting for a judge after this many failures in a row
 BATCH_CONCURRENCY = 2_000  # jobs measured at once in batch mode
 DETERMINISTIC_BATCH = 256  # deterministic jobs leased, measured and committed together
+BATCH_CASE_BYTES = 16 * 1024 * 1024  # test-case JSON of a batch loaded at once (a batch is read in parts past it)
 OWN_FAILURE_STRIKES = 3  # unavailable this often while the judge answered others: the job's own failure
 Log = Callable[..., None]
 
@@ -124,6 +126,11 @@ def content_digest(test_case_json: str) -> str | None:
         return None
     seen = conversation_data(case, include_inventory=True)
     return hashlib.sha256(json.dumps(seen, sort_keys=True, default=str, separators=(",", ":")).encode()).hexdigest()
+
+
+def _versions(jobs: list[tuple[Any, ...]]) -> pa.Table:
+    """The (conversation, version) of each leased job, as a table DuckDB can join."""
+    return pa.table({"conversation_id": [j[1] for j in jobs], "version": pa.array([j[2] for j in jobs], pa.int32())})
 
 
 def _next_utc_midnight(now: datetime) -> datetime:
@@ -234,15 +241,16 @@ class ScoringStage:
             await asyncio.gather(*running, return_exceptions=True)
 
     async def step(self) -> int:
-        """Expire leases, apply the budget, lease what free slots allow and start those jobs."""
+        """Expire leases, apply the budget, lease what free slots allow and start those jobs; how many."""
         now = datetime.now(UTC)
         await self._sql("UPDATE eval_jobs SET status = CASE WHEN status = 'running' AND attempts >= ? THEN 'failed' "
                         "ELSE 'pending' END, lease_until = NULL, updated_at = ? "
                         "WHERE (status = 'running' AND lease_until < ? AND job_id NOT IN (SELECT unnest(?))) "
                         "OR (status = 'budget' AND not_before <= ?)",
                         [self.config.max_attempts, now, now, list(self._active) or [-1], now])
+        batch = 0
         if self._deterministic and (self._batch is None or self._batch.done()):
-            await self._lease_deterministic(now)
+            batch = await self._lease_deterministic(now)
         judged_allowed = await self._within_budget(now)
         # a batch answers within hours: lease enough jobs to fill one, since each waits without using the judge
         limit = BATCH_CONCURRENCY if self.config.judge.batch else self.config.concurrency
@@ -250,7 +258,7 @@ class ScoringStage:
             limit = min(limit, await self._batch_budget_slots(now))
         free = limit - len(self._running)
         if free <= 0:
-            return 0
+            return batch
         paused = [m for m, outage in self.outages.items() if outage.blocks(now)]
         if not judged_allowed:
             paused = list(JUDGED)
@@ -270,9 +278,9 @@ class ScoringStage:
             task.add_done_callback(self._running.discard)
             task.add_done_callback(lambda _: self._slot_freed.set())
             task.add_done_callback(lambda _, job_id=job[0]: self._active.discard(job_id))
-        return len(leased)
+        return batch + len(leased)
 
-    async def _lease_deterministic(self, now: datetime) -> None:
+    async def _lease_deterministic(self, now: datetime) -> int:
         """Lease up to DETERMINISTIC_BATCH jobs of the metrics that need no judge and measure them as one batch."""
         marks = ", ".join("?" * len(self._deterministic))
         jobs = await self._sql(
@@ -282,40 +290,86 @@ class ScoringStage:
             "RETURNING job_id, conversation_id, conversation_version, metric, attempts",
             [now + timedelta(seconds=self.config.lease_s), now, now, *self._deterministic, DETERMINISTIC_BATCH])
         if jobs:
+            self._active.update(job[0] for job in jobs)  # measured here: their leases never expire meanwhile
             self._batch = asyncio.create_task(self._run_deterministic(jobs))
             self._batch.add_done_callback(lambda _: self._slot_freed.set())
+        return len(jobs)
 
     async def _run_deterministic(self, jobs: list[tuple[Any, ...]]) -> None:
         """Measure a batch of deterministic jobs in a worker thread and commit their scores in one transaction:
-        each takes a fraction of a millisecond, less than a transaction of its own costs."""
-        keys = pa.table({"conversation_id": [j[1] for j in jobs],
-                         "version": pa.array([j[2] for j in jobs], pa.int32())})
-        async with self._db:
-            cases = await asyncio.to_thread(self._cases_of, keys)
-        measured = await asyncio.to_thread(self._measure_all, jobs, cases)
+        each takes a fraction of a millisecond, less than a transaction of its own costs. When the batch fails,
+        its jobs that are still leased go back to pending (or fail past `max_attempts`) with the reason."""
+        try:
+            await self._score_batch(jobs)
+        except Exception as exc:  # noqa: BLE001 - logged, and the jobs released rather than left leased
+            reason = f"{type(exc).__name__}: {exc}"
+            self.log("error", "scoring batch failed; its jobs are retried", jobs=len(jobs), reason=reason)
+            retry_at = datetime.now(UTC) + timedelta(seconds=self.config.retry_backoff_s)
+            with contextlib.suppress(Exception):  # the database failing too: the leases expire instead
+                async with self._db:
+                    await asyncio.to_thread(self._release, [job[0] for job in jobs], reason, retry_at)
+        finally:
+            self._active.difference_update(job[0] for job in jobs)
+
+    def _release(self, job_ids: list[int], reason: str, retry_at: datetime) -> None:
+        with id_table(self.con, job_ids, pa.int64()) as name:
+            self.con.execute(
+                "UPDATE eval_jobs SET status = CASE WHEN attempts >= ? THEN 'failed' ELSE 'pending' END, "
+                "lease_until = NULL, not_before = ?, last_error = ?, updated_at = now() "
+                f"WHERE job_id IN (SELECT id FROM {name}) AND status = 'running'",
+                [self.config.max_attempts, retry_at, reason])
+
+    async def _score_batch(self, jobs: list[tuple[Any, ...]]) -> None:
         rows, done, gone = [], [], []
-        for (job_id, conversation_id, version, metric_id, _), (metric, error, latency_ms) in zip(
-                jobs, measured, strict=True):
-            case = cases.get((conversation_id, version))
-            if case is None:
-                gone.append(job_id)
-            elif error is None:
-                rows.append(self._score_row(conversation_id, version, metric_id, metric, case[1], case[2], case[3],
-                                            latency_ms))
-                done.append(job_id)
+        measured: list[tuple[tuple[Any, ...], tuple[Any, ...], BaseMetric, BaseException | None, float]] = []
+        for chunk in await self._chunks(jobs):  # a bounded amount of test-case JSON in memory at once
+            async with self._db:
+                cases = await asyncio.to_thread(self._cases_of, _versions(chunk))
+            results = await asyncio.to_thread(self._measure_all, chunk, cases)
+            for job, (metric, error, latency_ms) in zip(chunk, results, strict=True):
+                job_id, conversation_id, version, metric_id, _ = job
+                case = cases.get((conversation_id, version))
+                if case is None:
+                    gone.append(job_id)
+                    continue
+                case = (None, *case[1:])  # the JSON is not needed past here
+                measured.append((job, case, metric, error, latency_ms))
+                if error is None:
+                    rows.append(self._score_row(conversation_id, version, metric_id, metric, case[1], case[2],
+                                                case[3], latency_ms))
+                    done.append(job_id)
         async with self._db:
             await asyncio.to_thread(self._commit_batch, rows, done, gone)
-        for (job_id, conversation_id, version, metric_id, attempts), (metric, error, latency_ms) in zip(
-                jobs, measured, strict=True):
-            case = cases.get((conversation_id, version))
-            if case is None:
-                continue
+        for (job_id, conversation_id, version, metric_id, attempts), case, metric, error, latency_ms in measured:
             if self.on_measured is not None:
                 self.on_measured(metric_id, latency_ms / 1000, type(error).__name__ if error else None)
             if error is None:
                 self._scored(conversation_id, version, metric_id, metric, case[1], case[2])
             else:
                 await self._job_failed(job_id, metric_id, attempts, error, None, None)
+
+    async def _chunks(self, jobs: list[tuple[Any, ...]]) -> list[list[tuple[Any, ...]]]:
+        """The batch cut so that each part's test cases hold at most BATCH_CASE_BYTES of JSON (a conversation
+        may be megabytes; a part always has at least one job)."""
+        async with self._db:
+            sizes = dict(await asyncio.to_thread(self._case_sizes, _versions(jobs)))
+        chunks: list[list[tuple[Any, ...]]] = [[]]
+        size = 0
+        for job in jobs:
+            length = sizes.get((job[1], job[2]), 0)
+            if chunks[-1] and size + length > BATCH_CASE_BYTES:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(job)
+            size += length
+        return chunks
+
+    def _case_sizes(self, keys: pa.Table) -> list[tuple[tuple[str, int], int]]:
+        with registered(self.con, keys) as name:
+            rows = self.con.execute(
+                "SELECT c.conversation_id, c.version, strlen(c.test_case::VARCHAR) FROM conversations c "
+                f"JOIN (SELECT DISTINCT * FROM {name}) k USING (conversation_id, version)").fetchall()
+        return [((r[0], r[1]), r[2]) for r in rows]
 
     def _cases_of(self, keys: pa.Table) -> dict[tuple[str, int], tuple[str, str | None, str | None, int | None]]:
         """(conversation, version) -> (test case JSON, service, agent, last span ns), for the versions still stored."""
@@ -329,7 +383,8 @@ class ScoringStage:
     def _measure_all(self, jobs: list[tuple[Any, ...]], cases: dict[tuple[str, int], tuple[Any, ...]]
                      ) -> list[tuple[BaseMetric, BaseException | None, float]]:
         """Each job's measured metric, the error its measure raised (None: a score) and its milliseconds; runs in a
-        worker thread, on an event loop of its own, so the stage's loop never waits on it."""
+        worker thread, on an event loop of its own, so the stage's loop never waits on it. Only for metrics that
+        need no judge: they hold no client or other state bound to the stage's event loop."""
         async def measure_all() -> list[tuple[BaseMetric, BaseException | None, float]]:
             out = []
             for _, conversation_id, version, metric_id, _ in jobs:
@@ -570,8 +625,9 @@ class ScoringStage:
         before = self.processed
         while True:
             started = await self.step()
-            if self._running:
-                await asyncio.gather(*list(self._running), return_exceptions=True)
+            running = [*self._running, *([self._batch] if self._batch is not None else [])]
+            if running:
+                await asyncio.gather(*running, return_exceptions=True)
             left = dict(await self._sql("SELECT metric, count(*) FROM eval_jobs WHERE status = 'pending' AND "
                                         "(not_before IS NULL OR not_before <= now()) GROUP BY 1"))
             if not started and not left:

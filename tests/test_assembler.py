@@ -10,6 +10,7 @@ import io
 import json
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -43,6 +44,15 @@ def _assembling_store(path: Path, *, quiet_period_s: float) -> tuple[SpanStore, 
                                       lambda metric: "pending", {m: "x" for m in config.scoring.metrics})
     store.listeners.append(assembler.observe)
     return store, assembler
+
+
+async def _assembled_conversations(store: SpanStore, assembler: ConversationAssembler, count: int) -> None:
+    """`count` one-turn conversations (chat-0, chat-1, ...) stored, assembled and their jobs queued."""
+    for trace in range(count):
+        await store.write(spans_to_arrow(_spans(trace + 1, trace + 1, session=f"chat-{trace}", turn="hello"),
+                                         dt.datetime.now(dt.UTC)))
+    await asyncio.sleep(0.2)
+    assert assembler.assemble_due() == count
 
 
 def test_a_late_span_without_a_key_waits_for_its_still_active_conversation(tmp_path: Path) -> None:
@@ -177,20 +187,22 @@ def test_the_assembler_keeps_to_its_share_only_while_ingest_keeps_the_writer_bus
     store.close()
 
 
-def test_deterministic_jobs_are_scored_in_batches_not_a_lease_per_poll(tmp_path: Path) -> None:
+@pytest.mark.parametrize("case_bytes", [16 * 1024 * 1024, 1], ids=["one part", "a part per job"])
+def test_deterministic_jobs_are_scored_in_batches_not_a_lease_per_poll(tmp_path: Path, monkeypatch,
+                                                                       case_bytes: int) -> None:
     """Forty call-validity jobs, two judge slots, a 60 s poll: every one is scored long before a second poll, and
-    a job whose conversation version is gone fails with that reason instead of holding up the batch."""
+    a job whose conversation version is gone fails with that reason instead of holding up the batch; a batch whose
+    test cases are larger than the memory it may use is read in parts, with the same outcome."""
+    import scoring.stage
     from scoring.stage import ScoringStage, StageConfig
+
+    monkeypatch.setattr(scoring.stage, "BATCH_CASE_BYTES", case_bytes)
 
     store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=0.1)
     assembler.settings.scoring.metrics = ["mcp_call_validity"]
 
     async def scenario() -> tuple[list[tuple], list[tuple]]:
-        for trace in range(40):
-            await store.write(spans_to_arrow(_spans(trace + 1, trace + 1, session=f"chat-{trace}", turn="hello"),
-                                             dt.datetime.now(dt.UTC)))
-        await asyncio.sleep(0.2)
-        assert assembler.assemble_due() == 40
+        await _assembled_conversations(store, assembler, 40)
         con = store.cursor()
         con.execute("DELETE FROM conversations WHERE conversation_id = 'chat-7'")
         stage = ScoringStage(store.cursor(), StageConfig(metrics=("mcp_call_validity",), concurrency=2, poll_s=60),
@@ -212,4 +224,64 @@ def test_deterministic_jobs_are_scored_in_batches_not_a_lease_per_poll(tmp_path:
     assert [s[:2] for s in scores] == sorted((f"chat-{i}", "mcp_call_validity") for i in range(40) if i != 7)
     assert all(s[2] is None and s[3].endswith("not applicable.") for s in scores), scores[0]
     assert failed == [("chat-7", "the conversation version is gone")]
+    store.close()
+
+
+def test_a_batch_that_cannot_be_written_is_logged_and_its_jobs_scored_on_a_later_round(tmp_path: Path) -> None:
+    """The scores table is away while the first batch commits: the batch's jobs are released with the reason,
+    not left leased for `lease_s`, and once the table is back every job is scored exactly once."""
+    from scoring.stage import ScoringStage, StageConfig
+
+    store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=0.1)
+    assembler.settings.scoring.metrics = ["mcp_call_validity"]
+    logged: list[tuple[str, str, dict]] = []
+
+    async def scenario() -> tuple[list[tuple], list[tuple]]:
+        await _assembled_conversations(store, assembler, 5)
+        con = store.cursor()
+        con.execute("ALTER TABLE scores RENAME TO scores_away")
+        stage = ScoringStage(store.cursor(), StageConfig(metrics=("mcp_call_validity",), poll_s=0.1,
+                                                         retry_backoff_s=0.5),
+                             lambda level, event, **fields: logged.append((level, event, fields)))
+        stop = asyncio.Event()
+        running = asyncio.create_task(stage.run(stop))
+        for _ in range(200):
+            released = con.execute("SELECT count(*) FROM eval_jobs WHERE status = 'pending' AND last_error LIKE "
+                                   "'%scores%'").fetchall()[0][0]
+            if released == 5:
+                break
+            await asyncio.sleep(0.05)
+        assert released == 5, con.execute("SELECT status, last_error FROM eval_jobs").fetchall()
+        con.execute("ALTER TABLE scores_away RENAME TO scores")
+        for _ in range(200):
+            if con.execute("SELECT count(*) FROM eval_jobs WHERE status = 'done'").fetchall()[0][0] == 5:
+                break
+            await asyncio.sleep(0.05)
+        stop.set()
+        await running
+        return (con.execute("SELECT conversation_id FROM scores ORDER BY 1").fetchall(),
+                con.execute("SELECT DISTINCT status, attempts FROM eval_jobs").fetchall())
+
+    scores, jobs = asyncio.run(scenario())
+    assert scores == [(f"chat-{i}",) for i in range(5)]
+    assert jobs == [("done", 2)]
+    failures = [fields for level, event, fields in logged if event.startswith("scoring batch failed")]
+    assert failures and failures[0]["jobs"] == 5 and "scores" in failures[0]["reason"]
+    store.close()
+
+
+def test_score_pending_waits_for_the_deterministic_batch_it_started(tmp_path: Path) -> None:
+    """`tracejudge score --pending` counts what it scored and returns only when nothing it leased still runs."""
+    from scoring.stage import ScoringStage, StageConfig
+
+    store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=0.1)
+    assembler.settings.scoring.metrics = ["mcp_call_validity"]
+
+    async def scenario() -> tuple[int, list[tuple]]:
+        await _assembled_conversations(store, assembler, 30)
+        stage = ScoringStage(store.cursor(), StageConfig(metrics=("mcp_call_validity",)), lambda *a, **k: None)
+        scored = await stage.score_pending()
+        return scored, store.cursor().execute("SELECT status, count(*) FROM eval_jobs GROUP BY ALL").fetchall()
+
+    assert asyncio.run(scenario()) == (30, [("done", 30)])
     store.close()

@@ -420,6 +420,8 @@ def test_changing_a_built_case_changes_neither_the_spans_nor_the_next_case_built
     nested = {"where": {"city": "Paris", "days": [1, 2]}}
     body = request(({}, [
         span(3, 1, "invoke_agent a", attributes={"gen_ai.operation.name": "invoke_agent",
+                                                 "gen_ai.tool.definitions": [{"name": "forecast", "parameters": {
+                                                     "type": "object", "properties": {"where": {"type": "object"}}}}],
                                                  "gen_ai.input.messages": [{"role": "user", "parts": [
                                                      {"type": "text", "content": "plan my week"}]}],
                                                  "gen_ai.output.messages": [{"role": "assistant", "parts": [
@@ -440,6 +442,9 @@ def test_changing_a_built_case_changes_neither_the_spans_nor_the_next_case_built
     turn.mcp_tools_called[0].result.content.clear()
     turn.tools_called[0].input_parameters["where"]["city"] = "Rome"
     turn.tools_called[0].output["steps"][0]["day"] = 9
+    [tool] = first.test_case.mcp_servers[0].available_tools
+    assert tool.name == "forecast" and "where" in tool.input_schema["properties"]
+    tool.input_schema["properties"]["where"]["type"] = "string"
     [again] = build_conversations(spans)
     assert shape(again.test_case) == expected
     assert again.content_hash == first.content_hash

@@ -428,12 +428,11 @@ class ConversationAssembler:
         rows: list[dict[str, object]] = []
         jobs: list[dict[str, object]] = []
         written: list[tuple[Conversation, int, list[str]]] = []  # logged once they are committed
+        late: list[Conversation] = []  # so are these, so a batch retried alone does not count them twice
         for conversation, attributes in built:
             cid = conversation.conversation_id
             if cid in pruned:  # its earlier spans were pruned by retention: the rest would be a truncated conversation
-                self.late_after_prune += 1
-                self.log.warning("late spans for a pruned conversation: stored, not assembled", conversation_id=cid,
-                                 traces=len(conversation.trace_ids))
+                late.append(conversation)
                 versions.append(None)
                 continue
             last = latest.get(cid)
@@ -459,6 +458,10 @@ class ConversationAssembler:
             written.append((conversation, version, [m for m, chosen in sampled.items() if chosen]))
         if rows:
             self._insert(rows, jobs)
+        for conversation in late:
+            self.late_after_prune += 1
+            self.log.warning("late spans for a pruned conversation: stored, not assembled",
+                             conversation_id=conversation.conversation_id, traces=len(conversation.trace_ids))
         for conversation, version, queued in written:
             self.assembled += 1
             self.log.info("conversation complete", conversation_id=conversation.conversation_id, version=version,
