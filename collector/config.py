@@ -103,11 +103,11 @@ class StoreSettings(_Section):
                                 "spans with the least CPU, leaving the cores to the decode workers; raise it for "
                                 "heavy /api/query analytics on a many-core machine (none: DuckDB's default, one "
                                 "per core)")
-    checkpoint_threshold: str = Field("16MB", description="WAL size at which DuckDB checkpoints it into the "
+    checkpoint_threshold: str = Field("256MB", description="WAL size at which DuckDB checkpoints it into the "
                                       "database file; the commit that crosses it waits for the checkpoint and so "
-                                      "do the exports in it: at 16MB their p99 stayed under 150 ms at full speed; "
-                                      "a larger one makes DuckDB's appends cheaper where the writer is the limit "
-                                      "(many decode workers), with longer pauses: 256MB, 1.1 s (BENCHMARKS.md)")
+                                      "do the exports in it (about 1.3 s at 256MB). Smaller ones pause more "
+                                      "often and cost more in all: over 1.5M spans 16MB gave a p99 of 1.2 s and "
+                                      "0.68x the throughput, 64MB a p99 of 300 ms (BENCHMARKS.md)")
     max_disk: int | None = Field(None, ge=1, description="disk budget of the database file and its WAL, like 50GB: "
                                  "near it the oldest complete conversations' spans are pruned (archived first when "
                                  "[retention] archive_dir is set); ingest answers 503 only when nothing can be freed")
