@@ -26,6 +26,7 @@ from collector.receivers.http_guard import raise_open_file_limit
 from collector.receivers.ingest import Ingest
 from collector.receivers.otlp_grpc import GrpcReceiver
 from collector.receivers.otlp_http import HttpReceiver
+from collector.store.memory_release import arrow_on_the_system_allocator
 from collector.store.span_store import SpanStore, mark_pandas_absent
 from scoring.stage import ScoringStage, StageConfig
 
@@ -194,6 +195,7 @@ async def serve(settings: Settings, logger: Logger) -> None:
     gc.freeze()
     gc.set_threshold(100_000, 50, 100)
     mark_pandas_absent()
+    arrow_on_the_system_allocator()
     collector = Collector(settings, logger)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
