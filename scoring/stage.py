@@ -243,11 +243,8 @@ class ScoringStage:
     async def step(self) -> int:
         """Expire leases, apply the budget, lease what free slots allow and start those jobs; how many."""
         now = datetime.now(UTC)
-        await self._sql("UPDATE eval_jobs SET status = CASE WHEN status = 'running' AND attempts >= ? THEN 'failed' "
-                        "ELSE 'pending' END, lease_until = NULL, updated_at = ? "
-                        "WHERE (status = 'running' AND lease_until < ? AND job_id NOT IN (SELECT unnest(?))) "
-                        "OR (status = 'budget' AND not_before <= ?)",
-                        [self.config.max_attempts, now, now, list(self._active) or [-1], now])
+        async with self._db:
+            await asyncio.to_thread(self._expire_leases, now, list(self._active))
         batch = 0
         if self._deterministic and (self._batch is None or self._batch.done()):
             batch = await self._lease_deterministic(now)
@@ -279,6 +276,16 @@ class ScoringStage:
             task.add_done_callback(lambda _: self._slot_freed.set())
             task.add_done_callback(lambda _, job_id=job[0]: self._active.discard(job_id))
         return batch + len(leased)
+
+    def _expire_leases(self, now: datetime, active: list[int]) -> None:
+        """Expired leases back to pending (failed past `max_attempts`), except the jobs this process measures, and
+        budget-parked jobs whose day is over; the ids go to DuckDB as Arrow (a batch alone is 256)."""
+        with id_table(self.con, active, pa.int64()) as name:
+            self.con.execute(
+                "UPDATE eval_jobs SET status = CASE WHEN status = 'running' AND attempts >= ? THEN 'failed' "
+                "ELSE 'pending' END, lease_until = NULL, updated_at = ? "
+                f"WHERE (status = 'running' AND lease_until < ? AND job_id NOT IN (SELECT id FROM {name})) "
+                "OR (status = 'budget' AND not_before <= ?)", [self.config.max_attempts, now, now, now]).fetchall()
 
     async def _lease_deterministic(self, now: datetime) -> int:
         """Lease up to DETERMINISTIC_BATCH jobs of the metrics that need no judge and measure them as one batch."""

@@ -285,3 +285,25 @@ def test_score_pending_waits_for_the_deterministic_batch_it_started(tmp_path: Pa
 
     assert asyncio.run(scenario()) == (30, [("done", 30)])
     store.close()
+
+
+def test_expired_leases_go_back_except_the_jobs_this_process_still_measures(tmp_path: Path) -> None:
+    """A job whose worker died is retried (or failed past max_attempts); one this process is measuring keeps its
+    lease however long it takes."""
+    import duckdb
+
+    from collector.store.schema import migrate
+    from scoring.stage import ScoringStage, StageConfig
+
+    con = duckdb.connect(str(tmp_path / "t.duckdb"))
+    migrate(con)
+    past = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=10)
+    con.execute("INSERT INTO eval_jobs (job_id, conversation_id, conversation_version, metric, metric_config, status, "
+                "attempts, lease_until, created_at, updated_at) VALUES (1, 'a', 1, 'mcp_call_validity', 'x', "
+                "'running', 1, ?, ?, ?), (2, 'b', 1, 'mcp_call_validity', 'x', 'running', 5, ?, ?, ?), "
+                "(3, 'c', 1, 'mcp_call_validity', 'x', 'running', 1, ?, ?, ?)", [past] * 9)
+    stage = ScoringStage(con, StageConfig(metrics=("mcp_call_validity",), max_attempts=5), lambda *a, **k: None)
+    stage._expire_leases(dt.datetime.now(dt.UTC), [3])
+    assert con.execute("SELECT job_id, status FROM eval_jobs ORDER BY 1").fetchall() == [
+        (1, "pending"), (2, "failed"), (3, "running")]
+    con.close()
