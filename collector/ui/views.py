@@ -14,6 +14,7 @@ from typing import Any
 import duckdb
 
 from collector.durations import DurationError, parse_duration
+from scoring.id_table import id_table
 
 WINDOWS = ("1h", "24h", "7d", "30d", "90d")
 PAGE_SIZE = 50
@@ -200,8 +201,11 @@ def conversations(con: duckdb.DuckDBPyConnection, f: ConversationFilter) -> Conv
                       f"c.mcp_errors, c.assembled_at {base} ORDER BY {order} LIMIT ? OFFSET ?",
                  [*params, PAGE_SIZE, (f.page - 1) * PAGE_SIZE])
     ids = [r["conversation_id"] for r in rows]
-    scores = con.execute("SELECT conversation_id, metric, score, success FROM score_summary "
-                         "WHERE conversation_id IN (SELECT unnest(?))", [ids]).fetchall() if ids else []
+    scores: list[tuple[Any, ...]] = []
+    if ids:
+        with id_table(con, ids) as page:
+            scores = con.execute("SELECT conversation_id, metric, score, success FROM score_summary "
+                                 f"WHERE conversation_id IN (SELECT id FROM {page})").fetchall()
     by_id: dict[str, dict[str, tuple[float | None, bool | None]]] = {}
     for cid, metric, score, success in scores:
         by_id.setdefault(cid, {})[metric] = (score, success)
