@@ -99,13 +99,8 @@ def metric_config(config: StageConfig, metric: str) -> str:
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
-SCORE_COLUMNS = ("conversation_id", "conversation_version", "metric", "metric_config", "eval_mode", "score",
-                 "success", "threshold", "strict_mode", "reason", "confidence", "judge_model", "system_one_model",
-                 "evaluation_cost", "input_tokens", "output_tokens", "judge_calls", "latency_ms", "breakdown",
-                 "fallback_reason", "error", "service_name", "agent_name", "conversation_end_time", "scored_at")
-
 _UTC_US = pa.timestamp("us", tz="UTC")
-_SCORE_SCHEMA = pa.schema([  # the `scores` table's columns, for a batch's Arrow append
+_SCORE_SCHEMA = pa.schema([  # the `scores` table's columns, in order: a score row, and a batch's Arrow append
     ("conversation_id", pa.string()), ("conversation_version", pa.int32()), ("metric", pa.string()),
     ("metric_config", pa.string()), ("eval_mode", pa.string()), ("score", pa.float64()), ("success", pa.bool_()),
     ("threshold", pa.float64()), ("strict_mode", pa.bool_()), ("reason", pa.string()), ("confidence", pa.float64()),
@@ -114,7 +109,7 @@ _SCORE_SCHEMA = pa.schema([  # the `scores` table's columns, for a batch's Arrow
     ("latency_ms", pa.float64()), ("breakdown", pa.string()), ("fallback_reason", pa.string()), ("error", pa.string()),
     ("service_name", pa.string()), ("agent_name", pa.string()), ("conversation_end_time", _UTC_US),
     ("scored_at", _UTC_US)])
-assert tuple(_SCORE_SCHEMA.names) == SCORE_COLUMNS
+SCORE_COLUMNS = tuple(_SCORE_SCHEMA.names)
 
 
 def content_digest(test_case_json: str) -> str | None:
@@ -230,15 +225,18 @@ class ScoringStage:
                 self.log("error", "scoring step failed", reason=f"{type(exc).__name__}: {exc}")
             # while work runs, lease again as soon as some ends: waiting out the poll after every lease held the
             # stage to `concurrency` jobs per poll (8 a second), far behind the conversations assembled
-            busy = self._running or (self._batch is not None and not self._batch.done())
             waits = [asyncio.ensure_future(stop.wait())] + (
-                [asyncio.ensure_future(self._slot_freed.wait())] if busy else [])
+                [asyncio.ensure_future(self._slot_freed.wait())] if self._in_flight() else [])
             await asyncio.wait(waits, timeout=self.config.poll_s, return_when=asyncio.FIRST_COMPLETED)
             for waiting in waits:
                 waiting.cancel()
-        running = [*self._running, *([self._batch] if self._batch is not None else [])]
-        if running:
+        if running := self._in_flight():
             await asyncio.gather(*running, return_exceptions=True)
+
+    def _in_flight(self) -> list[asyncio.Task[None]]:
+        """The judged jobs and the deterministic batch still running."""
+        batch = [self._batch] if self._batch is not None and not self._batch.done() else []
+        return [*self._running, *batch]
 
     async def step(self) -> int:
         """Expire leases, apply the budget, lease what free slots allow and start those jobs; how many."""
@@ -372,20 +370,19 @@ class ScoringStage:
         return chunks
 
     def _case_sizes(self, keys: pa.Table) -> list[tuple[tuple[str, int], int]]:
-        with registered(self.con, keys) as name:
-            rows = self.con.execute(
-                "SELECT c.conversation_id, c.version, strlen(c.test_case::VARCHAR) FROM conversations c "
-                f"JOIN (SELECT DISTINCT * FROM {name}) k USING (conversation_id, version)").fetchall()
-        return [((r[0], r[1]), r[2]) for r in rows]
+        return [((r[0], r[1]), r[2]) for r in self._stored(keys, "strlen(c.test_case::VARCHAR)")]
 
     def _cases_of(self, keys: pa.Table) -> dict[tuple[str, int], tuple[str, str | None, str | None, int | None]]:
         """(conversation, version) -> (test case JSON, service, agent, last span ns), for the versions still stored."""
-        with registered(self.con, keys) as name:
-            rows = self.con.execute(
-                "SELECT c.conversation_id, c.version, c.test_case, c.service_name, c.agent_name, c.last_span_ns "
-                f"FROM conversations c JOIN (SELECT DISTINCT * FROM {name}) k USING (conversation_id, version)"
-            ).fetchall()
+        rows = self._stored(keys, "c.test_case, c.service_name, c.agent_name, c.last_span_ns")
         return {(r[0], r[1]): (r[2], r[3], r[4], r[5]) for r in rows}
+
+    def _stored(self, keys: pa.Table, columns: str) -> list[tuple[Any, ...]]:
+        """(conversation, version, *columns) of the conversation versions `keys` names that are still stored."""
+        with registered(self.con, keys) as name:
+            return self.con.execute(
+                f"SELECT c.conversation_id, c.version, {columns} FROM conversations c "
+                f"JOIN (SELECT DISTINCT * FROM {name}) k USING (conversation_id, version)").fetchall()
 
     def _measure_all(self, jobs: list[tuple[Any, ...]], cases: dict[tuple[str, int], tuple[Any, ...]]
                      ) -> list[tuple[BaseMetric, BaseException | None, float]]:
@@ -632,8 +629,7 @@ class ScoringStage:
         before = self.processed
         while True:
             started = await self.step()
-            running = [*self._running, *([self._batch] if self._batch is not None else [])]
-            if running:
+            if running := self._in_flight():
                 await asyncio.gather(*running, return_exceptions=True)
             left = dict(await self._sql("SELECT metric, count(*) FROM eval_jobs WHERE status = 'pending' AND "
                                         "(not_before IS NULL OR not_before <= now()) GROUP BY 1"))

@@ -55,6 +55,17 @@ async def _assembled_conversations(store: SpanStore, assembler: ConversationAsse
     assert assembler.assemble_due() == count
 
 
+async def _until(con, query: str, expected: list[tuple], seconds: float = 10) -> list[tuple]:
+    """The query's rows once they are `expected`, or as they stand after `seconds`."""
+    rows = con.execute(query).fetchall()
+    for _ in range(int(seconds / 0.05)):
+        if rows == expected:
+            break
+        await asyncio.sleep(0.05)
+        rows = con.execute(query).fetchall()
+    return rows
+
+
 def test_a_late_span_without_a_key_waits_for_its_still_active_conversation(tmp_path: Path) -> None:
     store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=0.2)
 
@@ -209,11 +220,9 @@ def test_deterministic_jobs_are_scored_in_batches_not_a_lease_per_poll(tmp_path:
                              lambda *a, **k: None)
         stop = asyncio.Event()
         running = asyncio.create_task(stage.run(stop))
-        for _ in range(400):  # up to 20 s, a third of one poll period
-            jobs = con.execute("SELECT status, count(*) FROM eval_jobs GROUP BY ALL ORDER BY 1").fetchall()
-            if jobs == [("done", 39), ("failed", 1)]:
-                break
-            await asyncio.sleep(0.05)
+        # up to 20 s, a third of one poll period
+        await _until(con, "SELECT status, count(*) FROM eval_jobs GROUP BY ALL ORDER BY 1",
+                     [("done", 39), ("failed", 1)], seconds=20)
         stop.set()
         await running
         return (con.execute("SELECT conversation_id, metric, score, reason FROM scores ORDER BY 1").fetchall(),
@@ -245,18 +254,11 @@ def test_a_batch_that_cannot_be_written_is_logged_and_its_jobs_scored_on_a_later
                              lambda level, event, **fields: logged.append((level, event, fields)))
         stop = asyncio.Event()
         running = asyncio.create_task(stage.run(stop))
-        for _ in range(200):
-            released = con.execute("SELECT count(*) FROM eval_jobs WHERE status = 'pending' AND last_error LIKE "
-                                   "'%scores%'").fetchall()[0][0]
-            if released == 5:
-                break
-            await asyncio.sleep(0.05)
-        assert released == 5, con.execute("SELECT status, last_error FROM eval_jobs").fetchall()
+        released = await _until(con, "SELECT count(*) FROM eval_jobs WHERE status = 'pending' AND last_error LIKE "
+                                     "'%scores%'", [(5,)])
+        assert released == [(5,)], con.execute("SELECT status, last_error FROM eval_jobs").fetchall()
         con.execute("ALTER TABLE scores_away RENAME TO scores")
-        for _ in range(200):
-            if con.execute("SELECT count(*) FROM eval_jobs WHERE status = 'done'").fetchall()[0][0] == 5:
-                break
-            await asyncio.sleep(0.05)
+        await _until(con, "SELECT count(*) FROM eval_jobs WHERE status = 'done'", [(5,)])
         stop.set()
         await running
         return (con.execute("SELECT conversation_id FROM scores ORDER BY 1").fetchall(),

@@ -367,7 +367,7 @@ class ConversationAssembler:
             "trace_id": [t for members in conversations.values() for t in members],
             "conversation_id": [c for c, members in conversations.items() for _ in members],
             "assembled_at": pa.array([newest.get(c, now) for c, members in conversations.items() for _ in members],
-                                     pa.timestamp("us", tz="UTC")),
+                                     _UTC_US),
         })
         with registered(self.con, table) as name:
             self.con.execute(f"INSERT OR REPLACE INTO assembled_traces SELECT trace_id, conversation_id, assembled_at "

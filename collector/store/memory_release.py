@@ -11,7 +11,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import os
 from pathlib import Path
+
+import pyarrow as pa
 
 _ALL_ARENAS = b"arena.4096.purge"  # MALLCTL_ARENAS_ALL: every arena
 
@@ -44,12 +47,8 @@ def release_heap() -> None:
 
 def arrow_on_the_system_allocator() -> None:
     """Arrow's buffers from glibc instead of mimalloc, which kept freed pages: with the server and its decode
-    workers on it, `python bench/ingest.py` peaked about 20 MB lower at the same throughput. Set in the environment
+    workers on it, `python bench/ingest.py` peaked about 15 MB lower at the same throughput. Set in the environment
     too, so workers spawned later start on it; a user's ARROW_DEFAULT_MEMORY_POOL wins."""
-    import os
-
-    import pyarrow as pa
-
     if "ARROW_DEFAULT_MEMORY_POOL" not in os.environ:
         os.environ["ARROW_DEFAULT_MEMORY_POOL"] = "system"
         pa.set_memory_pool(pa.system_memory_pool())
