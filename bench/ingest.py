@@ -196,13 +196,16 @@ def main() -> None:
     parser.add_argument("--phoenix-python", help="python of a venv with arize-phoenix: also run Phoenix")
     parser.add_argument("--redaction", action="store_true", help="with [redaction] on (the builtin rules)")
     parser.add_argument("--config", type=Path, help="a tracejudge.toml for the collector (e.g. [store] settings)")
+    parser.add_argument("--python-decode", action="store_true",
+                        help="decode every request in Python (TRACEJUDGE_NATIVE_DECODE=0), not the C walk")
     args = parser.parse_args()
     sizes = build_requests(1, args.spans)
     print(f"request: {args.spans} spans, {len(sizes[0])} bytes ({len(sizes[0]) / args.spans:.0f} B/span)")
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         config = collector_config(Path(tmp), args.config, "[redaction]\nenabled = true\n" if args.redaction else "")
-        collector = CollectorProcess(Path(tmp) / "bench.duckdb", config=config).start()
+        env = {"TRACEJUDGE_NATIVE_DECODE": "0"} if args.python_decode else {}
+        collector = CollectorProcess(Path(tmp) / "bench.duckdb", config=config, env=env).start()
         try:
             channel = grpc.insecure_channel(collector.grpc_endpoint,
                                             options=[("grpc.max_send_message_length", 64 * 1024 * 1024)])

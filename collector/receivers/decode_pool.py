@@ -22,6 +22,7 @@ from typing import Literal
 
 import pyarrow as pa
 
+from collector.receivers.otlp_columns import protobuf_table
 from collector.receivers.span_rows import request_digest, spans_to_arrow
 from collector.store.memory_release import release_heap
 from mapping.otlp import DEFAULT_LIMITS, SpanLimits, SpanProblem, decode_otlp
@@ -70,10 +71,15 @@ BIG_REQUEST = 4 * 1024 * 1024  # after one this large, a worker hands its freed 
 
 def _decode_to_arrow(payload: bytes, content_type: str, redactor: Redactor | None, signal: Signal = "traces",
                      limits: SpanLimits = DEFAULT_LIMITS) -> tuple[pa.Table, list[SpanProblem], int]:
+    received_at = datetime.now(UTC)
+    if signal == "traces" and redactor is None:
+        table = protobuf_table(payload, content_type, limits, received_at)
+        if table is not None:
+            return table, [], 0
     decoded = decode_otlp(payload, content_type, limits) if signal == "traces" else \
         decode_otlp_logs(payload, content_type)
     spans = redactor.spans(decoded.spans) if redactor is not None else decoded.spans
-    return spans_to_arrow(spans, datetime.now(UTC)), decoded.problems, decoded.truncated
+    return spans_to_arrow(spans, received_at), decoded.problems, decoded.truncated
 
 
 def decode_request(payload: bytes, content_type: str, redactor: Redactor | None = None, signal: Signal = "traces",

@@ -23,7 +23,7 @@ from mapping.spans import Span
 # parsing every value to check it (about 1 us per row of the writer's time; `python bench/span_append.py`).
 # That is safe because `to_json` below only ever writes strict JSON.
 JSON_TEXT = pa.json_(pa.string())
-_SCHEMA = pa.schema([
+SPANS_SCHEMA = pa.schema([
     ("trace_id", pa.string()), ("span_id", pa.string()), ("parent_span_id", pa.string()), ("name", pa.string()),
     ("kind", pa.int8()), ("start_ns", pa.int64()), ("end_ns", pa.int64()), ("status_code", pa.int8()),
     ("status_message", pa.string()), ("service_name", pa.string()), ("scope_name", pa.string()),
@@ -116,7 +116,7 @@ def _clamp(ns: int) -> int:
 def spans_to_arrow(spans: list[Span], received_at: datetime) -> pa.Table:
     """Columns of the spans table; one row per (trace_id, span_id), the last delivery winning in a batch."""
     unique = {s.key: s for s in spans}
-    columns: dict[str, list[Any]] = {name: [] for name in _SCHEMA.names}
+    columns: dict[str, list[Any]] = {name: [] for name in SPANS_SCHEMA.names}
     resources: dict[int, tuple[str, tuple[str, str] | None]] = {}  # spans of one request share their resource
     c_trace, c_span, c_parent = columns["trace_id"], columns["span_id"], columns["parent_span_id"]
     c_name, c_kind, c_start, c_end = columns["name"], columns["kind"], columns["start_ns"], columns["end_ns"]
@@ -152,7 +152,7 @@ def spans_to_arrow(spans: list[Span], received_at: datetime) -> pa.Table:
         c_key.append(_text(key[1]) if key else None)
         c_source.append(key[0] if key else None)
     columns["received_at"] = [received_at] * len(unique)
-    return pa.table(columns, schema=_SCHEMA)
+    return pa.table(columns, schema=SPANS_SCHEMA)
 
 
 def request_digest(table: pa.Table) -> bytes:
