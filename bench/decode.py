@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import astuple
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -21,10 +23,11 @@ import duckdb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.ingest import build_requests  # noqa: E402
-from collector.receivers.decode_pool import decode_request  # noqa: E402
+from collector.receivers.decode_worker import decode_request  # noqa: E402
 from collector.receivers.span_rows import spans_to_arrow  # noqa: E402
 from collector.store.schema import migrate  # noqa: E402
 from mapping import decode_otlp  # noqa: E402
+from mapping.otlp import DEFAULT_LIMITS  # noqa: E402
 from mapping.redaction import BUILTIN_RULES, Redactor  # noqa: E402
 
 
@@ -68,13 +71,17 @@ def main() -> None:
         times.append(time.process_time() - started)
     gc.enable()
     print(f"spans_to_arrow: {n / min(times):,.0f} spans/s ({min(times) / n * 1e6:.1f} µs CPU per span)")
-    times = []  # a decode worker's whole job per request (decode, Arrow, IPC bytes, digest), best of five, in CPU
-    for _ in range(5):
-        started = time.process_time()
-        for r in requests:
-            decode_request(r, "application/x-protobuf")
-        times.append(time.process_time() - started)
-    print(f"decode_request (a worker's whole job): {min(times) / n * 1e6:.2f} µs CPU per span")
+    limits = astuple(DEFAULT_LIMITS)
+    for label, native in (("the C walk", "1"), ("the Python decoder, TRACEJUDGE_NATIVE_DECODE=0", "0")):
+        os.environ["TRACEJUDGE_NATIVE_DECODE"] = native
+        times = []  # a decode worker's whole job per request (decode, rows, digest), best of five, in CPU
+        for _ in range(5):
+            started = time.process_time()
+            for r in requests:
+                decode_request(r, "application/x-protobuf", limits)
+            times.append(time.process_time() - started)
+        print(f"decode_request (a worker's whole job), {label}: {min(times) / n * 1e6:.2f} µs CPU per span")
+    os.environ.pop("TRACEJUDGE_NATIVE_DECODE")
     with tempfile.TemporaryDirectory() as tmp:
         con = duckdb.connect(str(Path(tmp) / "decode.duckdb"))
         migrate(con)
@@ -83,9 +90,10 @@ def main() -> None:
         con.execute("INSERT INTO spans SELECT * FROM incoming")
         print(f"DuckDB INSERT of the Arrow table: {n / (time.perf_counter() - started):,.0f} rows/s")
         con.close()
-    worker = import_footprint_mb("collector.receivers.decode_pool")
-    print(f"decode worker imports (collector.receivers.decode_pool): {worker:.0f} MB; "
-          f"the store and the scoring package, which workers imported before: "
+    worker = import_footprint_mb("collector.receivers.decode_worker")
+    fallback = import_footprint_mb("collector.receivers.decode_worker, collector.receivers.span_rows")
+    print(f"decode worker imports (collector.receivers.decode_worker): {worker:.0f} MB; {fallback:.0f} MB once a "
+          f"request needs the Python decoder; the store and the scoring package, which workers imported before: "
           f"{import_footprint_mb('collector.store.span_store, scoring.stage'):.0f} MB")
 
 

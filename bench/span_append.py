@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import astuple
 from pathlib import Path
 
 import duckdb
@@ -31,12 +32,21 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.ingest import build_requests  # noqa: E402
-from collector.receivers.decode_pool import _decode_to_arrow  # noqa: E402
-from collector.receivers.span_rows import plain_strings  # noqa: E402
+from collector.receivers.span_rows import (
+    decode_to_arrow,  # noqa: E402
+    plain_strings,  # noqa: E402
+)
 from collector.store.schema import SPANS_COLUMNS  # noqa: E402
+from mapping.otlp import DEFAULT_LIMITS  # noqa: E402
 from scoring.id_table import id_table  # noqa: E402
 
 BATCH = 4096
+
+
+def _rows(request: bytes) -> pa.Table:
+    """The rows the collector stores for a request (the Python decoder's: the same rows as the C walk's)."""
+    return decode_to_arrow(request, "application/x-protobuf", None, "traces", astuple(DEFAULT_LIMITS),
+                           time.time_ns() // 1000)[0]
 
 
 def appends(keyed: bool, blocks: int, block_rows: int, tmp: Path) -> list[tuple[float, float]]:
@@ -48,7 +58,7 @@ def appends(keyed: bool, blocks: int, block_rows: int, tmp: Path) -> list[tuple[
     out = []
     for block in range(blocks):
         per_block = block_rows // BATCH
-        tables = [_decode_to_arrow(r, "application/x-protobuf", None)[0]
+        tables = [_rows(r)
                   for r in build_requests(per_block, BATCH, block * per_block)]
         wall, cpu = time.perf_counter(), time.process_time()
         for t in tables:
@@ -70,7 +80,7 @@ def _plain_json_columns(table: pa.Table) -> pa.Table:
 
 def writer_settings(tmp: Path, tables: int = 60, rounds: int = 3) -> None:
     """CPU and wall time per appended row for each writer setting, interleaved so drift hits all alike."""
-    base = pa.concat_tables([_decode_to_arrow(r, "application/x-protobuf", None)[0]
+    base = pa.concat_tables([_rows(r)
                              for r in build_requests(BATCH // 512, 512)])
     variants = {"threads default, JSON as strings": (None, _plain_json_columns(base)),
                 "threads default, JSON extension": (None, base),
@@ -144,7 +154,7 @@ def _commit_latencies(con: duckdb.DuckDBPyConnection, tables: list[pa.Table],
 
 def checkpoints(tmp: Path, rows: int = 1_638_400, per_commit: int = 2048) -> None:
     """Longest and p99 commit latency, and rows/s, per checkpoint threshold; then a checkpointing thread."""
-    tables = [_decode_to_arrow(r, "application/x-protobuf", None)[0] for r in build_requests(16, per_commit, 0)]
+    tables = [_rows(r) for r in build_requests(16, per_commit, 0)]
     commits = rows // per_commit
     variants = [(f"checkpoint_threshold {t}", t, False) for t in ("16MB", "32MB", "64MB", "256MB")]
     variants.append(("64MB checkpoints from another thread", "100GB", True))

@@ -21,7 +21,7 @@ from collector.log import Logger
 from collector.metrics import CollectorMetrics
 from collector.pipeline.conversation_assembler import ConversationAssembler
 from collector.pipeline.retention import Retention, StorageReport
-from collector.receivers.decode_pool import DecodePool, usable_cpus
+from collector.receivers.decode_pool import DecodePool, default_workers
 from collector.receivers.http_guard import raise_open_file_limit
 from collector.receivers.ingest import Ingest
 from collector.receivers.otlp_grpc import GrpcReceiver
@@ -56,8 +56,8 @@ class Collector:
                                memory_limit=st.memory_limit, temp_limit=st.temp_limit, threads=st.threads,
                                checkpoint_threshold=st.checkpoint_threshold)
         self.metrics.watch(lambda: self.store.queued_spans, self.store.size_bytes)
-        workers = settings.server.decode_workers
-        self.decoder = DecodePool(usable_cpus() if workers < 0 else workers, settings.redaction.redactor(),
+        workers, redactor = settings.server.decode_workers, settings.redaction.redactor()
+        self.decoder = DecodePool(default_workers(redactor is not None) if workers < 0 else workers, redactor,
                                   settings.limits.span_limits())
         ingest = Ingest(self.store, self.metrics, settings.server.ingest_token, self.decoder,
                         max_inflight_bytes=settings.server.max_inflight_bytes)

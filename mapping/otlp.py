@@ -20,10 +20,9 @@ from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
+from mapping.content_types import JSON_TYPES, PROTOBUF_TYPES, media_type
 from mapping.spans import Span, SpanEvent, SpanLink
 
-PROTOBUF_TYPES = frozenset({"application/x-protobuf", "application/protobuf"})
-JSON_TYPES = frozenset({"application/json"})
 MAX_ANY_VALUE_DEPTH = 64
 
 
@@ -102,7 +101,7 @@ class _InvalidSpan(ValueError):
 
 def decode_otlp(payload: bytes | str, content_type: str, limits: SpanLimits = DEFAULT_LIMITS) -> DecodedRequest:
     """Spans of one export request; `content_type` is the HTTP Content-Type (parameters ignored)."""
-    media = content_type.split(";", 1)[0].strip().lower()
+    media = media_type(content_type)
     if media in PROTOBUF_TYPES:
         if isinstance(payload, str):
             raise OTLPDecodeError("a protobuf request must be bytes")

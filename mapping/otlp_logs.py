@@ -22,10 +22,9 @@ from typing import Any
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
+from mapping.content_types import JSON_TYPES, PROTOBUF_TYPES, media_type
 from mapping.otlp import (
     DEFAULT_LIMITS,
-    JSON_TYPES,
-    PROTOBUF_TYPES,
     DecodedRequest,
     OTLPDecodeError,
     SpanProblem,
@@ -48,7 +47,7 @@ EVENT_PREFIX = "gen_ai."
 
 def decode_otlp_logs(payload: bytes | str, content_type: str) -> DecodedRequest:
     """Carrier spans for the GenAI events of one logs export request; bad records are `problems`."""
-    media = content_type.split(";", 1)[0].strip().lower()
+    media = media_type(content_type)
     if media in PROTOBUF_TYPES:
         if isinstance(payload, str):
             raise OTLPDecodeError("a protobuf request must be bytes")

@@ -4,9 +4,14 @@ request to it; no request, however malformed, makes it crash or keep a span the 
 from __future__ import annotations
 
 import json
+import pickle
 import random
 import struct
-from datetime import UTC, datetime
+import subprocess
+import sys
+from dataclasses import astuple
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -18,14 +23,16 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
 from bench.ingest import build_requests
-from collector.receivers.decode_pool import decode_request
-from collector.receivers.otlp_columns import native_decode_enabled, protobuf_table
-from collector.receivers.span_rows import request_digest, spans_to_arrow
+from collector.receivers.decode_worker import decode_request
+from collector.receivers.otlp_columns import native_columns, native_decode_enabled
+from collector.receivers.span_rows import columns_to_arrow, request_digest, spans_to_arrow
 from mapping.conversation_key import KEY_PRECEDENCE
 from mapping.otlp import DEFAULT_LIMITS, OTLPDecodeError, SpanLimits, decode_otlp
 
 PROTOBUF = "application/x-protobuf"
+ROOT = Path(__file__).resolve().parent.parent
 NOW = datetime(2026, 12, 4, 12, 0, 0, 123456, tzinfo=UTC)
+NOW_US = (NOW - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
 JSON_COLUMNS = ("attributes", "resource_attributes", "events", "links")
 SMALL_LIMITS = SpanLimits(attribute_count=3, attribute_value_length=8, event_count=2, link_count=1,
                           event_attribute_count=2)
@@ -53,9 +60,14 @@ def _assert_same_rows(native: pa.Table, python: pa.Table) -> None:
                                                                       python.column(name)[:3])
 
 
+def _native_rows(payload: bytes, limits: SpanLimits = DEFAULT_LIMITS) -> pa.Table | None:
+    native = native_columns(payload, PROTOBUF, astuple(limits), NOW_US)
+    return None if native is None else columns_to_arrow(native)
+
+
 def _check(payload: bytes, limits: SpanLimits = DEFAULT_LIMITS) -> pa.Table | None:
     """The property itself: the C walk's rows are the Python decoder's, for a request it decodes whole."""
-    native = protobuf_table(payload, PROTOBUF, limits, NOW)
+    native = _native_rows(payload, limits)
     python = _python_rows(payload, limits)
     if native is None:
         return None
@@ -121,13 +133,35 @@ def test_agent_spans_are_decoded_in_c_into_the_python_decoders_rows(payload: byt
     assert table.num_rows == len(decode_otlp(payload, PROTOBUF).spans)
 
 
-def test_a_decode_worker_returns_the_same_request_as_before() -> None:
-    """A worker's whole answer (IPC bytes, rows, problems, digest) is the same with or without the C walk."""
+def test_a_decode_worker_answers_as_the_python_decoder_would() -> None:
+    """A worker's whole answer (rows, problems, cut spans, the digest redeliveries are recognised by) is the one
+    the Python decoder gives, and a worker that only met such requests never imported it or pyarrow."""
+    code = """if True:
+        import sys
+        from dataclasses import astuple
+        from collector.receivers.decode_worker import decode_request
+        payload = sys.stdin.buffer.read()
+        limits = (4096, 16 * 1024 * 1024, 1024, 1024, 1024, 2_000_000)
+        native, rows, problems, truncated, digest = decode_request(payload, "application/x-protobuf", limits)
+        print(sorted(m for m in ("pyarrow", "mapping.otlp", "duckdb") if m in sys.modules))
+        import pickle
+        sys.stdout.buffer.write(pickle.dumps((native, rows, problems, truncated, digest)))
+    """
     payload = _agent_request()
-    _, rows, problems, truncated, digest = decode_request(payload, PROTOBUF)
+    run = subprocess.run([sys.executable, "-c", code], input=payload, capture_output=True, check=True, cwd=ROOT)
+    imported, _, answer = run.stdout.partition(b"\n")
+    assert imported == b"[]", "a decode worker imported the Python decoder or pyarrow for a request it did not need"
+    native, rows, problems, truncated, digest = pickle.loads(answer)
     python = spans_to_arrow(decode_otlp(payload, PROTOBUF).spans, NOW)
-    assert (rows, problems, truncated) == (python.num_rows, [], 0)
-    assert digest == request_digest(python)
+    assert (rows, problems, truncated, digest) == (python.num_rows, [], 0, request_digest(python))
+    assert astuple(DEFAULT_LIMITS)[:5] == (4096, 16 * 1024 * 1024, 1024, 1024, 1024)
+
+
+def test_a_request_left_to_python_is_answered_as_ipc_with_its_problems() -> None:
+    payload = _span(trace_id=bytes(16)) + _span(span_id=b"\x05" * 8)
+    data, rows, problems, truncated, digest = decode_request(payload, PROTOBUF, astuple(DEFAULT_LIMITS))
+    assert isinstance(data, bytes) and rows == 1 and len(problems) == 1 and truncated == 0
+    assert digest == request_digest(pa.ipc.open_stream(data).read_all())
 
 
 def _span(**fields: Any) -> bytes:
@@ -156,7 +190,7 @@ def _span(**fields: Any) -> bytes:
     pytest.param(_span() + b"\xff", DEFAULT_LIMITS, id="truncated"),
 ])
 def test_what_the_python_decoder_reports_or_cuts_is_left_to_it(payload: bytes, limits: SpanLimits) -> None:
-    assert protobuf_table(payload, PROTOBUF, limits, NOW) is None
+    assert _native_rows(payload, limits) is None
     _check(payload, limits)
 
 

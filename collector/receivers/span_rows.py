@@ -1,23 +1,31 @@
-"""Spans as the Arrow rows of the `spans` table: the conversion the decode workers run.
+"""Spans as the Arrow rows of the `spans` table: what the Python decoder's spans become in a decode worker, and
+what the server makes of the C walk's column buffers.
 
 Kept apart from the store so that a decode worker process imports pyarrow and the mapping, not DuckDB.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import operator
 import re
-from datetime import datetime
-from typing import Any
+from array import array
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import pyarrow as pa
 
+from collector.receivers.otlp_columns import FIXED_COLUMNS, STRING_COLUMNS, NativeColumns
+from collector.receivers.request_digest import ids_digest
 from mapping.conversation_key import resource_conversation_key, span_own_conversation_key
+from mapping.otlp import SpanLimits, SpanProblem, decode_otlp
+from mapping.otlp_logs import decode_otlp_logs
 from mapping.spans import Span
+
+if TYPE_CHECKING:
+    from mapping.redaction import Redactor
 
 # The JSON columns carry Arrow's JSON extension type: DuckDB then takes them as JSON as they are instead of
 # parsing every value to check it (about 1 us per row of the writer's time; `python bench/span_append.py`).
@@ -156,8 +164,48 @@ def spans_to_arrow(spans: list[Span], received_at: datetime) -> pa.Table:
 
 
 def request_digest(table: pa.Table) -> bytes:
-    """What identifies a request's spans, whatever its encoding: a redelivery of the same spans has the same
-    digest (128 bits of BLAKE2b over the sorted trace and span ids). In Python, not Arrow compute: importing
+    """The request digest (`request_digest.ids_digest`) of a table's rows. In Python, not Arrow compute: importing
     pyarrow.compute would cost each decode worker 11 MB for a sort of a few hundred hex strings."""
-    keys = sorted(map(operator.add, table.column("trace_id").to_pylist(), table.column("span_id").to_pylist()))
-    return hashlib.blake2b("\n".join(keys).encode(), digest_size=16).digest()
+    return ids_digest([key.encode() for key in map(operator.add, table.column("trace_id").to_pylist(),
+                                                   table.column("span_id").to_pylist())])
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def columns_to_arrow(native: NativeColumns) -> pa.Table:
+    """The C walk's column buffers as the table `spans_to_arrow` builds (zero-copy over the buffers)."""
+    rows, arrays = native.rows, {}
+    for name, data in zip(FIXED_COLUMNS, native.fixed, strict=True):
+        arrays[name] = pa.Array.from_buffers(SPANS_SCHEMA.field(name).type, rows, [None, pa.py_buffer(data)])
+    for name, (offsets, data, validity, nulls) in zip(STRING_COLUMNS, native.strings, strict=True):
+        kind = SPANS_SCHEMA.field(name).type
+        storage = pa.Array.from_buffers(
+            pa.string(), rows, [None if validity is None else pa.py_buffer(validity), pa.py_buffer(offsets),
+                                pa.py_buffer(data)], null_count=nulls)
+        arrays[name] = pa.ExtensionArray.from_storage(kind, storage) if isinstance(kind, pa.BaseExtensionType) \
+            else storage
+    arrays["received_at"] = pa.Array.from_buffers(SPANS_SCHEMA.field("received_at").type, rows,
+                                                  [None, pa.py_buffer(array("q", [native.received_us]) * rows)])
+    return pa.table([arrays[name] for name in SPANS_SCHEMA.names], schema=SPANS_SCHEMA)
+
+
+def decode_to_arrow(payload: bytes, content_type: str, redactor: Redactor | None, signal: str,
+                    limits: tuple[int, ...], received_us: int) -> tuple[pa.Table, list[SpanProblem], int]:
+    """The Python decoder's rows of a request (`decode_worker` falls back to it), its problems and cut spans."""
+    span_limits = SpanLimits(*limits)
+    decoded = decode_otlp(payload, content_type, span_limits) if signal == "traces" else \
+        decode_otlp_logs(payload, content_type)
+    spans = redactor.spans(decoded.spans) if redactor is not None else decoded.spans
+    received_at = _EPOCH + timedelta(microseconds=received_us)
+    return spans_to_arrow(spans, received_at), decoded.problems, decoded.truncated
+
+
+def decode_to_ipc(payload: bytes, content_type: str, redactor: Redactor | None, signal: str,
+                  limits: tuple[int, ...], received_us: int) -> tuple[bytes, int, list[SpanProblem], int, bytes]:
+    """`decode_to_arrow` as a decode worker answers: the rows as Arrow IPC bytes, and the request digest."""
+    table, problems, truncated = decode_to_arrow(payload, content_type, redactor, signal, limits, received_us)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes(), table.num_rows, problems, truncated, request_digest(table)

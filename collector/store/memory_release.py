@@ -14,8 +14,6 @@ import functools
 import os
 from pathlib import Path
 
-import pyarrow as pa
-
 _ALL_ARENAS = b"arena.4096.purge"  # MALLCTL_ARENAS_ALL: every arena
 
 
@@ -50,5 +48,7 @@ def arrow_on_the_system_allocator() -> None:
     workers on it, `python bench/ingest.py` peaked about 15 MB lower at the same throughput. Set in the environment
     too, so workers spawned later start on it; a user's ARROW_DEFAULT_MEMORY_POOL wins."""
     if "ARROW_DEFAULT_MEMORY_POOL" not in os.environ:
+        import pyarrow as pa  # here: a decode worker imports this module for release_heap, and not pyarrow
+
         os.environ["ARROW_DEFAULT_MEMORY_POOL"] = "system"
         pa.set_memory_pool(pa.system_memory_pool())

@@ -1,0 +1,73 @@
+"""What a decode worker process runs: one export request to the rows of the `spans` table.
+
+Imported by every spawned worker, so it imports only what the C walk needs (`otlp_columns`). The Python decoder
+and pyarrow are imported on the first request the C walk leaves to them (OTLP/JSON, logs, redaction, a span with
+a problem): a worker that never meets one stays about 35 MB smaller (`python bench/decode.py`'s last line).
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+import threading
+import time
+from multiprocessing.process import BaseProcess
+from typing import TYPE_CHECKING, Literal
+
+from collector.receivers.otlp_columns import NativeColumns, native_columns
+from collector.receivers.request_digest import ids_digest
+from collector.store.memory_release import release_heap
+
+if TYPE_CHECKING:
+    from mapping.otlp import SpanProblem
+    from mapping.redaction import Redactor
+
+Signal = Literal["traces", "logs"]  # logs: GenAI events, stored as carrier spans
+BIG_REQUEST = 4 * 1024 * 1024  # after one this large, a worker hands its freed memory back to the system
+# Rows as column buffers (the C walk) or as Arrow IPC bytes (the Python decoder), the span count, the spans
+# reported as problems, the spans cut to the limits, and the request's digest (span_rows.request_digest).
+WorkerResult = tuple["NativeColumns | bytes", int, "list[SpanProblem]", int, bytes]
+
+
+def decode_request(payload: bytes, content_type: str, limits: tuple[int, ...], redactor: Redactor | None = None,
+                   signal: Signal = "traces") -> WorkerResult:
+    """Run in a worker (or in the receiver with `decode_workers = 0`): OTLPDecodeError propagates to the caller
+    as itself. `limits` is `dataclasses.astuple(SpanLimits)`: unpickling the dataclass would import the Python
+    decoder into every worker."""
+    received_us = time.time_ns() // 1000
+    try:
+        if signal == "traces" and redactor is None:
+            native = native_columns(payload, content_type, limits, received_us)
+            if native is not None:
+                return native, native.rows, [], 0, ids_digest(native.ids())
+        from collector.receivers.span_rows import decode_to_ipc  # the Python decoder: pyarrow, protobuf classes
+        return decode_to_ipc(payload, content_type, redactor, signal, limits, received_us)
+    finally:
+        if len(payload) >= BIG_REQUEST:
+            _give_memory_back()
+
+
+def _give_memory_back() -> None:
+    """A large request leaves the worker's heap large; collect and ask glibc to return the free pages."""
+    gc.collect()
+    release_heap()
+
+
+def exit_with_parent(parent: BaseProcess) -> None:
+    """A worker whose collector died (kill -9 leaves no time to stop the pool) exits instead of living on:
+    the parent's sentinel pipe reads end-of-file once no process holds its other end."""
+    parent.join()
+    os._exit(0)
+
+
+def ready() -> None:
+    """Submitted once per worker at start, so every worker exists before the first export."""
+
+
+def worker_init() -> None:
+    gc.set_threshold(100_000, 50, 100)
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(target=exit_with_parent, args=(parent,), name="tracejudge-parent-watch",
+                         daemon=True).start()
