@@ -1,10 +1,12 @@
 """Assembly benchmark: CPU per conversation that the assembler rebuilds and writes, alone on this machine.
 
 Stores `--requests` requests of `bench/ingest.py` (512 agent-shaped spans each, 8 spans per trace, 8 traces per
-conversation) through a real span store, then has the real assembler take every waiting conversation, 256 per
-call as it does in `tracejudge serve`: read the spans back, map them (`build_conversations`) and write the
-versions and their scoring jobs. Prints CPU and wall time per conversation, the best of `--repeat` runs.
-Run: `python bench/assembly.py [--requests 40] [--repeat 3] [--profile]`.
+conversation, random trace ids) through a real span store, then has the real assembler take every waiting
+conversation, 256 per call as it does in `tracejudge serve` (`--per-call`): read the spans back, map them
+(`build_conversations`) and write the versions and their scoring jobs. Prints CPU and wall time per conversation,
+the best of `--repeat` runs. `--stored-spans N` first stores N spans of other conversations, assembled before (not
+waiting): what a conversation costs should not grow with them.
+Run: `python bench/assembly.py [--requests 40] [--repeat 3] [--stored-spans 0] [--per-call 256] [--profile]`.
 """
 
 from __future__ import annotations
@@ -15,12 +17,15 @@ import cProfile
 import datetime as dt
 import io
 import pstats
+import random
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
+
 from bench.ingest import build_requests  # noqa: E402
 from collector.config import Settings  # noqa: E402
 from collector.log import Logger  # noqa: E402
@@ -30,26 +35,42 @@ from collector.store.span_store import SpanStore, mark_pandas_absent  # noqa: E4
 from mapping import decode_otlp  # noqa: E402
 
 
-def once(requests: list[bytes], profile: cProfile.Profile | None) -> tuple[int, float, float]:
-    """(conversations, CPU seconds, wall seconds) of assembling everything the requests hold."""
+def random_trace_ids(requests: list[bytes], seed: int) -> list[bytes]:
+    """The requests with each trace id replaced by a random one, as real traffic has them (sequential ids would let
+    DuckDB skip whole row groups by their min/max, which real ids never allow)."""
+    rng, ids, out = random.Random(seed), {}, []
+    for body in requests:
+        request = ExportTraceServiceRequest.FromString(body)
+        for resource in request.resource_spans:
+            for scope in resource.scope_spans:
+                for span in scope.spans:
+                    span.trace_id = ids.setdefault(span.trace_id, rng.randbytes(16))
+        out.append(request.SerializeToString())
+    return out
+
+
+def once(requests: list[bytes], stored: list[bytes], per_call: int,
+         profile: cProfile.Profile | None) -> tuple[int, float, float]:
+    """(conversations, CPU seconds, wall seconds) of assembling everything the requests hold, after `stored`."""
     with tempfile.TemporaryDirectory() as tmp:
         store = SpanStore(Path(tmp) / "bench.duckdb")
         store.open()
         settings = Settings()
         assembler = ConversationAssembler(store.cursor(), settings, Logger(stream=io.StringIO()),
                                           lambda metric: "pending", {m: "x" for m in settings.scoring.metrics})
-        store.listeners.append(assembler.observe)
 
-        async def fill() -> None:
-            for body in requests:
+        async def fill(bodies: list[bytes]) -> None:
+            for body in bodies:
                 spans = decode_otlp(body, "application/x-protobuf").spans
                 await store.write(spans_to_arrow(spans, dt.datetime.now(dt.UTC)))
 
-        asyncio.run(fill())
+        asyncio.run(fill(stored))  # before the assembler listens: stored, not waiting
+        store.listeners.append(assembler.observe)
+        asyncio.run(fill(requests))
         cpu, wall, total = time.process_time(), time.perf_counter(), 0
         if profile is not None:
             profile.enable()
-        while done := assembler.assemble_due(True, MAX_PER_POLL):
+        while done := assembler.assemble_due(True, per_call):
             total += done
         if profile is not None:
             profile.disable()
@@ -62,14 +83,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=40)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--stored-spans", type=int, default=0, help="spans of other conversations stored first")
+    parser.add_argument("--per-call", type=int, default=MAX_PER_POLL,
+                        help="conversations per assembler call (a trickle of conversations: 1)")
     parser.add_argument("--profile", action="store_true", help="print the 30 costliest calls (cumulative)")
     args = parser.parse_args()
     mark_pandas_absent()  # as `tracejudge serve` does
-    requests = build_requests(args.requests, 512)
+    stored = random_trace_ids(build_requests(args.stored_spans // 512, 512), 1)
+    requests = random_trace_ids(build_requests(args.requests, 512, len(stored)), 2)
     profile = cProfile.Profile() if args.profile else None
-    runs = [once(requests, profile) for _ in range(args.repeat)]
+    runs = [once(requests, stored, args.per_call, profile) for _ in range(args.repeat)]
     conversations, cpu, wall = min(runs, key=lambda r: r[1])
-    print(f"{conversations} conversations of 64 spans: {cpu / conversations * 1000:.2f} ms CPU and "
+    print(f"{conversations} conversations of 64 spans, {args.per_call} per call, after {len(stored) * 512:,} "
+          "stored spans: "
+          f"{cpu / conversations * 1000:.2f} ms CPU and "
           f"{wall / conversations * 1000:.2f} ms wall per conversation (best of {args.repeat})")
     if profile is not None:
         pstats.Stats(profile).sort_stats("cumulative").print_stats(30)
