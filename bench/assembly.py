@@ -4,8 +4,8 @@ Stores `--requests` requests of `bench/ingest.py` (512 agent-shaped spans each, 
 conversation, random trace ids) through a real span store, then has the real assembler take every waiting
 conversation, 256 per call as it does in `tracejudge serve` (`--per-call`): read the spans back, map them
 (`build_conversations`) and write the versions and their scoring jobs. Prints CPU and wall time per conversation,
-the best of `--repeat` runs. `--stored-spans N` first stores N spans of other conversations, assembled before (not
-waiting): what a conversation costs should not grow with them.
+the best of `--repeat` runs. `--stored-spans N` first stores N spans of other conversations, received a day
+before and not waiting: what a conversation costs should not grow with them.
 Run: `python bench/assembly.py [--requests 40] [--repeat 3] [--stored-spans 0] [--per-call 256] [--profile]`.
 """
 
@@ -59,14 +59,14 @@ def once(requests: list[bytes], stored: list[bytes], per_call: int,
         assembler = ConversationAssembler(store.cursor(), settings, Logger(stream=io.StringIO()),
                                           lambda metric: "pending", {m: "x" for m in settings.scoring.metrics})
 
-        async def fill(bodies: list[bytes]) -> None:
+        async def fill(bodies: list[bytes], ago: dt.timedelta) -> None:
             for body in bodies:
                 spans = decode_otlp(body, "application/x-protobuf").spans
-                await store.write(spans_to_arrow(spans, dt.datetime.now(dt.UTC)))
+                await store.write(spans_to_arrow(spans, dt.datetime.now(dt.UTC) - ago))
 
-        asyncio.run(fill(stored))  # before the assembler listens: stored, not waiting
+        asyncio.run(fill(stored, dt.timedelta(days=1)))  # yesterday's, before the assembler listens: not waiting
         store.listeners.append(assembler.observe)
-        asyncio.run(fill(requests))
+        asyncio.run(fill(requests, dt.timedelta()))
         cpu, wall, total = time.process_time(), time.perf_counter(), 0
         if profile is not None:
             profile.enable()

@@ -94,6 +94,38 @@ def test_a_late_span_without_a_key_waits_for_its_still_active_conversation(tmp_p
     store.close()
 
 
+@pytest.mark.parametrize("later, key_kept", [
+    pytest.param("a new trace", True, id="next turn in a new trace"),
+    pytest.param("a late span of the first trace", True, id="late span, no key of its own"),
+    pytest.param("a new trace", False, id="first trace assembled by a version that did not keep its age"),
+])
+def test_a_conversations_earlier_turns_received_hours_ago_are_in_its_next_version(
+        tmp_path: Path, later: str, key_kept: bool) -> None:
+    """Reads skip the spans received before a conversation's oldest one (so a poll does not scan the whole table):
+    the turns it had hours ago must still be read back when it goes on, and its spans still name its key."""
+    store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=0.0)
+    now = dt.datetime.now(dt.UTC)
+
+    async def scenario() -> None:
+        await store.write(spans_to_arrow(_spans(1, 1, session="chat-1", turn="first question"),
+                                         now - dt.timedelta(hours=5)))
+        assert assembler.assemble_due() == 1
+        if not key_kept:
+            store.cursor().execute("UPDATE assembled_traces SET first_received_at = NULL")
+        late = (_spans(2, 2, session="chat-1", turn="second question") if later == "a new trace" else
+                _spans(1, 2, session=None, turn="second question"))
+        await store.write(spans_to_arrow(late, now))
+        assert assembler.assemble_due() == 1
+
+    try:
+        asyncio.run(scenario())
+        rows = store.cursor().execute("SELECT conversation_id, version, turns FROM conversations "
+                                      "ORDER BY conversation_id, version").fetchall()
+        assert rows == [("chat-1", 1, 1), ("chat-1", 2, 2)], rows
+    finally:
+        store.close()
+
+
 # a trace's conversation key (None: it is its own conversation), then steps: a span of trace N (carrying its key
 # or not), or a poll that assembles whatever is due
 _KEYS = st.lists(st.sampled_from([None, "chat-a", "chat-b"]), min_size=4, max_size=4)

@@ -5,6 +5,11 @@ none of its traces has had a new span for `quiet_period_s`, or at once when a sp
 `tracejudge.conversation.end = true`. Its spans are then read back, mapped with
 `mapping.build_conversations`, and written as a new version of the conversation when the content hash
 changed (late spans re-score; old versions and their scores stay), together with one job per sampled metric.
+
+`spans` has no index on trace_id, so a read by trace ids scans the table. Every read is bounded by `received_at`
+from the oldest span the conversations can hold (the first commit of each waiting trace; `assembled_traces`
+remembers it for traces assembled before), which lets DuckDB skip the older row groups by their min/max: what a
+poll costs follows the conversations it assembles, not how many spans the table keeps.
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from typing import NamedTuple
 
 import duckdb
 import pyarrow as pa
@@ -52,11 +58,26 @@ _COLUMNS = ("trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, st
 
 
 _Built = tuple[Conversation, dict[str, set[str]]]  # a rebuilt conversation and its sampling attribute values
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# A span committed after its trace's first commit was received at most this much before that commit's oldest
+# span (a request waits in the decode pool and the writer's queue for seconds; a retried export is stamped anew).
+RECEIVED_SLACK = timedelta(hours=1)
+
+
+class _Due(NamedTuple):
+    last: float  # the conversation's last span (monotonic) when chosen: a later one means it changed meanwhile
+    first_us: int  # received_at (µs) its waiting traces' spans are no older than, less RECEIVED_SLACK (0: unknown)
+    traces: set[str]
 
 
 def _calls(conversation: Conversation) -> int:
     return sum(len(t.mcp_tools_called or []) + len(t.mcp_resources_called or []) + len(t.mcp_prompts_called or [])
                for t in conversation.test_case.turns)
+
+
+def _at(since_us: int) -> datetime:
+    """A read's lower bound on received_at."""
+    return _EPOCH + timedelta(microseconds=since_us)
 
 
 def _commit_keys(table: pa.Table) -> dict[str, tuple[int, str]]:
@@ -93,9 +114,9 @@ class ConversationAssembler:
         # traces carry no key and are their own conversation, and a set would be half of what each one costs
         self._members: dict[str, set[str]] = {}
         self._last: OrderedDict[str, float] = OrderedDict()  # conversation -> last span (monotonic), oldest first
-        self._stamp: dict[str, int] = {}  # conversation -> change counter: was it touched while assembling?
+        # conversation -> the oldest received_at (µs) of the commits that brought its waiting traces (0: unknown)
+        self._first: dict[str, int] = {}
         self._ended: set[str] = set()  # traces with a span that carried the end marker
-        self._changes = 0
         self._lock = threading.Lock()
         self.assembled = 0
         self.late_after_prune = 0  # conversations that got spans after retention pruned theirs (not assembled)
@@ -106,14 +127,17 @@ class ConversationAssembler:
         traces = pc.unique(table.column("trace_id")).to_pylist()
         end_marked = pc.match_substring(plain_strings(table.column("attributes")), END_MARKER)
         ended = table.filter(end_marked).column("trace_id")
+        oldest = pc.min(table.column("received_at")).value
+        first_us = max(0, (oldest or 0) - RECEIVED_SLACK // timedelta(microseconds=1))
         with self._lock:
             now = time.monotonic()
             for trace in traces:
-                self._note(trace, keys.get(trace), now)
+                self._note(trace, keys.get(trace), now, first_us)
             self._ended.update(ended.to_pylist())
 
-    def _note(self, trace: str, key: tuple[int, str] | None, now: float) -> None:
-        """A trace has new spans (`key`: their strongest conversation key); the lock is held."""
+    def _note(self, trace: str, key: tuple[int, str] | None, now: float, first_us: int) -> None:
+        """A trace has new spans (`key`: their strongest conversation key; none received before `first_us`); the
+        lock is held."""
         old = self._group_of.get(trace)
         group = old or trace
         if key is not None and key[0] < self._rank_of.get(trace, _UNKEYED):
@@ -122,11 +146,11 @@ class ConversationAssembler:
             if members:  # the key string its other traces hold: one per conversation, not one per trace (62 bytes)
                 group = self._group_of[next(iter(members))]
         if group != old:
-            if old is not None:
+            if old is not None:  # the trace's earlier spans came with its old conversation's commits
+                first_us = min(first_us, self._first.get(old, 0))
                 self._leave(trace, old)
             self._join(trace, group)
-        self._changes += 1
-        self._stamp[group] = self._changes
+            self._first[group] = min(first_us, self._first.get(group, first_us))
         self._last[group] = now
         self._last.move_to_end(group)
 
@@ -151,7 +175,7 @@ class ConversationAssembler:
             empty = trace == group  # the conversation's only waiting trace was its own
         if empty:
             self._last.pop(group, None)
-            self._stamp.pop(group, None)
+            self._first.pop(group, None)
 
     def _own_trace(self, group: str) -> set[str]:
         """The trace whose id is the conversation's, if it waits in it (a conversation without a member set)."""
@@ -162,9 +186,9 @@ class ConversationAssembler:
         members = self._members.get(group)
         return set(members) if members is not None else self._own_trace(group)
 
-    def _forget(self, group: str, stamp: int) -> bool:
+    def _forget(self, group: str, last: float) -> bool:
         """Drop an assembled conversation from the waiting set unless a span arrived for it meanwhile."""
-        if self._stamp.get(group) != stamp:
+        if self._last.get(group) != last:
             return False
         for trace in self._traces_of(group):
             self._group_of.pop(trace, None)
@@ -172,7 +196,7 @@ class ConversationAssembler:
             self._ended.discard(trace)
         self._members.pop(group, None)
         self._last.pop(group, None)
-        self._stamp.pop(group, None)
+        self._first.pop(group, None)
         return True
 
     def recover(self) -> None:
@@ -187,7 +211,7 @@ class ConversationAssembler:
         with self._lock:
             for trace in traces:
                 if trace not in self._group_of:
-                    self._note(trace, keys.get(trace), now)
+                    self._note(trace, keys.get(trace), now, 0)  # its spans may be as old as the file
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -217,8 +241,8 @@ class ConversationAssembler:
             return 0.0
         return spent_s * (1 - share) / share
 
-    def _due(self, force: bool, limit: int | None) -> dict[str, tuple[int, set[str]]]:
-        """End-marked conversations first, then those quiet for the quiet period, oldest first: (stamp, traces)."""
+    def _due(self, force: bool, limit: int | None) -> dict[str, _Due]:
+        """End-marked conversations first, then those quiet for the quiet period, oldest first."""
         quiet = self.settings.conversations.quiet_period_s
         now = time.monotonic()
         with self._lock:
@@ -230,7 +254,7 @@ class ConversationAssembler:
                     break  # ordered by last span: every later one is newer still
                 if group not in chosen:
                     chosen.append(group)
-            return {g: (self._stamp[g], self._traces_of(g)) for g in chosen[:limit]}
+            return {g: _Due(self._last[g], self._first.get(g, 0), self._traces_of(g)) for g in chosen[:limit]}
 
     def assemble_due(self, force: bool = False, limit: int | None = None) -> int:
         """Assemble the conversations that are complete (all of them with `force`), end-marked ones first, at
@@ -238,8 +262,11 @@ class ConversationAssembler:
         due = self._due(force, limit)
         if not due:
             return 0
-        waiting = set().union(*(traces for _, traces in due.values()))
-        owners = self._trace_keys(waiting)  # the stored spans decide: a late span may carry no key itself
+        waiting = set().union(*(d.traces for d in due.values()))
+        # a waiting trace assembled before (a late span) has older spans: as old as its first assembly says
+        since = min(d.first_us for d in due.values())
+        since = min([since, *self._assembled_since(self._assembled(waiting))])
+        owners = self._trace_keys(waiting, since)  # the stored spans decide: a late span may carry no key itself
         conversations: dict[str, set[str]] = {}
         for trace in waiting:
             conversations.setdefault(owners.get(trace, trace), set()).add(trace)
@@ -247,34 +274,35 @@ class ConversationAssembler:
             self._wait_with_active(due, owners, conversations)
         keyed = {c for c in conversations if c in owners.values()}
         if keyed:  # the conversation's earlier traces, assembled before, belong to it too
-            earlier = self._traces_named(keyed)
-            owners.update(self._trace_keys({t for t, _ in earlier} - set(owners)))
-            for trace, key in earlier:
+            earlier = self._assembled_into(keyed)
+            since = min([since, *self._assembled_since(earlier)])
+            owners.update(self._trace_keys({t for t, _, _ in earlier} - set(owners), since))
+            for trace, key, _ in earlier:
                 if owners.get(trace, trace) == key:
                     conversations[key].add(trace)
-        failed = self._assemble_all(conversations)
+        failed = self._assemble_all(conversations, since)
         done = 0
         with self._lock:
             now = time.monotonic()
-            for group, (stamp, traces) in due.items():
-                if any(owners.get(t, t) in failed for t in traces):
-                    if self._stamp.get(group) == stamp:
+            for group, chosen in due.items():
+                if any(owners.get(t, t) in failed for t in chosen.traces):
+                    if self._last.get(group) == chosen.last:
                         self._last[group] = now  # wait another quiet period before the next try
                         self._last.move_to_end(group)
                     continue
-                self._forget(group, stamp)
+                self._forget(group, chosen.last)
                 done += 1
         return done
 
-    def _wait_with_active(self, due: dict[str, tuple[int, set[str]]], owners: dict[str, str],
+    def _wait_with_active(self, due: dict[str, _Due], owners: dict[str, str],
                           conversations: dict[str, set[str]]) -> None:
         """A due trace whose stored spans name a conversation that still has waiting, not yet quiet traces (a
         late span without a key, after an earlier assembly) joins that conversation's wait instead of having it
         assembled early."""
         with self._lock:
             active = {c for c in conversations if c in self._last and c not in due}  # still waiting
-            for group, (_, traces) in due.items():
-                for trace in traces:
+            for group, chosen in due.items():
+                for trace in chosen.traces:
                     target = owners.get(trace, trace)
                     if target in active and self._group_of.get(trace) == group:
                         self._leave(trace, group)
@@ -282,33 +310,52 @@ class ConversationAssembler:
         for conversation_id in active:
             del conversations[conversation_id]
 
-    def _strongest_keys(self, traces: set[str] | list[str]) -> dict[str, tuple[int, str]]:
-        """Each trace's strongest conversation key over all its stored spans: (precedence, value)."""
+    def _strongest_keys(self, traces: set[str] | list[str], since_us: int = 0) -> dict[str, tuple[int, str]]:
+        """Each trace's strongest conversation key over all its stored spans (received from `since_us` on):
+        (precedence, value)."""
         if not traces:
             return {}
         with id_table(self.con, traces) as ids:
             rows = self.con.execute(
-                f"SELECT trace_id, min({_RANK}), arg_min(conversation_key, {_RANK}) FROM spans WHERE trace_id IN "
-                f"(SELECT id FROM {ids}) AND conversation_key IS NOT NULL GROUP BY trace_id").fetchall()
+                f"SELECT trace_id, min({_RANK}), arg_min(conversation_key, {_RANK}) FROM spans WHERE received_at >= ? "
+                f"AND trace_id IN (SELECT id FROM {ids}) AND conversation_key IS NOT NULL GROUP BY trace_id",
+                [_at(since_us)]).fetchall()
         return {trace: (rank if rank is not None else _UNKEYED, key) for trace, rank, key in rows}
 
-    def _trace_keys(self, traces: set[str]) -> dict[str, str]:
+    def _trace_keys(self, traces: set[str], since_us: int) -> dict[str, str]:
         """Each trace's conversation: the highest-precedence key on any of its spans (as the mapping does)."""
-        return {trace: key for trace, (_, key) in self._strongest_keys(traces).items()}
+        return {trace: key for trace, (_, key) in self._strongest_keys(traces, since_us).items()}
 
-    def _traces_named(self, keys: set[str]) -> list[tuple[str, str]]:
-        """(trace, key) for every stored trace with a span that names one of these conversation keys."""
+    def _assembled(self, traces: set[str]) -> list[tuple[str, str, int | None]]:
+        """(trace, conversation, its oldest span's received_at in µs or None) of these traces, assembled before."""
+        with id_table(self.con, traces) as ids:
+            return self._assembled_rows(f"trace_id IN (SELECT id FROM {ids})")
+
+    def _assembled_into(self, keys: set[str]) -> list[tuple[str, str, int | None]]:
+        """The same, of every trace assembled before into one of these conversations: their earlier traces (a
+        trace belongs to its strongest key's conversation; one that gets a stronger key waits again)."""
         with id_table(self.con, keys) as ids:
-            return self.con.execute(f"SELECT DISTINCT trace_id, conversation_key FROM spans WHERE conversation_key "
-                                    f"IN (SELECT id FROM {ids})").fetchall()
+            return self._assembled_rows(f"conversation_id IN (SELECT id FROM {ids})")
 
-    def _assemble_all(self, conversations: dict[str, set[str]]) -> set[str]:
-        """Read back, map and write every conversation, a bounded number of spans per query; the ids that failed
-        (retried after another quiet period)."""
+    def _assembled_rows(self, where: str) -> list[tuple[str, str, int | None]]:
+        return self.con.execute(f"SELECT trace_id, conversation_id, epoch_us(first_received_at) FROM "
+                                f"assembled_traces WHERE {where}").fetchall()
+
+    @staticmethod
+    def _assembled_since(rows: list[tuple[str, str, int | None]]) -> list[int]:
+        """The received_at bound (µs) these traces' spans need; 0 where it is not known (traces assembled by a
+        version that did not keep it)."""
+        slack = RECEIVED_SLACK // timedelta(microseconds=1)
+        return [max(0, first - slack) if first is not None else 0 for _, _, first in rows]
+
+    def _assemble_all(self, conversations: dict[str, set[str]], since_us: int) -> set[str]:
+        """Read back (the spans received from `since_us` on), map and write every conversation, a bounded number
+        of spans per query; the ids that failed (retried after another quiet period)."""
         traces = set().union(*conversations.values())
         with id_table(self.con, traces) as ids:
-            counts = dict(self.con.execute(f"SELECT trace_id, count(*) FROM spans WHERE trace_id IN "
-                                           f"(SELECT id FROM {ids}) GROUP BY trace_id").fetchall())
+            counts = dict(self.con.execute(
+                f"SELECT trace_id, count(*) FROM spans WHERE received_at >= ? AND trace_id IN (SELECT id FROM {ids}) "
+                "GROUP BY trace_id", [_at(since_us)]).fetchall())
         limit = self.settings.conversations.max_spans
         failed: set[str] = set()
         batch: list[str] = []
@@ -319,26 +366,30 @@ class ConversationAssembler:
                 self.log.warning("conversation too large to assemble", conversation_id=conversation_id,
                                  spans=count, max_spans=limit,
                                  advice="raise [conversations] max_spans if it is a real conversation")
-                self._mark_assembled({conversation_id: members}, {})
+                self._mark_assembled({conversation_id: members}, {}, {})
                 continue
             if batch and size + count > SPANS_PER_READ:
-                failed |= self._assemble_batch(batch, conversations)
+                failed |= self._assemble_batch(batch, conversations, since_us)
                 batch, size = [], 0
             batch.append(conversation_id)
             size += count
         if batch:
-            failed |= self._assemble_batch(batch, conversations)
+            failed |= self._assemble_batch(batch, conversations, since_us)
         return failed
 
-    def _assemble_batch(self, batch: list[str], conversations: dict[str, set[str]]) -> set[str]:
+    def _assemble_batch(self, batch: list[str], conversations: dict[str, set[str]], since_us: int) -> set[str]:
         with id_table(self.con, set().union(*(conversations[c] for c in batch))) as ids:
             # a span sent again inside another request is stored twice: the last copy received counts, once
             rows = self.con.execute(
-                f"SELECT {_COLUMNS} FROM spans WHERE trace_id IN (SELECT id FROM {ids}) QUALIFY row_number() "
-                "OVER (PARTITION BY trace_id, span_id ORDER BY received_at DESC) = 1").fetchall()
+                f"SELECT {_COLUMNS} FROM spans WHERE received_at >= ? AND trace_id IN (SELECT id FROM {ids}) "
+                "QUALIFY row_number() OVER (PARTITION BY trace_id, span_id ORDER BY received_at DESC) = 1",
+                [_at(since_us)]).fetchall()
         by_trace: dict[str, list[tuple]] = {}
+        first: dict[str, datetime] = {}  # each trace's oldest span: its later reads start there
         for row in rows:
             by_trace.setdefault(row[0], []).append(row)
+            if row[0] not in first or row[15] < first[row[0]]:
+                first[row[0]] = row[15]
         failed: set[str] = set()
         built: dict[str, list[_Built]] = {}
         newest: dict[str, datetime] = {}
@@ -353,25 +404,29 @@ class ConversationAssembler:
             # the newest span assembled, not the clock: a span committed meanwhile is still newer after a restart
             newest[conversation_id] = max((r[15] for r in mine), default=datetime.now(UTC))
         failed |= self._write_all(built)
-        self._mark_assembled({c: conversations[c] for c in built if c not in failed}, newest)
+        self._mark_assembled({c: conversations[c] for c in built if c not in failed}, newest, first)
         return failed
 
     def _failed(self, conversation_id: str, exc: Exception) -> None:
         self.log.error("assembly failed", conversation_id=conversation_id, reason=f"{type(exc).__name__}: {exc}")
 
-    def _mark_assembled(self, conversations: dict[str, set[str]], newest: dict[str, datetime]) -> None:
+    def _mark_assembled(self, conversations: dict[str, set[str]], newest: dict[str, datetime],
+                        first: dict[str, datetime]) -> None:
+        """Each trace's conversation, its newest span assembled (a restart re-queues what came after) and its
+        oldest (later reads of it start there; None: not read)."""
         if not conversations:
             return
         now = datetime.now(UTC)
+        traces = [t for members in conversations.values() for t in members]
         table = pa.table({
-            "trace_id": [t for members in conversations.values() for t in members],
+            "trace_id": traces,
             "conversation_id": [c for c, members in conversations.items() for _ in members],
             "assembled_at": pa.array([newest.get(c, now) for c, members in conversations.items() for _ in members],
                                      _UTC_US),
+            "first_received_at": pa.array([first.get(t) for t in traces], _UTC_US),
         })
         with registered(self.con, table) as name:
-            self.con.execute(f"INSERT OR REPLACE INTO assembled_traces SELECT trace_id, conversation_id, assembled_at "
-                             f"FROM {name}")
+            self.con.execute(f"INSERT OR REPLACE INTO assembled_traces BY NAME SELECT * FROM {name}")
 
     def _map(self, conversation_id: str, rows: list[tuple]) -> list[_Built]:
         """The conversation rebuilt from its stored rows, with the sampling filters' attribute values."""

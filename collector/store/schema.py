@@ -147,7 +147,7 @@ def summary_tables_ddl(temporary: bool = False) -> str:
     """.replace("{create}", create)
 
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 MIGRATIONS: dict[int, str] = {
     1: f"""
     CREATE TABLE IF NOT EXISTS spans ({SPANS_COLUMNS},
@@ -301,6 +301,11 @@ MIGRATIONS: dict[int, str] = {
     INSERT INTO ingest_requests_unkeyed SELECT digest, received_at FROM ingest_requests;
     DROP TABLE ingest_requests;
     ALTER TABLE ingest_requests_unkeyed RENAME TO ingest_requests;
+    """,
+    # each assembled trace's oldest span: re-reading a conversation's earlier traces starts there, so DuckDB skips
+    # the row groups received before it (NULL for traces assembled before this version: read from the start)
+    12: """
+    ALTER TABLE assembled_traces ADD COLUMN first_received_at TIMESTAMPTZ;
     """,
 }
 
