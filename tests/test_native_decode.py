@@ -194,6 +194,43 @@ def test_what_the_python_decoder_reports_or_cuts_is_left_to_it(payload: bytes, l
     _check(payload, limits)
 
 
+def test_a_large_resource_repeated_on_many_small_spans_is_refused_not_multiplied() -> None:
+    """Each row stores its resource: 300 KiB of resource on 1,000 spans would be 300 MB of rows from a 300 KB
+    request. Both decoders leave it unbuilt and the request is refused with what to change."""
+    request = ExportTraceServiceRequest()
+    rs = request.resource_spans.add()
+    rs.resource.attributes.append(_kv("host.notes", AnyValue(string_value="x" * 300 * 1024)))
+    rs.scope_spans.add().spans.extend(PbSpan(trace_id=b"\x01" * 16, span_id=i.to_bytes(8, "big"), name="s")
+                                      for i in range(1, 1001))
+    payload = request.SerializeToString()
+    assert len(payload) < 400 * 1024 and _native_rows(payload) is None
+    with pytest.raises(OTLPDecodeError, match="fewer spans per request"):
+        decode_request(payload, PROTOBUF, astuple(DEFAULT_LIMITS))
+
+
+def _fnv1a(data: bytes) -> int:
+    """The C walk's hash for its duplicate checks (unkeyed: a client can choose keys that collide)."""
+    h = 1469598103934665603
+    for byte in data:
+        h = ((h ^ byte) * 1099511628211) % 2**64
+    return h
+
+
+def test_attribute_keys_chosen_to_collide_in_the_c_hash_are_left_to_python() -> None:
+    """200 keys in one slot of the C walk's 512-slot set would cost it a quadratic walk per span: past 64 probes
+    it leaves the request to the Python decoder, whose dicts hash with a per-process secret."""
+    keys, n = [], 0
+    while len(keys) < 200:
+        key = f"k{n}".encode()
+        n += 1
+        if _fnv1a(key) % 512 == 0:
+            keys.append(key.decode())
+    payload = _span(attributes=[_kv(key, AnyValue(int_value=i)) for i, key in enumerate(keys)])
+    assert _native_rows(payload) is None
+    assert _check(payload) is None
+    assert len(decode_otlp(payload, PROTOBUF).spans[0].attributes) == 200
+
+
 # --- generated requests ---------------------------------------------------------------------------------------
 
 texts = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)

@@ -22,6 +22,9 @@ enum { OK = 0, FALLBACK = 1, NOMEM = -1 };
 #define TRY(expr) do { int rc_ = (expr); if (rc_ != OK) return rc_; } while (0)
 #define MAX_COLUMN_BYTES ((size_t)1 << 30) /* Arrow string offsets are int32; past this, Python decodes */
 #define MAX_PRECEDENCE 32
+/* Every row stores its resource's attributes: past this much in all, Python decodes the request, which refuses it
+ * (span_rows.MAX_REPEATED_RESOURCE) instead of making gigabytes of rows from one large resource. */
+#define MAX_REPEATED_RESOURCE ((size_t)256 << 20)
 
 /* --- growable buffers ------------------------------------------------------------------------------------ */
 
@@ -351,7 +354,11 @@ static uint64_t hash_bytes(const uint8_t *s, size_t n) {
     return h;
 }
 
-/* Whether any two of `n` byte strings (start and length through `at`) are equal. */
+/* Past this many probes for one string the set is being flooded (keys chosen to collide under this unkeyed
+ * hash): the Python decoder's dicts (keyed SipHash) take the request instead of a quadratic walk here. */
+#define MAX_PROBES 64
+
+/* Whether any two of `n` byte strings (start and length through `at`) are equal; FALLBACK when flooded. */
 static int any_equal(Seen *seen, size_t n, const uint8_t *(*at)(const void *, size_t, size_t *), const void *ctx,
                      int *found) {
     *found = 0;
@@ -384,6 +391,7 @@ static int any_equal(Seen *seen, size_t n, const uint8_t *(*at)(const void *, si
         size_t li;
         const uint8_t *si = at(ctx, i, &li);
         size_t slot = (size_t)hash_bytes(si, li) & (cap - 1);
+        int probes = 0;
         while (seen->slots[slot] != UINT32_MAX) {
             size_t lj;
             const uint8_t *sj = at(ctx, seen->slots[slot], &lj);
@@ -391,6 +399,7 @@ static int any_equal(Seen *seen, size_t n, const uint8_t *(*at)(const void *, si
                 *found = 1;
                 return OK;
             }
+            if (++probes > MAX_PROBES) return FALLBACK;
             slot = (slot + 1) & (cap - 1);
         }
         seen->slots[slot] = (uint32_t)i;
@@ -698,6 +707,7 @@ static int span_row(Decoder *d, const uint8_t *p, size_t n, const Resource *res,
     TRY(column_text(&c[C_VERSION], scope_version->p, scope_version->len));
     TRY(json_object(&c[C_ATTRIBUTES].data, &d->seen, &d->attributes, &d->json));
     TRY(column_end(&c[C_ATTRIBUTES], 1));
+    if (c[C_RESOURCE].data.len + res->json_len > MAX_REPEATED_RESOURCE) return FALLBACK;
     TRY(column_text(&c[C_RESOURCE], (const uint8_t *)d->resource.data + res->json_start, res->json_len));
     TRY(list_json(d, &c[C_EVENTS], &d->events, event_json));
     TRY(list_json(d, &c[C_LINKS], &d->links, link_json));

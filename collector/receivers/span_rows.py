@@ -20,7 +20,7 @@ import pyarrow as pa
 from collector.receivers.otlp_columns import FIXED_COLUMNS, STRING_COLUMNS, NativeColumns
 from collector.receivers.request_digest import ids_digest
 from mapping.conversation_key import resource_conversation_key, span_own_conversation_key
-from mapping.otlp import SpanLimits, SpanProblem, decode_otlp
+from mapping.otlp import OTLPDecodeError, SpanLimits, SpanProblem, decode_otlp
 from mapping.otlp_logs import decode_otlp_logs
 from mapping.spans import Span
 
@@ -40,6 +40,9 @@ SPANS_SCHEMA = pa.schema([
     ("conversation_key_source", pa.string()), ("received_at", pa.timestamp("us", tz="UTC")),
 ])
 MAX_INT64 = 2**63 - 1
+# Every row stores its resource's attributes: a request of one large resource and many small spans would
+# otherwise make gigabytes of rows from 16 MiB (the C walk leaves such a request to this decoder, which refuses it).
+MAX_REPEATED_RESOURCE = 256 * 2**20
 
 
 def plain_strings(column: pa.ChunkedArray) -> pa.ChunkedArray:
@@ -132,11 +135,18 @@ def spans_to_arrow(spans: list[Span], received_at: datetime) -> pa.Table:
     c_scope, c_version, c_attrs = columns["scope_name"], columns["scope_version"], columns["attributes"]
     c_resource, c_events, c_links = columns["resource_attributes"], columns["events"], columns["links"]
     c_key, c_source = columns["conversation_key"], columns["conversation_key_source"]
+    repeated = 0  # characters of resource JSON the rows will hold: each row carries its resource's
     for s in unique.values():
         cached = resources.get(id(s.resource))
         if cached is None:
             cached = resources[id(s.resource)] = (to_json(s.resource), resource_conversation_key(s.resource))
         resource_json, resource_key = cached
+        repeated += len(resource_json)
+        if repeated > MAX_REPEATED_RESOURCE:
+            raise OTLPDecodeError(
+                f"the request's resource attributes, stored with each of its {len(unique)} spans, come to more than "
+                f"{MAX_REPEATED_RESOURCE // 2**20} MiB ({len(resource_json):,} characters on one resource): send "
+                "fewer spans per request, or fewer or shorter resource attributes")
         key = span_own_conversation_key(s) or resource_key
         c_trace.append(s.trace_id)
         c_span.append(s.span_id)
