@@ -4,6 +4,7 @@ request to it; no request, however malformed, makes it crash or keep a span the 
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import random
 import struct
@@ -28,6 +29,7 @@ from collector.receivers.otlp_columns import native_columns, native_decode_enabl
 from collector.receivers.span_rows import columns_to_arrow, request_digest, spans_to_arrow
 from mapping.conversation_key import KEY_PRECEDENCE
 from mapping.otlp import DEFAULT_LIMITS, OTLPDecodeError, SpanLimits, decode_otlp
+from tests.support.collector_process import CollectorProcess
 
 PROTOBUF = "application/x-protobuf"
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,8 +122,13 @@ def _agent_request() -> bytes:
     return request.SerializeToString()
 
 
-def test_the_extension_is_built_and_used() -> None:
+def test_the_extension_is_built_and_the_collector_says_which_decoder_it_runs(tmp_path: Path) -> None:
     assert native_decode_enabled(), "collector/receivers/_otlp_columns.c was not built: `pip install -e .` with gcc"
+    cores = len(os.sched_getaffinity(0))
+    for env, decoder, workers in (({}, "c", max(1, cores - 1)), ({"TRACEJUDGE_NATIVE_DECODE": "0"}, "python", cores)):
+        with CollectorProcess(tmp_path / f"{decoder}.duckdb", env=env) as collector:
+            line = collector.start_line
+            assert (line["decoder"], line["decode_workers"]) == (decoder, workers)
 
 
 @pytest.mark.parametrize("payload", [pytest.param(_agent_request(), id="agent"),

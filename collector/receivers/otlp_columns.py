@@ -48,9 +48,14 @@ class NativeColumns:
         return [traces[32 * i:32 * i + 32] + spans[16 * i:16 * i + 16] for i in range(self.rows)]
 
 
+def native_decode_built() -> bool:
+    """Whether `pip install` compiled the C walk (it needs a C compiler and Python's headers)."""
+    return _otlp_columns is not None
+
+
 def native_decode_enabled() -> bool:
     """Whether the C walk is built and not turned off by `TRACEJUDGE_NATIVE_DECODE=0`."""
-    return _otlp_columns is not None and os.environ.get("TRACEJUDGE_NATIVE_DECODE", "1") != "0"
+    return native_decode_built() and os.environ.get("TRACEJUDGE_NATIVE_DECODE", "1") != "0"
 
 
 def native_columns(payload: bytes, content_type: str, limits: tuple[int, ...],
