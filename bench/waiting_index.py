@@ -11,6 +11,7 @@ worktree of it.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import io
 import json
 import sys
@@ -31,6 +32,7 @@ COMMIT = 4096
 def commits(traces: int, per_conversation: int | None) -> list[pa.Table]:
     """The committed tables: one span per trace, keyed `per_conversation` traces to a conversation (None: none)."""
     attributes = json.dumps({"gen_ai.operation.name": "chat"})
+    now = dt.datetime.now(dt.UTC)
     out = []
     for start in range(0, traces, COMMIT):
         ids = range(start, min(start + COMMIT, traces))
@@ -40,6 +42,7 @@ def commits(traces: int, per_conversation: int | None) -> list[pa.Table]:
             "conversation_key": pa.array(keys, pa.string()),
             "conversation_key_source": pa.array(["gen_ai.conversation.id" if k else None for k in keys], pa.string()),
             "attributes": [attributes] * len(ids),
+            "received_at": pa.array([now] * len(ids), pa.timestamp("us", tz="UTC")),
         }))
     return out
 
