@@ -10,7 +10,7 @@ import random
 import struct
 import subprocess
 import sys
-from dataclasses import astuple
+from dataclasses import astuple, fields
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -145,7 +145,7 @@ def test_a_decode_worker_answers_as_the_python_decoder_would() -> None:
     the Python decoder gives, and a worker that only met such requests never imported it or pyarrow."""
     code = """if True:
         import sys
-        from dataclasses import astuple
+        from dataclasses import astuple, fields
         from collector.receivers.decode_worker import decode_request
         payload = sys.stdin.buffer.read()
         limits = (4096, 16 * 1024 * 1024, 1024, 1024, 1024, 2_000_000)
@@ -162,6 +162,8 @@ def test_a_decode_worker_answers_as_the_python_decoder_would() -> None:
     python = spans_to_arrow(decode_otlp(payload, PROTOBUF).spans, NOW)
     assert (rows, problems, truncated, digest) == (python.num_rows, [], 0, request_digest(python))
     assert astuple(DEFAULT_LIMITS)[:5] == (4096, 16 * 1024 * 1024, 1024, 1024, 1024)
+    assert [f.name for f in fields(SpanLimits)][:5] == [  # the order the C walk takes them in
+        "attribute_count", "attribute_value_length", "event_count", "link_count", "event_attribute_count"]
 
 
 def test_a_request_left_to_python_is_answered_as_ipc_with_its_problems() -> None:
@@ -213,6 +215,40 @@ def test_a_large_resource_repeated_on_many_small_spans_is_refused_not_multiplied
     assert len(payload) < 400 * 1024 and _native_rows(payload) is None
     with pytest.raises(OTLPDecodeError, match="fewer spans per request"):
         decode_request(payload, PROTOBUF, astuple(DEFAULT_LIMITS))
+
+
+def _varint(value: int, size: int) -> bytes:
+    """`value` as a protobuf varint of exactly `size` bytes (padded with continuation bytes, as some encoders do)."""
+    out = bytearray()
+    for i in range(size):
+        out.append((value >> (7 * i)) & 0x7F | (0x80 if i < size - 1 else 0))
+    return bytes(out)
+
+
+def _nested(field: int, payload: bytes) -> bytes:
+    return _varint_min(field << 3 | 2) + _varint_min(len(payload)) + payload
+
+
+def _varint_min(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append(value & 0x7F | (0x80 if value > 0x7F else 0))
+        value >>= 7
+        if not value:
+            return bytes(out)
+
+
+@pytest.mark.parametrize("size, decoded_in_c", [(5, True), (6, False)])
+def test_tags_and_lengths_padded_past_five_bytes_are_left_to_python(size: int, decoded_in_c: bool) -> None:
+    """protobuf's parser takes a padded tag or length of up to 5 bytes and rejects a longer one (the Python decoder
+    then reports the span); the C walk must do the same, not keep the span."""
+    tail = PbSpan(span_id=b"\x02" * 8, name="s").SerializeToString()
+    for span in (_varint(1 << 3 | 2, size) + _varint_min(16) + b"\x01" * 16 + tail,  # a padded tag
+                 PbSpan(trace_id=b"\x01" * 16).SerializeToString() + tail + _varint(15 << 3 | 2, 1)
+                 + _varint(0, size)):  # a padded length (an empty status)
+        payload = _nested(1, _nested(2, _nested(2, span)))
+        assert (_check(payload) is not None) == decoded_in_c
+        assert len(decode_otlp(payload, PROTOBUF).spans) == (1 if decoded_in_c else 0)
 
 
 def _fnv1a(data: bytes) -> int:

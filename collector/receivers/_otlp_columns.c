@@ -63,9 +63,11 @@ static void buf_free(Buf *b) {
 typedef struct { const uint8_t *p, *end; } Reader;
 typedef struct { uint32_t num; int wire; uint64_t v; const uint8_t *p; size_t len; } Field;
 
-static int read_varint(Reader *r, uint64_t *out) {
+/* A varint of at most `max_bytes` bytes: protobuf's parser takes values in up to 10, but tags and lengths in no
+ * more than 5 (a longer one makes it reject the message, which the Python decoder reports). */
+static int read_varint(Reader *r, uint64_t *out, int max_bytes) {
     uint64_t v = 0;
-    for (int shift = 0; shift <= 63; shift += 7) {
+    for (int shift = 0; shift <= 63 && shift < 7 * max_bytes; shift += 7) {
         if (r->p >= r->end) return FALLBACK;
         uint8_t b = *r->p++;
         if (shift == 63 && b > 1) return FALLBACK;
@@ -80,13 +82,13 @@ static int read_varint(Reader *r, uint64_t *out) {
 
 static int read_field(Reader *r, Field *f) {
     uint64_t key;
-    TRY(read_varint(r, &key));
+    TRY(read_varint(r, &key, 5));
     if ((key >> 3) == 0 || (key >> 3) > 536870911u) return FALLBACK;
     f->num = (uint32_t)(key >> 3);
     f->wire = (int)(key & 7);
     switch (f->wire) {
     case 0:
-        return read_varint(r, &f->v);
+        return read_varint(r, &f->v, 10);
     case 1:
         if (r->end - r->p < 8) return FALLBACK;
         memcpy(&f->v, r->p, 8);
@@ -102,7 +104,7 @@ static int read_field(Reader *r, Field *f) {
     }
     case 2: {
         uint64_t n;
-        TRY(read_varint(r, &n));
+        TRY(read_varint(r, &n, 5));
         if (n > (uint64_t)(r->end - r->p)) return FALLBACK;
         f->p = r->p;
         f->len = (size_t)n;
@@ -363,6 +365,7 @@ static int any_equal(Seen *seen, size_t n, const uint8_t *(*at)(const void *, si
                      int *found) {
     *found = 0;
     if (n < 2) return OK;
+    if (n >= UINT32_MAX) return FALLBACK; /* slots hold uint32 indices, UINT32_MAX marks an empty one */
     if (n <= 8) {
         for (size_t i = 0; i < n; i++) {
             size_t li;
