@@ -140,6 +140,8 @@ def test_whatever_the_order_every_trace_ends_in_the_conversation_its_spans_name(
     store, assembler = _assembling_store(tmp_path_factory.mktemp("assembler") / "t.duckdb", quiet_period_s=0.0)
     named: dict[int, str] = {}  # trace -> the key one of its stored spans carries
     sent: set[int] = set()
+    # each step received two hours after the one before: reads that start too late would lose a trace's spans
+    start = dt.datetime.now(dt.UTC) - dt.timedelta(hours=2 * len(steps))
 
     async def scenario() -> None:
         for n, step in enumerate(steps):
@@ -149,7 +151,7 @@ def test_whatever_the_order_every_trace_ends_in_the_conversation_its_spans_name(
                 trace, with_key = step
                 key = keys[trace] if with_key else None
                 await store.write(spans_to_arrow(_spans(trace + 1, n + 1, session=key, turn=f"turn {n}"),
-                                                 dt.datetime.now(dt.UTC)))
+                                                 start + dt.timedelta(hours=2 * n)))
                 sent.add(trace)
                 if key is not None:
                     named[trace] = key

@@ -149,13 +149,14 @@ class ConversationAssembler:
             if old is not None:  # the trace's earlier spans came with its old conversation's commits
                 first_us = min(first_us, self._first.get(old, 0))
                 self._leave(trace, old)
-            self._join(trace, group)
-            self._first[group] = min(first_us, self._first.get(group, first_us))
+            self._join(trace, group, first_us)
         self._last[group] = now
         self._last.move_to_end(group)
 
-    def _join(self, trace: str, group: str) -> None:
-        """The trace waits with this conversation from now on; the lock is held."""
+    def _join(self, trace: str, group: str, first_us: int) -> None:
+        """The trace waits with this conversation from now on (its spans received from `first_us` on); the lock is
+        held."""
+        self._first[group] = min(first_us, self._first.get(group, first_us))
         self._group_of[trace] = group
         members = self._members.get(group)
         if members is not None:
@@ -305,8 +306,9 @@ class ConversationAssembler:
                 for trace in chosen.traces:
                     target = owners.get(trace, trace)
                     if target in active and self._group_of.get(trace) == group:
+                        first_us = self._first.get(group, 0)
                         self._leave(trace, group)
-                        self._join(trace, target)
+                        self._join(trace, target, first_us)
         for conversation_id in active:
             del conversations[conversation_id]
 
