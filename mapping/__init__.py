@@ -1,7 +1,8 @@
 """OTLP spans to conversations to test cases: pure functions, no I/O.
 
 `decode_otlp` turns an export request into normalized spans (reporting invalid spans one by one);
-`build_conversations` groups spans into conversations and rebuilds each as a ConversationalTestCase.
+`build_conversations` groups spans into conversations and rebuilds each as a ConversationalTestCase (`map_traces`
+maps each trace on its own and `compose_conversation` puts a conversation together from its mapped traces).
 The names are imported on first use (PEP 562): decoding alone does not load the test-case models.
 """
 
@@ -11,13 +12,21 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from mapping.conversation import Conversation, build_conversations
+    from mapping.conversation import (
+        Conversation,
+        MappedTrace,
+        build_conversations,
+        compose_conversation,
+        map_traces,
+    )
     from mapping.otlp import DecodedRequest, OTLPDecodeError, SpanProblem, UnsupportedContentTypeError, decode_otlp
     from mapping.otlp_logs import decode_otlp_logs
     from mapping.spans import Span, SpanEvent, SpanLink
 
 _WHERE = {
     "Conversation": "mapping.conversation", "build_conversations": "mapping.conversation",
+    "MappedTrace": "mapping.conversation", "compose_conversation": "mapping.conversation",
+    "map_traces": "mapping.conversation",
     "DecodedRequest": "mapping.otlp", "OTLPDecodeError": "mapping.otlp", "SpanProblem": "mapping.otlp",
     "UnsupportedContentTypeError": "mapping.otlp", "decode_otlp": "mapping.otlp",
     "decode_otlp_logs": "mapping.otlp_logs",
@@ -36,6 +45,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Conversation",
     "DecodedRequest",
+    "MappedTrace",
     "OTLPDecodeError",
     "Span",
     "SpanEvent",
@@ -43,6 +53,8 @@ __all__ = [
     "SpanProblem",
     "UnsupportedContentTypeError",
     "build_conversations",
+    "compose_conversation",
     "decode_otlp",
     "decode_otlp_logs",
+    "map_traces",
 ]

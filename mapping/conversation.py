@@ -533,6 +533,49 @@ def _dedupe(spans: Iterable[Span | dict[str, Any]]) -> list[Span]:
     return list(unique.values())
 
 
+@dataclass(frozen=True)
+class MappedTrace:
+    """One trace's part of its conversation, mapped on its own: a conversation whose later turns arrive in new
+    traces is composed from the earlier traces' parts and the new ones', without mapping its old spans again.
+    Mapped without `explain`, it holds no reference to the spans, only the values the turns take from them."""
+
+    trace_id: str
+    conversation_id: str  # the trace's conversation key's value (semconv.md section 7 rule 2)
+    key: str  # the attribute that key came from
+    drafts: tuple[_Draft, ...]
+    first_span_ns: int
+    last_span_ns: int
+
+
+def _slim(draft: _Draft) -> _Draft:
+    """The draft without where its parts came from (those point at the spans, which `inspect --explain` alone
+    needs)."""
+    return replace(draft, sources={}, calls=[replace(c, sources=[], mcp_rule=None) for c in draft.calls])
+
+
+def _own(draft: _Draft) -> _Draft:
+    """A copy whose calls composing may rename and annotate, so a MappedTrace composes the same way twice."""
+    return replace(draft, calls=[replace(c, sources=list(c.sources)) for c in draft.calls])
+
+
+def map_traces(spans: Iterable[Span | dict[str, Any]], *, explain: bool = False) -> list[MappedTrace]:
+    """Each trace the spans hold, mapped on its own (exporters' retries counted once, log-event carriers folded
+    into their spans); `explain` keeps where each turn and call came from."""
+    by_trace: dict[str, list[Span]] = {}
+    for span in fold_log_events(_dedupe(spans)):
+        by_trace.setdefault(span.trace_id, []).append(span)
+    mapped = []
+    for trace_id, trace_spans in by_trace.items():
+        key, value = trace_conversation_key(trace_spans)
+        drafts = _Trace(trace_spans).drafts()
+        mapped.append(MappedTrace(
+            trace_id=trace_id, conversation_id=value, key=key,
+            drafts=tuple(drafts if explain else (_slim(d) for d in drafts)),
+            first_span_ns=min(s.start_ns for s in trace_spans),
+            last_span_ns=max(max(s.end_ns, s.start_ns) for s in trace_spans)))
+    return mapped
+
+
 def build_conversations(spans: Iterable[Span | dict[str, Any]],
                         servers: Sequence[MCPServer | dict[str, Any]] | None = None, *,
                         mcp_tools: Mapping[str, Sequence[str]] | None = None,
@@ -544,26 +587,29 @@ def build_conversations(spans: Iterable[Span | dict[str, Any]],
     emit no MCP span. With `explain`, each conversation says which span and rule gave each turn and call.
     Conversations with no turn (e.g. only MCP housekeeping) are left out.
     """
-    given = [s if isinstance(s, MCPServer) else MCPServer.model_validate(s) for s in servers or []]
-    by_trace: dict[str, list[Span]] = {}
-    for span in fold_log_events(_dedupe(spans)):
-        by_trace.setdefault(span.trace_id, []).append(span)
-    groups: dict[str, tuple[str, list[list[Span]]]] = {}
-    for trace_spans in by_trace.values():
-        key, value = trace_conversation_key(trace_spans)
-        groups.setdefault(value, (key, []))[1].append(trace_spans)
+    groups: dict[str, list[MappedTrace]] = {}
+    for trace in map_traces(spans, explain=explain):
+        groups.setdefault(trace.conversation_id, []).append(trace)
     conversations = []
-    for conversation_id, (key, traces) in groups.items():
-        conversation = _build_one(conversation_id, key, traces, given, mcp_tools or {}, explain)
+    for traces in groups.values():
+        conversation = compose_conversation(traces, servers, mcp_tools=mcp_tools, explain=explain)
         if conversation is not None:
             conversations.append(conversation)
     return sorted(conversations, key=lambda c: (c.first_span_ns, c.conversation_id))
 
 
-def _build_one(conversation_id: str, key: str, traces: list[list[Span]], given: list[MCPServer],
-               mcp_tools: Mapping[str, Sequence[str]], explain: bool) -> Conversation | None:
-    drafts = sorted((d for spans in traces for d in _Trace(spans).drafts()), key=lambda d: d.start_ns)
-    inventory = _Inventory(given, mcp_tools)
+def compose_conversation(traces: Sequence[MappedTrace], servers: Sequence[MCPServer | dict[str, Any]] | None = None,
+                         *, mcp_tools: Mapping[str, Sequence[str]] | None = None,
+                         explain: bool = False) -> Conversation | None:
+    """The conversation these mapped traces (all of one conversation, in any order) make; None when it has no
+    turn. The same traces give the same conversation however they were mapped, together or one at a time."""
+    if not traces:
+        return None
+    traces = sorted(traces, key=lambda t: (t.first_span_ns, t.trace_id))
+    conversation_id, key = traces[0].conversation_id, traces[0].key
+    given = [s if isinstance(s, MCPServer) else MCPServer.model_validate(s) for s in servers or []]
+    drafts = sorted((_own(d) for t in traces for d in t.drafts), key=lambda d: d.start_ns)
+    inventory = _Inventory(given, mcp_tools or {})
     seen = {c.server for d in drafts for c in d.calls if c.server} | {srv for d in drafts for _, srv, _ in d.listed
                                                                       if srv} | set(inventory.servers)
     default_server = next(iter(seen)) if len(seen) == 1 else DEFAULT_SERVER
@@ -607,7 +653,6 @@ def _build_one(conversation_id: str, key: str, traces: list[list[Span]], given: 
                                     "calls": calls})
     if not turns:
         return None
-    all_spans = [s for spans in traces for s in spans]
     test_case = ConversationalTestCase.model_validate(  # the Turns hold only copies (`_owned`): no deep copy
         {"turns": turns, "name": conversation_id, "mcp_servers": inventory.to_servers()}, context={OWNED_TURNS: True})
     digest = hashlib.sha256(json.dumps(test_case.model_dump(mode="json"), sort_keys=True,
@@ -618,9 +663,9 @@ def _build_one(conversation_id: str, key: str, traces: list[list[Span]], given: 
         test_case=test_case,
         service_name=next((d.service_name for d in drafts if d.service_name), None),
         agent_name=next((d.agent_name for d in drafts if d.agent_name), None),
-        trace_ids=tuple(sorted({s.trace_id for s in all_spans})),
-        first_span_ns=min(s.start_ns for s in all_spans),
-        last_span_ns=max(max(s.end_ns, s.start_ns) for s in all_spans),
+        trace_ids=tuple(sorted({t.trace_id for t in traces})),
+        first_span_ns=min(t.first_span_ns for t in traces),
+        last_span_ns=max(t.last_span_ns for t in traces),
         content_hash=digest,
         explanation=tuple(explanation),
     )

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mapping import OTLPDecodeError, build_conversations, decode_otlp
+from mapping import OTLPDecodeError, build_conversations, compose_conversation, decode_otlp, map_traces
 from mapping.spans import Span
 from scoring.test_case import ConversationalTestCase
 from tests.fixtures import semconv_scenarios
@@ -66,6 +66,37 @@ def test_mapping_never_raises_and_always_gives_valid_test_cases(spans: list[Span
         dumped = conversation.test_case.model_dump(mode="json")  # what the collector stores
         assert ConversationalTestCase.model_validate(dumped).model_dump(mode="json") == dumped
         assert conversation.test_case.turns
+
+
+def _summary(conversation: Any) -> tuple[Any, ...]:
+    return (conversation.conversation_id, conversation.key, conversation.content_hash, conversation.trace_ids,
+            conversation.first_span_ns, conversation.last_span_ns, conversation.service_name,
+            conversation.agent_name, conversation.test_case.model_dump_json())
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(span_forest(), st.randoms(use_true_random=False))
+def test_conversations_composed_from_traces_mapped_one_at_a_time_are_the_ones_mapped_whole(
+        spans: list[Span], rng: random.Random) -> None:
+    """What incremental assembly relies on: the collector maps a new trace alone and composes the conversation from
+    it and its earlier traces' mapped parts, kept from before; that must be the conversation mapping all of its
+    spans at once gives, whatever order the parts come in, and composing must not change the parts."""
+    whole = [_summary(c) for c in build_conversations(spans)]
+    by_trace: dict[str, list[Span]] = {}
+    for span in spans:
+        by_trace.setdefault(span.trace_id, []).append(span)
+    mapped = [m for trace_spans in by_trace.values() for m in map_traces(trace_spans)]
+    groups: dict[str, list[Any]] = {}
+    for trace in mapped:
+        groups.setdefault(trace.conversation_id, []).append(trace)
+    for _ in range(2):
+        parts = []
+        for group in groups.values():
+            rng.shuffle(group)
+            conversation = compose_conversation(group)
+            if conversation is not None:
+                parts.append(conversation)
+        assert [_summary(c) for c in sorted(parts, key=lambda c: (c.first_span_ns, c.conversation_id))] == whole
 
 
 def _mutate(value: Any, rng: random.Random) -> Any:

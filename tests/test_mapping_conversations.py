@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from mapping import build_conversations, decode_otlp
+from mapping import build_conversations, compose_conversation, decode_otlp, map_traces
 from mapping.spans import Span
 from scoring.test_case import ConversationalTestCase
 from tests.fixtures import semconv_scenarios as scenarios
@@ -448,3 +448,29 @@ def test_changing_a_built_case_changes_neither_the_spans_nor_the_next_case_built
     [again] = build_conversations(spans)
     assert shape(again.test_case) == expected
     assert again.content_hash == first.content_hash
+
+
+def test_a_conversation_composed_from_its_traces_mapped_apart_is_the_one_mapped_whole() -> None:
+    """The collector maps a conversation's new trace alone and composes it with the earlier traces' mapped parts.
+    Two turns that started at the same moment keep one order however the parts come, and composing with one
+    setting does not leave a renamed call behind for the next composition."""
+    body = request(({"service.name": "a"}, [
+        _agent(1, "Weather?"),
+        span(1, 2, "execute_tool weather__get_weather", 1, start=5, attributes={
+            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "weather__get_weather",
+            "gen_ai.tool.call.id": "c1", "gen_ai.tool.call.result": "sunny"}),
+        _agent(2, "And tomorrow?"),
+    ]))
+    spans = spans_of(body)
+    first, second = (map_traces([s for s in spans if s.trace_id == tid(n)]) for n in (1, 2))
+    named = {"weather": ["get_weather"]}
+    [whole] = build_conversations(spans, mcp_tools=named)
+    for parts in (first + second, second + first):
+        composed = compose_conversation(parts, mcp_tools=named)
+        assert composed is not None and composed.content_hash == whole.content_hash
+    assert [t.content for t in whole.test_case.turns if t.role == "user"] == ["Weather?", "And tomorrow?"]
+    assert [c.name for c in whole.test_case.turns[1].mcp_tools_called] == ["get_weather"]
+    [plain] = build_conversations(spans)
+    alone = compose_conversation(first + second)
+    assert alone is not None and alone.content_hash == plain.content_hash
+    assert [c.name for c in alone.test_case.turns[1].tools_called] == ["weather__get_weather"]
