@@ -162,11 +162,20 @@ class ConversationSettings(_Section):
     share_under_load: float = Field(0.25, gt=0, le=1, description="while ingest keeps the span writer busy, the "
                                     "assembler works at most this share of the time (it pauses between batches of "
                                     "conversations, so exports stay fast); when ingest is light it never pauses")
+    trace_cache: int = Field(32_000_000, ge=0, description="memory (estimated) for the mapped turns of traces "
+                             "of conversations that went on after their first version, so their next version maps "
+                             "only its new trace and reads none of their earlier spans; least recently used first "
+                             "out; 0 re-reads them all; bytes or 32MB")
 
     @field_validator("quiet_period_s", "poll_s", mode="before")
     @classmethod
     def _duration(cls, value: Any) -> Any:
         return parse_duration(value) if isinstance(value, str) else value
+
+    @field_validator("trace_cache", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        return parse_size(value) if isinstance(value, str) else value
 
 
 class LimitsSettings(_Section):

@@ -61,6 +61,12 @@ class CollectorMetrics:
                                            "in", registry=self.registry)
         self.conversations_assembled = Gauge("tracejudge_conversations_assembled_total", "Conversation versions "
                                              "written since the start (each is scored)", registry=self.registry)
+        self.trace_cache_bytes = Gauge("tracejudge_trace_cache_bytes", "Estimated memory of the mapped traces kept "
+                                       "for conversations that go on ([conversations] trace_cache)",
+                                       registry=self.registry)
+        self.trace_cache_lookups = Gauge("tracejudge_trace_cache_lookups_total", "Earlier traces of conversations "
+                                         "that went on: found mapped (hit) or read back and mapped again (miss)",
+                                         ["result"], registry=self.registry)
         self.jobs = Gauge("tracejudge_eval_jobs", "Scoring jobs by state", ["state"], registry=self.registry)
         self.cost_today = Gauge("tracejudge_judge_cost_today_usd", "Judge spend since 00:00 UTC",
                                 registry=self.registry)

@@ -104,6 +104,10 @@ class Collector:
         self.metrics.traces_waiting.set_function(self.assembler.pending_traces)
         self.metrics.conversations_waiting.set_function(self.assembler.pending_conversations)
         self.metrics.conversations_assembled.set_function(lambda: self.assembler.assembled)
+        cache = self.assembler.cache
+        self.metrics.trace_cache_bytes.set_function(lambda: cache.size)
+        self.metrics.trace_cache_lookups.labels("hit").set_function(lambda: cache.hits)
+        self.metrics.trace_cache_lookups.labels("miss").set_function(lambda: cache.misses)
         await asyncio.to_thread(self.assembler.recover)
         await asyncio.to_thread(self.stage.recover)
         self.admin.stage = self.stage

@@ -156,6 +156,10 @@ class _Draft:
     listed: list[tuple[str, str | None, dict[str, Any]]] = field(default_factory=list)  # (method, server, item)
     definitions: list[ToolDefinition] = field(default_factory=list)
     sources: dict[str, Where] = field(default_factory=dict)  # "user" / "assistant" -> where the text came from
+    # the turns last built from it and what they depended on (each call's name and whether it counts as MCP): a
+    # conversation composed again from the same mapped traces builds only its new turns
+    built: tuple[tuple[tuple[str, bool], ...], Turn | None, Turn | None] | None = field(
+        default=None, repr=False, compare=False)
 
 
 class _Trace:
@@ -467,49 +471,56 @@ def _owned(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
-def _explain_call(call: _Call, verdict: str, envelope: str | None) -> dict[str, Any]:
-    entry: dict[str, Any] = {"kind": call.kind, "name": call.name, "call_id": call.call_id, "counted_as": verdict,
-                             "sources": [_where_text(source) for source in call.sources]}
-    if call.mcp_rule:
-        entry["mcp_rule"] = _where_text(call.mcp_rule)
+def _explain_call(call: _Call, name: str, verdict: str, envelope: str | None, inventory: _Inventory) -> dict[str, Any]:
+    sources = [_where_text(source) for source in call.sources]
+    if name != call.name:
+        sources.append(f"the framework named it '{call.name}'; the MCP inventory calls it '{name}'")
+    entry: dict[str, Any] = {"kind": call.kind, "name": name, "call_id": call.call_id, "counted_as": verdict,
+                             "sources": sources}
+    rule = call.mcp_rule or ((None, "", inventory.origin.get(name, "in the MCP inventory"))
+                             if verdict == "MCP tool call" else None)
+    if rule:
+        entry["mcp_rule"] = _where_text(rule)
     if envelope:
         entry["result_envelope"] = envelope
     return entry
 
 
-def _assistant_turn(draft: _Draft, inventory: _Inventory, explain: list[dict[str, Any]] | None) -> Turn | None:
+def _assistant_turn(draft: _Draft, inventory: _Inventory, names: Mapping[int, str],
+                    explain: list[dict[str, Any]] | None) -> Turn | None:
+    """The draft's assistant turn; `names`: the inventory's name of each call (by id) the framework named
+    otherwise. Changes nothing in the draft, so it can be composed again."""
     tools, resources, prompts, functions = [], [], [], []
     notes: list[str] = []
     not_executed: list[dict[str, Any]] = []
     for call in draft.calls:
+        name = names.get(id(call), call.name)
         envelope = None
         arguments, result = _owned(call.arguments), _owned(call.result)
         if not call.executed:  # asked for by the model, never run: visible, but never a made call
-            not_executed.append({"name": call.name, "args": arguments, "call_id": call.call_id})
+            not_executed.append({"name": name, "args": arguments, "call_id": call.call_id})
             verdict = "not executed"
         elif call.kind == "resource":
-            resources.append(MCPResourceCall(uri=call.name, result=resource_result(result, call.name)))
+            resources.append(MCPResourceCall(uri=name, result=resource_result(result, name)))
             verdict = "MCP resource read"
         elif call.kind == "prompt":
-            prompts.append(MCPPromptCall(name=call.name, args=_args(arguments, call.name, notes),
+            prompts.append(MCPPromptCall(name=name, args=_args(arguments, name, notes),
                                          result=prompt_result(result)))
             verdict = "MCP prompt get"
-        elif call.mcp or inventory.server_of_tool(call.name):
-            if not call.mcp:
-                call.mark_mcp((None, "", inventory.origin.get(call.name, "in the MCP inventory")))
+        elif call.mcp or inventory.server_of_tool(name):
             unwrapped = unwrap_tool_result(result)
             envelope = unwrapped.envelope
-            tools.append(MCPToolCall(name=call.name, args=_args(arguments, call.name, notes),
+            tools.append(MCPToolCall(name=name, args=_args(arguments, name, notes),
                                      result=tool_result(unwrapped.value, call.error or unwrapped.error,
                                                         call.error_message)))
             verdict = "MCP tool call"
         else:
             params = arguments if isinstance(arguments, dict) or arguments is None \
                 else {"input": arguments}
-            functions.append(ToolCall(name=call.name, input_parameters=params, output=result, type="function"))
+            functions.append(ToolCall(name=name, input_parameters=params, output=result, type="function"))
             verdict = "function tool (no MCP span, tools/list or [mapping] mcp_tools names it)"
         if explain is not None:
-            explain.append(_explain_call(call, verdict, envelope))
+            explain.append(_explain_call(call, name, verdict, envelope, inventory))
     if not (draft.reply or tools or resources or prompts or functions or not_executed):
         return None
     metadata: dict[str, Any] = {"trace_id": draft.trace_id, "span_id": draft.run_span_id}
@@ -520,6 +531,13 @@ def _assistant_turn(draft: _Draft, inventory: _Inventory, explain: list[dict[str
     return Turn(role="assistant", content=draft.reply or "", mcp_tools_called=tools or None,
                 mcp_resources_called=resources or None, mcp_prompts_called=prompts or None,
                 tools_called=functions or None, metadata=metadata)
+
+
+def _draft_turns(draft: _Draft, inventory: _Inventory, names: Mapping[int, str],
+                 explain: list[dict[str, Any]] | None) -> tuple[Turn | None, Turn | None]:
+    """The draft's user turn (None without the user's text) and assistant turn (None when it has nothing)."""
+    user = Turn(role="user", content=draft.user_text) if draft.user_text else None
+    return user, _assistant_turn(draft, inventory, names, explain)
 
 
 def _dedupe(spans: Iterable[Span | dict[str, Any]]) -> list[Span]:
@@ -551,11 +569,6 @@ def _slim(draft: _Draft) -> _Draft:
     """The draft without where its parts came from (those point at the spans, which `inspect --explain` alone
     needs)."""
     return replace(draft, sources={}, calls=[replace(c, sources=[], mcp_rule=None) for c in draft.calls])
-
-
-def _own(draft: _Draft) -> _Draft:
-    """A copy whose calls composing may rename and annotate, so a MappedTrace composes the same way twice."""
-    return replace(draft, calls=[replace(c, sources=list(c.sources)) for c in draft.calls])
 
 
 def map_traces(spans: Iterable[Span | dict[str, Any]], *, explain: bool = False) -> list[MappedTrace]:
@@ -602,13 +615,15 @@ def compose_conversation(traces: Sequence[MappedTrace], servers: Sequence[MCPSer
                          *, mcp_tools: Mapping[str, Sequence[str]] | None = None,
                          explain: bool = False) -> Conversation | None:
     """The conversation these mapped traces (all of one conversation, in any order) make; None when it has no
-    turn. The same traces give the same conversation however they were mapped, together or one at a time."""
+    turn. The same traces give the same conversation however they were mapped, together or one at a time, and
+    composing changes none of them. Composed again with more traces, a trace's turns are built again only where
+    the inventory changed what they say; its conversations share those Turns, so treat them as read-only."""
     if not traces:
         return None
     traces = sorted(traces, key=lambda t: (t.first_span_ns, t.trace_id))
     conversation_id, key = traces[0].conversation_id, traces[0].key
     given = [s if isinstance(s, MCPServer) else MCPServer.model_validate(s) for s in servers or []]
-    drafts = sorted((_own(d) for t in traces for d in t.drafts), key=lambda d: d.start_ns)
+    drafts = sorted((d for t in traces for d in t.drafts), key=lambda d: d.start_ns)
     inventory = _Inventory(given, mcp_tools or {})
     seen = {c.server for d in drafts for c in d.calls if c.server} | {srv for d in drafts for _, srv, _ in d.listed
                                                                       if srv} | set(inventory.servers)
@@ -621,30 +636,37 @@ def compose_conversation(traces: Sequence[MappedTrace], servers: Sequence[MCPSer
         kept = definitions.get(definition.name)
         if kept is None or (not _has_properties(kept.input_schema) and _has_properties(definition.input_schema)):
             definitions[definition.name] = definition
+    names: dict[int, str] = {}  # id(call) -> the inventory's name for a call the framework named otherwise
     for draft in drafts:
         for call in draft.calls:
-            canonical = inventory.canonical_tool(call.name, named_only=not call.mcp) if call.kind == "tool" else None
-            if canonical is not None and canonical != call.name:
-                call.sources.append((None, "", f"the framework named it '{call.name}'; the MCP inventory "
-                                                      f"calls it '{canonical}'"))
-                call.name = canonical
-            if call.kind == "tool" and (call.mcp or inventory.server_of_tool(call.name)):
-                server = call.server or inventory.server_of_tool(call.name) or default_server
-                definition = definitions.get(call.name) or next(
-                    (d for d in definitions.values() if same_tool_name(d.name, call.name)), None)
-                if definition is not None and definition.name != call.name:
-                    definition = replace(definition, name=call.name)
-                inventory.add_definition(server, definition or ToolDefinition(call.name))
+            name = call.name
+            canonical = inventory.canonical_tool(name, named_only=not call.mcp) if call.kind == "tool" else None
+            if canonical is not None and canonical != name:
+                names[id(call)] = name = canonical
+            if call.kind == "tool" and (call.mcp or inventory.server_of_tool(name)):
+                server = call.server or inventory.server_of_tool(name) or default_server
+                definition = definitions.get(name) or next(
+                    (d for d in definitions.values() if same_tool_name(d.name, name)), None)
+                if definition is not None and definition.name != name:
+                    definition = replace(definition, name=name)
+                inventory.add_definition(server, definition or ToolDefinition(name))
     turns: list[Turn] = []
     explanation: list[dict[str, Any]] = []
     for draft in drafts:
-        if draft.user_text:
-            turns.append(Turn(role="user", content=draft.user_text))
+        if explain:
+            user, assistant = _draft_turns(draft, inventory, names, calls := [])
+        else:
+            calls = None
+            depends = tuple((n := names.get(id(c), c.name), bool(c.mcp or inventory.server_of_tool(n)))
+                            for c in draft.calls)
+            if draft.built is None or draft.built[0] != depends:
+                draft.built = (depends, *_draft_turns(draft, inventory, names, None))
+            _, user, assistant = draft.built
+        if user is not None:
+            turns.append(user)
             if explain:
                 explanation.append({"turn": len(turns) - 1, "role": "user",
                                     "source": _where_text(draft.sources["user"])})
-        calls: list[dict[str, Any]] | None = [] if explain else None
-        assistant = _assistant_turn(draft, inventory, calls)
         if assistant is not None:
             turns.append(assistant)
             if explain:

@@ -19,14 +19,15 @@ from collector.log import Logger
 from collector.pipeline.conversation_assembler import MAX_PER_POLL, ConversationAssembler
 from collector.receivers.span_rows import spans_to_arrow
 from collector.store.span_store import SpanStore
-from mapping import decode_otlp
+from mapping import build_conversations, decode_otlp
 from tests.support.otlp_json import request, span, tid
 
 
-def _spans(trace: int, first_id: int, *, session: str | None, turn: str | None = None) -> list:
+def _spans(trace: int, first_id: int, *, session: str | None, turn: str | None = None,
+           key: str = "gen_ai.conversation.id") -> list:
     attributes: dict[str, str] = {"gen_ai.operation.name": "invoke_agent"}
     if session:
-        attributes["gen_ai.conversation.id"] = session
+        attributes[key] = session
     if turn:
         attributes["gen_ai.input.messages"] = json.dumps([{"role": "user", "parts": [
             {"type": "text", "content": turn}]}])
@@ -34,12 +35,15 @@ def _spans(trace: int, first_id: int, *, session: str | None, turn: str | None =
     return decode_otlp(json.dumps(body), "application/json").spans
 
 
-def _assembling_store(path: Path, *, quiet_period_s: float) -> tuple[SpanStore, ConversationAssembler]:
+def _assembling_store(path: Path, *, quiet_period_s: float,
+                      trace_cache: int | None = None) -> tuple[SpanStore, ConversationAssembler]:
     """An open store whose commits the assembler observes, as in `tracejudge serve`."""
     store = SpanStore(path)
     store.open()
     config = Settings()
     config.conversations.quiet_period_s = quiet_period_s
+    if trace_cache is not None:
+        config.conversations.trace_cache = trace_cache
     assembler = ConversationAssembler(store.cursor(), config, Logger(stream=io.StringIO()),
                                       lambda metric: "pending", {m: "x" for m in config.scoring.metrics})
     store.listeners.append(assembler.observe)
@@ -170,8 +174,24 @@ def test_whatever_the_order_every_trace_ends_in_the_conversation_its_spans_name(
             expected.setdefault(named.get(trace, tid(trace + 1)), set()).add(tid(trace + 1))
         for conversation_id, traces in expected.items():
             assert set(latest.get(conversation_id) or ()) == traces, (conversation_id, latest)
+        # and each is the conversation all of its stored spans make, though later versions reuse earlier traces'
+        # mapped turns instead of reading them again (a trace with new spans must be mapped again)
+        hashes = dict(store.cursor().execute(
+            "SELECT conversation_id, arg_max(content_hash, version) FROM conversations GROUP BY ALL").fetchall())
+        whole = {c.conversation_id: c.content_hash for c in build_conversations(_stored_spans(store))}
+        assert {c: hashes.get(c) for c in whole} == whole  # (a conversation whose traces all moved keeps its last)
     finally:
         store.close()
+
+
+def _stored_spans(store: SpanStore) -> list[dict]:
+    """Every stored span as a record `build_conversations` takes."""
+    rows = store.cursor().execute(
+        "SELECT trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, attributes, resource_attributes, "
+        "events FROM spans").fetchall()
+    return [{"trace_id": r[0], "span_id": r[1], "parent_span_id": r[2], "name": r[3], "kind": r[4], "start_ns": r[5],
+             "end_ns": r[6], "attributes": json.loads(r[7]), "resource": json.loads(r[8]), "events": json.loads(r[9])}
+            for r in rows]
 
 
 def test_a_trace_whose_id_another_trace_names_as_its_conversation_is_assembled_with_it(tmp_path: Path) -> None:
@@ -343,3 +363,57 @@ def test_expired_leases_go_back_except_the_jobs_this_process_still_measures(tmp_
     assert con.execute("SELECT job_id, status FROM eval_jobs ORDER BY 1").fetchall() == [
         (1, "pending"), (2, "failed"), (3, "running")]
     con.close()
+
+
+@pytest.mark.parametrize("trace_cache", [Settings().conversations.trace_cache, 0], ids=["default", "off"])
+def test_a_conversation_that_goes_on_maps_only_its_new_trace(tmp_path: Path, trace_cache: int) -> None:
+    """A chat whose turns come minutes apart gets a trace per turn, each after the last was assembled: from its
+    third version on, each maps its new trace and takes the earlier ones' turns as they were mapped (`[conversations]
+    trace_cache`), and is the conversation all its spans make; with the cache off every trace is read again."""
+    store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=0.0, trace_cache=trace_cache)
+
+    async def scenario() -> None:
+        for n in range(1, 5):
+            await store.write(spans_to_arrow(_spans(n, n, session="chat-1", turn=f"question {n}"),
+                                             dt.datetime.now(dt.UTC)))
+            assert assembler.assemble_due() == 1
+
+    try:
+        asyncio.run(scenario())
+        rows = store.cursor().execute("SELECT version, turns, content_hash FROM conversations ORDER BY version")
+        versions = rows.fetchall()
+        [whole] = build_conversations(_stored_spans(store))
+        assert [v[:2] for v in versions] == [(1, 1), (2, 2), (3, 3), (4, 4)] and versions[-1][2] == whole.content_hash
+        # version 2 reads trace 1 (its conversation had not gone on before); versions 3 and 4 read their new trace only
+        assert assembler.cache.hits == (2 + 3 if trace_cache else 0)
+        assert assembler.cache.size <= trace_cache
+    finally:
+        store.close()
+
+
+def test_a_kept_trace_that_moves_to_another_conversation_leaves_the_one_it_was_kept_for(tmp_path: Path) -> None:
+    """Trace 1 is kept mapped for chat-a, which went on; then a span gives it a stronger key (chat-b). While it
+    waits there, chat-a's next version must not take trace 1's turns from the cache."""
+    store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=0.0)
+
+    async def write(trace: int, span_id: int, session: str, key: str) -> None:
+        await store.write(spans_to_arrow(_spans(trace, span_id, session=session, turn=f"question {span_id}", key=key),
+                                         dt.datetime.now(dt.UTC)))
+
+    async def scenario() -> None:
+        await write(1, 1, "chat-a", "session.id")
+        assert assembler.assemble_due() == 1
+        await write(2, 2, "chat-a", "session.id")
+        assert assembler.assemble_due() == 1 and len(assembler.cache) == 2
+        await write(3, 3, "chat-a", "session.id")
+        await write(1, 4, "chat-b", "gen_ai.conversation.id")
+        assert assembler.assemble_due(limit=1) == 1  # chat-a (its span came first); trace 1 still waits
+        assert assembler.assemble_due() == 1
+
+    try:
+        asyncio.run(scenario())
+        latest = dict(store.cursor().execute(
+            "SELECT conversation_id, arg_max(trace_ids, version) FROM conversations GROUP BY ALL").fetchall())
+        assert latest == {"chat-a": [tid(2), tid(3)], "chat-b": [tid(1)]}
+    finally:
+        store.close()

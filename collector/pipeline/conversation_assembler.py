@@ -30,9 +30,10 @@ import pyarrow.compute as pc
 
 from collector.config import Settings
 from collector.log import Logger
+from collector.pipeline.mapped_traces import ENTRY_OVERHEAD, TEXT_FACTOR, KeptTrace, MappedTraceCache
 from collector.pipeline.sampling import attribute_values, decide
 from collector.receivers.span_rows import plain_strings
-from mapping import Conversation, Span, build_conversations
+from mapping import Conversation, Span, compose_conversation, map_traces
 from mapping.conversation_key import KEY_PRECEDENCE
 from scoring.id_table import id_table, registered
 
@@ -117,6 +118,7 @@ class ConversationAssembler:
         # conversation -> the oldest received_at (µs) of the commits that brought its waiting traces (0: unknown)
         self._first: dict[str, int] = {}
         self._ended: set[str] = set()  # traces with a span that carried the end marker
+        self.cache = MappedTraceCache(settings.conversations.trace_cache)  # traces assembled before, mapped
         self._lock = threading.Lock()
         self.assembled = 0
         self.late_after_prune = 0  # conversations that got spans after retention pruned theirs (not assembled)
@@ -133,6 +135,8 @@ class ConversationAssembler:
             now = time.monotonic()
             for trace in traces:
                 self._note(trace, keys.get(trace), now, first_us)
+                if self.cache.size:
+                    self.cache.discard(trace)  # its mapped part no longer holds: it is read again when it is due
             self._ended.update(ended.to_pylist())
 
     def _note(self, trace: str, key: tuple[int, str] | None, now: float, first_us: int) -> None:
@@ -274,14 +278,25 @@ class ConversationAssembler:
         if not force:
             self._wait_with_active(due, owners, conversations)
         keyed = {c for c in conversations if c in owners.values()}
+        kept: dict[str, KeptTrace] = {}
+        going_on: set[str] = set()  # conversations that had traces assembled before: their traces are kept mapped
         if keyed:  # the conversation's earlier traces, assembled before, belong to it too
             earlier = self._assembled_into(keyed)
-            since = min([since, *self._assembled_since(earlier)])
-            owners.update(self._trace_keys({t for t, _, _ in earlier} - set(owners), since))
+            with self._lock:  # mapped before and unchanged since: neither read nor mapped again
+                for trace, _, _ in earlier:
+                    hit = self.cache.get(trace) if trace not in waiting else None
+                    if hit is not None:
+                        kept[trace] = hit
+                        if hit.mapped is not None:
+                            owners.setdefault(trace, hit.mapped.conversation_id)
+            unread = [row for row in earlier if row[0] not in kept]
+            since = min([since, *self._assembled_since(unread)])
+            owners.update(self._trace_keys({t for t, _, _ in unread} - set(owners), since))
             for trace, key, _ in earlier:
                 if owners.get(trace, trace) == key:
                     conversations[key].add(trace)
-        failed = self._assemble_all(conversations, since)
+                    going_on.add(key)
+        failed, mapped = self._assemble_all(conversations, since, kept, going_on)
         done = 0
         with self._lock:
             now = time.monotonic()
@@ -293,6 +308,9 @@ class ConversationAssembler:
                     continue
                 self._forget(group, chosen.last)
                 done += 1
+            for trace, part in mapped.items():
+                if trace not in self._group_of:  # a trace with spans committed since its read waits to be read again
+                    self.cache.put(trace, part)
         return done
 
     def _wait_with_active(self, due: dict[str, _Due], owners: dict[str, str],
@@ -350,16 +368,21 @@ class ConversationAssembler:
         slack = RECEIVED_SLACK // timedelta(microseconds=1)
         return [max(0, first - slack) if first is not None else 0 for _, _, first in rows]
 
-    def _assemble_all(self, conversations: dict[str, set[str]], since_us: int) -> set[str]:
-        """Read back (the spans received from `since_us` on), map and write every conversation, a bounded number
-        of spans per query; the ids that failed (retried after another quiet period)."""
-        traces = set().union(*conversations.values())
-        with id_table(self.con, traces) as ids:
+    def _assemble_all(self, conversations: dict[str, set[str]], since_us: int, kept: dict[str, KeptTrace],
+                      going_on: set[str]) -> tuple[set[str], dict[str, KeptTrace]]:
+        """Read back (the spans received from `since_us` on) every trace not `kept` from before, map it, then
+        compose and write every conversation, a bounded number of spans per query. The ids that failed (retried
+        after another quiet period) and the traces mapped of the conversations `going_on` (to keep: most
+        conversations arrive within one quiet period and never need them again)."""
+        unread = set().union(*conversations.values()) - kept.keys()
+        with id_table(self.con, unread) as ids:
             counts = dict(self.con.execute(
                 f"SELECT trace_id, count(*) FROM spans WHERE received_at >= ? AND trace_id IN (SELECT id FROM {ids}) "
                 "GROUP BY trace_id", [_at(since_us)]).fetchall())
+        counts.update((t, k.spans) for t, k in kept.items())
         limit = self.settings.conversations.max_spans
         failed: set[str] = set()
+        mapped: dict[str, KeptTrace] = {}
         batch: list[str] = []
         size = 0
         for conversation_id, members in conversations.items():
@@ -370,43 +393,52 @@ class ConversationAssembler:
                                  advice="raise [conversations] max_spans if it is a real conversation")
                 self._mark_assembled({conversation_id: members}, {}, {})
                 continue
-            if batch and size + count > SPANS_PER_READ:
-                failed |= self._assemble_batch(batch, conversations, since_us)
+            unread_count = sum(counts.get(t, 0) for t in members if t not in kept)
+            if batch and size + unread_count > SPANS_PER_READ:
+                failed |= self._assemble_batch(batch, conversations, since_us, kept, mapped, going_on)
                 batch, size = [], 0
             batch.append(conversation_id)
-            size += count
+            size += unread_count
         if batch:
-            failed |= self._assemble_batch(batch, conversations, since_us)
-        return failed
+            failed |= self._assemble_batch(batch, conversations, since_us, kept, mapped, going_on)
+        return failed, mapped
 
-    def _assemble_batch(self, batch: list[str], conversations: dict[str, set[str]], since_us: int) -> set[str]:
-        with id_table(self.con, set().union(*(conversations[c] for c in batch))) as ids:
+    def _assemble_batch(self, batch: list[str], conversations: dict[str, set[str]], since_us: int,
+                        kept: dict[str, KeptTrace], mapped: dict[str, KeptTrace], going_on: set[str]) -> set[str]:
+        """Read, map and write these conversations; the traces mapped here of those `going_on` go to `mapped`."""
+        unread = {t for c in batch for t in conversations[c]} - kept.keys()
+        with id_table(self.con, unread) as ids:
             # a span sent again inside another request is stored twice: the last copy received counts, once
             rows = self.con.execute(
                 f"SELECT {_COLUMNS} FROM spans WHERE received_at >= ? AND trace_id IN (SELECT id FROM {ids}) "
                 "QUALIFY row_number() OVER (PARTITION BY trace_id, span_id ORDER BY received_at DESC) = 1",
                 [_at(since_us)]).fetchall()
         by_trace: dict[str, list[tuple]] = {}
-        first: dict[str, datetime] = {}  # each trace's oldest span: its later reads start there
         for row in rows:
             by_trace.setdefault(row[0], []).append(row)
-            if row[0] not in first or row[15] < first[row[0]]:
-                first[row[0]] = row[15]
         failed: set[str] = set()
         built: dict[str, list[_Built]] = {}
-        newest: dict[str, datetime] = {}
+        parts_of: dict[str, list[KeptTrace]] = {}
         for conversation_id in batch:
-            mine = [r for t in conversations[conversation_id] for r in by_trace.get(t, ())]
             try:
-                built[conversation_id] = self._map(conversation_id, mine)
+                parts = [kept.get(t) or self._map_trace(by_trace[t]) for t in conversations[conversation_id]
+                         if t in kept or t in by_trace]
+                built[conversation_id] = self._compose(conversation_id, parts)
             except Exception as exc:  # one bad conversation must not hold up the others; it is retried later
                 self._failed(conversation_id, exc)
                 failed.add(conversation_id)
                 continue
-            # the newest span assembled, not the clock: a span committed meanwhile is still newer after a restart
-            newest[conversation_id] = max((r[15] for r in mine), default=datetime.now(UTC))
+            parts_of[conversation_id] = parts
         failed |= self._write_all(built)
-        self._mark_assembled({c: conversations[c] for c in built if c not in failed}, newest, first)
+        done = {c: parts for c, parts in parts_of.items() if c not in failed}
+        for conversation_id, parts in done.items():
+            if conversation_id in going_on:
+                mapped.update((p.trace_id, p) for p in parts if p.trace_id not in kept)
+        self._mark_assembled(  # a kept trace's row already names this conversation and is newer than its spans
+            {c: conversations[c] - kept.keys() for c in done},
+            # the newest span assembled, not the clock: a span committed meanwhile is still newer after a restart
+            {c: max((p.newest for p in parts), default=datetime.now(UTC)) for c, parts in done.items()},
+            {p.trace_id: p.first for parts in done.values() for p in parts})
         return failed
 
     def _failed(self, conversation_id: str, exc: Exception) -> None:
@@ -430,21 +462,33 @@ class ConversationAssembler:
         with registered(self.con, table) as name:
             self.con.execute(f"INSERT OR REPLACE INTO assembled_traces BY NAME SELECT * FROM {name}")
 
-    def _map(self, conversation_id: str, rows: list[tuple]) -> list[_Built]:
-        """The conversation rebuilt from its stored rows, with the sampling filters' attribute values."""
+    def _map_trace(self, rows: list[tuple]) -> KeptTrace:
+        """One trace mapped from its stored rows, with what the sampling filters and `assembled_traces` need."""
         spans = [Span.from_record({
             "trace_id": r[0], "span_id": r[1], "parent_span_id": r[2], "name": r[3], "kind": r[4],
             "start_ns": r[5], "end_ns": r[6], "status_code": r[7], "status_message": r[8], "scope_name": r[9],
             "scope_version": r[10], "attributes": json.loads(r[11]), "resource": json.loads(r[12]),
             "events": json.loads(r[13]), "links": json.loads(r[14]),
         }) for r in rows]
-        built = []
-        for conversation in build_conversations(spans, mcp_tools=self.settings.mapping.mcp_tools):
-            if conversation.conversation_id == conversation_id:
-                mine = set(conversation.trace_ids)
-                built.append((conversation, attribute_values(self.settings.sampling,
-                                                             (s for s in spans if s.trace_id in mine))))
-        return built
+        mapped = map_traces(spans)
+        received = [r[15] for r in rows]
+        return KeptTrace(rows[0][0], mapped[0] if mapped else None, attribute_values(self.settings.sampling, spans),
+                         len(rows), min(received), max(received),
+                         ENTRY_OVERHEAD + TEXT_FACTOR * sum(len(r[11]) + len(r[13]) for r in rows))
+
+    def _compose(self, conversation_id: str, parts: list[KeptTrace]) -> list[_Built]:
+        """The conversation composed from its traces' mapped parts, with the sampling filters' attribute values
+        (none when it has no turn)."""
+        mine = [p for p in parts if p.mapped is not None and p.mapped.conversation_id == conversation_id]
+        conversation = compose_conversation([p.mapped for p in mine if p.mapped is not None],
+                                            mcp_tools=self.settings.mapping.mcp_tools)
+        if conversation is None:
+            return []
+        values: dict[str, set[str]] = {}
+        for part in mine:
+            for key, found in part.attributes.items():
+                values.setdefault(key, set()).update(found)
+        return [(conversation, values)]
 
     def _write_all(self, built: dict[str, list[_Built]]) -> set[str]:
         """Write a batch's new versions in one transaction (a commit per conversation cost 7 ms of CPU); when
