@@ -78,9 +78,11 @@ class ServerSettings(_Section):
     tls_key: Path | None = Field(None, description="PEM private key of tls_cert")
     tls_client_ca: Path | None = Field(None, description="PEM CA bundle: require client certificates (mTLS)")
     shutdown_grace_s: float = Field(10.0, gt=0, description="how long SIGTERM waits for in-flight exports")
-    decode_workers: int = Field(-1, ge=-1, le=64, description="processes decoding requests (-1: one per core "
-                                "but one, or one per core with redaction on; 0: in the receiver process; raise it "
-                                "for mostly OTLP/JSON traffic, which the Python decoder reads)")
+    decode_workers: int = Field(-1, ge=-1, le=64, description="processes running the Python decoder, started by "
+                                "the first request that needs it: OTLP/JSON, logs, redaction, spans the C walk leaves "
+                                "to it (protobuf is decoded in C on the server's threads) (-1: one per core but one, "
+                                "or one per core with redaction on; 0: in the receiver process; raise it for mostly "
+                                "OTLP/JSON traffic)")
 
     @field_validator("tls_cert", "tls_key", "tls_client_ca")
     @classmethod

@@ -59,7 +59,7 @@ class Collector:
         self.metrics.watch(lambda: self.store.queued_spans, self.store.size_bytes)
         workers, redactor = settings.server.decode_workers, settings.redaction.redactor()
         self.decoder = DecodePool(default_workers(redactor is not None) if workers < 0 else workers, redactor,
-                                  settings.limits.span_limits())
+                                  settings.limits.span_limits(), self.log)
         ingest = Ingest(self.store, self.metrics, settings.server.ingest_token, self.decoder,
                         max_inflight_bytes=settings.server.max_inflight_bytes)
         self.grpc = GrpcReceiver(settings.server, ingest)
@@ -130,7 +130,8 @@ class Collector:
                       tls=bool(s.tls_cert), auth=bool(s.ingest_token), metrics=list(sc.metrics),
                       quiet_period_s=self.settings.conversations.quiet_period_s, **self.stage.judges(),
                       waiting_for_judge=self.stage.unavailable, resumed_jobs=self.stage.resumed,
-                      decoder="c" if native_decode_enabled() else "python", decode_workers=self.decoder.workers)
+                      decoder="c" if native_decode_enabled() else "python", decode_threads=self.decoder.threads,
+                      decode_workers=self.decoder.workers)
         if not native_decode_built():
             self.log.warning("protobuf requests are decoded in Python, at about 0.6x the speed",
                              reason="the C extension collector/receivers/_otlp_columns.c was not built",

@@ -125,10 +125,11 @@ def _agent_request() -> bytes:
 def test_the_extension_is_built_and_the_collector_says_which_decoder_it_runs(tmp_path: Path) -> None:
     assert native_decode_enabled(), "collector/receivers/_otlp_columns.c was not built: `pip install -e .` with gcc"
     cores = len(os.sched_getaffinity(0))
-    for env, decoder, workers in (({}, "c", max(1, cores - 1)), ({"TRACEJUDGE_NATIVE_DECODE": "0"}, "python", cores)):
+    for env, decoder, threads, workers in (({}, "c", cores, max(1, cores - 1)),
+                                           ({"TRACEJUDGE_NATIVE_DECODE": "0"}, "python", 0, cores)):
         with CollectorProcess(tmp_path / f"{decoder}.duckdb", env=env) as collector:
             line = collector.start_line
-            assert (line["decoder"], line["decode_workers"]) == (decoder, workers)
+            assert (line["decoder"], line["decode_threads"], line["decode_workers"]) == (decoder, threads, workers)
 
 
 @pytest.mark.parametrize("payload", [pytest.param(_agent_request(), id="agent"),

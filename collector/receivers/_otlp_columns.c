@@ -6,7 +6,9 @@
  * kinds below. For anything else it answers None and the Python decoder (mapping.otlp, span_rows), which
  * defines the behaviour, decodes the request instead; tests hold the two to the same rows.
  *
- * Every read is bounds-checked against the request: a hostile request can only make it answer None.
+ * Every read is bounds-checked against the request: a hostile request can only make it answer None. The walk runs
+ * without the GIL (its buffers come from PyMem_Raw*; a float takes the GIL back for float_text), so the server
+ * decodes on threads in parallel with its own Python work.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -22,6 +24,7 @@ enum { OK = 0, FALLBACK = 1, NOMEM = -1 };
 #define TRY(expr) do { int rc_ = (expr); if (rc_ != OK) return rc_; } while (0)
 #define MAX_COLUMN_BYTES ((size_t)1 << 30) /* Arrow string offsets are int32; past this, Python decodes */
 #define MAX_PRECEDENCE 32
+#define MAX_RESOURCE_ATTRIBUTES 65536 /* the Python path keeps them all; past this many, it decodes the request */
 /* Every row stores its resource's attributes: past this much in all, Python decodes the request, which refuses it
  * (span_rows.MAX_REPEATED_RESOURCE) instead of making gigabytes of rows from one large resource. */
 #define MAX_REPEATED_RESOURCE ((size_t)256 << 20)
@@ -34,7 +37,7 @@ static int buf_grow(Buf *b, size_t extra) {
     if (extra > MAX_COLUMN_BYTES || b->len + extra > MAX_COLUMN_BYTES) return FALLBACK;
     size_t cap = b->cap ? b->cap : 1024;
     while (cap < b->len + extra) cap *= 2;
-    char *p = PyMem_Realloc(b->data, cap);
+    char *p = PyMem_RawRealloc(b->data, cap);
     if (p == NULL) return NOMEM;
     b->data = p;
     b->cap = cap;
@@ -53,7 +56,7 @@ static inline int buf_put(Buf *b, const void *s, size_t n) {
 static inline int buf_byte(Buf *b, char c) { return buf_put(b, &c, 1); }
 
 static void buf_free(Buf *b) {
-    PyMem_Free(b->data);
+    PyMem_RawFree(b->data);
     b->data = NULL;
     b->len = b->cap = 0;
 }
@@ -267,7 +270,27 @@ static int parse_any(const uint8_t *p, size_t n, Value *v) {
 typedef struct {
     PyObject *float_text; /* orjson.dumps: floats in exactly the text the Python path writes */
     size_t value_length;  /* strings longer than this are cut: the Python path does that */
+    PyThreadState **released; /* the walk runs without the GIL; a float takes it back to call float_text */
 } JsonOptions;
+
+/* The float's JSON text from float_text (the GIL held). */
+static int float_json(Buf *b, double value, PyObject *float_text) {
+    PyObject *number = PyFloat_FromDouble(value);
+    if (number == NULL) {
+        PyErr_Clear();
+        return NOMEM;
+    }
+    PyObject *text = PyObject_CallOneArg(float_text, number);
+    Py_DECREF(number);
+    if (text == NULL || !PyBytes_Check(text)) {
+        Py_XDECREF(text);
+        PyErr_Clear();
+        return FALLBACK;
+    }
+    int rc = buf_put(b, PyBytes_AS_STRING(text), (size_t)PyBytes_GET_SIZE(text));
+    Py_DECREF(text);
+    return rc;
+}
 
 static int json_scalar(Buf *b, const Value *v, const JsonOptions *o) {
     switch (v->type) {
@@ -279,17 +302,9 @@ static int json_scalar(Buf *b, const Value *v, const JsonOptions *o) {
     case V_INT: return json_int(b, v->i);
     case V_DOUBLE: {
         if (!isfinite(v->d)) return FALLBACK;
-        PyObject *number = PyFloat_FromDouble(v->d);
-        if (number == NULL) return NOMEM;
-        PyObject *text = PyObject_CallOneArg(o->float_text, number);
-        Py_DECREF(number);
-        if (text == NULL || !PyBytes_Check(text)) {
-            Py_XDECREF(text);
-            PyErr_Clear();
-            return FALLBACK;
-        }
-        int rc = buf_put(b, PyBytes_AS_STRING(text), (size_t)PyBytes_GET_SIZE(text));
-        Py_DECREF(text);
+        PyEval_RestoreThread(*o->released);
+        int rc = float_json(b, v->d, o->float_text);
+        *o->released = PyEval_SaveThread();
         return rc;
     }
     default: return FALLBACK;
@@ -324,7 +339,7 @@ typedef struct { Slice *items; size_t len, cap; } Slices;
 static int attributes_push(Attributes *a, Attribute item) {
     if (a->len == a->cap) {
         size_t cap = a->cap ? a->cap * 2 : 64;
-        Attribute *p = PyMem_Realloc(a->items, cap * sizeof(Attribute));
+        Attribute *p = PyMem_RawRealloc(a->items, cap * sizeof(Attribute));
         if (p == NULL) return NOMEM;
         a->items = p;
         a->cap = cap;
@@ -336,7 +351,7 @@ static int attributes_push(Attributes *a, Attribute item) {
 static int slices_push(Slices *s, const uint8_t *p, size_t len) {
     if (s->len == s->cap) {
         size_t cap = s->cap ? s->cap * 2 : 16;
-        Slice *items = PyMem_Realloc(s->items, cap * sizeof(Slice));
+        Slice *items = PyMem_RawRealloc(s->items, cap * sizeof(Slice));
         if (items == NULL) return NOMEM;
         s->items = items;
         s->cap = cap;
@@ -384,7 +399,7 @@ static int any_equal(Seen *seen, size_t n, const uint8_t *(*at)(const void *, si
     size_t cap = 16;
     while (cap < 2 * n) cap *= 2;
     if (cap > seen->cap) {
-        uint32_t *slots = PyMem_Realloc(seen->slots, cap * sizeof(uint32_t));
+        uint32_t *slots = PyMem_RawRealloc(seen->slots, cap * sizeof(uint32_t));
         if (slots == NULL) return NOMEM;
         seen->slots = slots;
         seen->cap = cap;
@@ -424,7 +439,10 @@ static const uint8_t *span_key(const void *ctx, size_t i, size_t *len) {
 /* --- key-value lists ------------------------------------------------------------------------------------------ */
 
 /* Append the KeyValue messages in `list` (slices) as parsed attributes to `out`. */
-static int parse_key_value(const uint8_t *p, size_t n, Attributes *out) {
+/* One attribute onto `out`; past `max` of them, Python decodes the request: a span with millions of attributes makes
+ * no array of millions here (the walk runs in the server, and the Python path cuts them to the limits anyway). */
+static int parse_key_value(const uint8_t *p, size_t n, Attributes *out, size_t max) {
+    if (out->len >= max) return FALLBACK;
     Reader r = {p, p + n};
     Attribute a = {(const uint8_t *)"", 0, {V_NULL, NULL, 0, 0, 0.0}};
     int values = 0;
@@ -524,11 +542,11 @@ static void decoder_free(Decoder *d) {
     buf_free(&d->keys);
     buf_free(&d->resource);
     buf_free(&d->scratch);
-    PyMem_Free(d->attributes.items);
-    PyMem_Free(d->item_attributes.items);
-    PyMem_Free(d->events.items);
-    PyMem_Free(d->links.items);
-    PyMem_Free(d->seen.slots);
+    PyMem_RawFree(d->attributes.items);
+    PyMem_RawFree(d->item_attributes.items);
+    PyMem_RawFree(d->events.items);
+    PyMem_RawFree(d->links.items);
+    PyMem_RawFree(d->seen.slots);
 }
 
 /* The resource of one ResourceSpans, as every one of its spans stores it. */
@@ -575,7 +593,7 @@ static int event_json(Decoder *d, Buf *b, const Slice *event) {
         switch (f.num) {
         case 1: EXPECT(f, 1); time = f.v; break;
         case 2: TRY(string_field(&f)); name = f.p; name_len = f.len; break;
-        case 3: EXPECT(f, 2); TRY(parse_key_value(f.p, f.len, &d->item_attributes)); break;
+        case 3: EXPECT(f, 2); TRY(parse_key_value(f.p, f.len, &d->item_attributes, d->event_attribute_count)); break;
         case 4: EXPECT(f, 0); break;
         default: return FALLBACK;
         }
@@ -601,7 +619,7 @@ static int link_json(Decoder *d, Buf *b, const Slice *link) {
         case 1: TRY(bytes_field(&f, &trace.p, &trace.len)); break;
         case 2: TRY(bytes_field(&f, &span.p, &span.len)); break;
         case 3: TRY(string_field(&f)); break;
-        case 4: EXPECT(f, 2); TRY(parse_key_value(f.p, f.len, &d->item_attributes)); break;
+        case 4: EXPECT(f, 2); TRY(parse_key_value(f.p, f.len, &d->item_attributes, d->attribute_count)); break;
         case 5: EXPECT(f, 0); break;
         case 6: EXPECT(f, 5); break;
         default: return FALLBACK;
@@ -673,10 +691,12 @@ static int span_row(Decoder *d, const uint8_t *p, size_t n, const Resource *res,
         case 6: EXPECT(f, 0); kind = f.v; break;
         case 7: EXPECT(f, 1); start = f.v; break;
         case 8: EXPECT(f, 1); end = f.v; break;
-        case 9: EXPECT(f, 2); TRY(parse_key_value(f.p, f.len, &d->attributes)); break;
+        case 9: EXPECT(f, 2); TRY(parse_key_value(f.p, f.len, &d->attributes, d->attribute_count)); break;
         case 10: case 12: case 14: EXPECT(f, 0); break;
-        case 11: EXPECT(f, 2); TRY(slices_push(&d->events, f.p, f.len)); break;
-        case 13: EXPECT(f, 2); TRY(slices_push(&d->links, f.p, f.len)); break;
+        case 11: EXPECT(f, 2); if (d->events.len >= d->event_count) return FALLBACK;
+            TRY(slices_push(&d->events, f.p, f.len)); break;
+        case 13: EXPECT(f, 2); if (d->links.len >= d->link_count) return FALLBACK;
+            TRY(slices_push(&d->links, f.p, f.len)); break;
         case 15: EXPECT(f, 2); if (statuses++) return FALLBACK; TRY(status_fields(&f, &code, &message)); break;
         case 16: EXPECT(f, 5); break;
         default: return FALLBACK;
@@ -741,7 +761,7 @@ static int resource_of(Decoder *d, const Field *resource, Resource *res, Attribu
             TRY(read_field(&r, &f));
             if (f.num == 1) {
                 EXPECT(f, 2);
-                TRY(parse_key_value(f.p, f.len, attributes));
+                TRY(parse_key_value(f.p, f.len, attributes, MAX_RESOURCE_ATTRIBUTES));
             } else if (f.num == 2) {
                 EXPECT(f, 0);
             } else {
@@ -750,7 +770,7 @@ static int resource_of(Decoder *d, const Field *resource, Resource *res, Attribu
         }
     }
     /* the resource's values are not cut to the span limits, as in the Python path */
-    JsonOptions uncut = {d->json.float_text, SIZE_MAX};
+    JsonOptions uncut = {d->json.float_text, SIZE_MAX, d->json.released};
     d->resource.len = 0;
     TRY(json_object(&d->resource, &d->seen, attributes, &uncut));
     res->json_start = 0;
@@ -837,7 +857,7 @@ static int resource_spans(Decoder *d, const Field *group) {
         rc = read_field(&r, &f);
         if (rc == OK && f.num == 2) rc = scope_spans(d, &f, &res);
     }
-    PyMem_Free(attributes.items);
+    PyMem_RawFree(attributes.items);
     return rc;
 }
 
@@ -917,7 +937,12 @@ static PyObject *columns(PyObject *self, PyObject *args) {
         int32_t zero = 0;
         rc = buf_put(&d.strings[i].offsets, &zero, 4);
     }
-    if (rc == OK) rc = decode(&d, (const uint8_t *)payload.buf, (size_t)payload.len);
+    if (rc == OK) { /* without the GIL: the server decodes on threads, in parallel with its Python */
+        PyThreadState *released = PyEval_SaveThread();
+        d.json.released = &released;
+        rc = decode(&d, (const uint8_t *)payload.buf, (size_t)payload.len);
+        PyEval_RestoreThread(released);
+    }
     if (rc == NOMEM) PyErr_NoMemory();
     else if (rc == FALLBACK) out = Py_NewRef(Py_None);
     else out = result(&d);

@@ -1,4 +1,5 @@
-"""What a decode worker process runs: one export request to the rows of the `spans` table.
+"""What decodes one export request to the rows of the `spans` table: the C walk on the server's threads
+(`decode_native`), and a decode worker process's whole job (`decode_request`).
 
 Imported by every spawned worker, so it imports only what the C walk needs (`otlp_columns`). The Python decoder
 and pyarrow are imported on the first request the C walk leaves to them (OTLP/JSON, logs, redaction, a span with
@@ -30,19 +31,29 @@ BIG_REQUEST = 4 * 1024 * 1024  # after one this large, a worker hands its freed 
 WorkerResult = tuple["NativeColumns | bytes", int, "list[SpanProblem]", int, bytes]
 
 
+def decode_native(payload: bytes, content_type: str, limits: tuple[int, ...]) -> WorkerResult | None:
+    """The C walk's rows of a protobuf trace request, or None when the Python decoder must take it. Run on the
+    server's decode threads (the walk releases the GIL) or in a worker. `limits` is `dataclasses.astuple(SpanLimits)`:
+    unpickling the dataclass would import the Python decoder into every worker."""
+    native = native_columns(payload, content_type, limits, time.time_ns() // 1000)
+    if len(payload) >= BIG_REQUEST:
+        release_heap()
+    if native is None:
+        return None
+    return native, native.rows, [], 0, ids_digest(native.ids())
+
+
 def decode_request(payload: bytes, content_type: str, limits: tuple[int, ...], redactor: Redactor | None = None,
-                   signal: Signal = "traces") -> WorkerResult:
+                   signal: Signal = "traces", native: bool = True) -> WorkerResult:
     """Run in a worker (or in the receiver with `decode_workers = 0`): OTLPDecodeError propagates to the caller
-    as itself. `limits` is `dataclasses.astuple(SpanLimits)`: unpickling the dataclass would import the Python
-    decoder into every worker."""
-    received_us = time.time_ns() // 1000
+    as itself. `native`: try the C walk first (False: it already left this request to Python)."""
     try:
-        if signal == "traces" and redactor is None:
-            native = native_columns(payload, content_type, limits, received_us)
-            if native is not None:
-                return native, native.rows, [], 0, ids_digest(native.ids())
+        if native and signal == "traces" and redactor is None:
+            result = decode_native(payload, content_type, limits)
+            if result is not None:
+                return result
         from collector.receivers.span_rows import decode_to_ipc  # the Python decoder: pyarrow, protobuf classes
-        return decode_to_ipc(payload, content_type, redactor, signal, limits, received_us)
+        return decode_to_ipc(payload, content_type, redactor, signal, limits, time.time_ns() // 1000)
     finally:
         if len(payload) >= BIG_REQUEST:
             _give_memory_back()
