@@ -27,7 +27,7 @@ from collector.receivers.ingest import Ingest
 from collector.receivers.otlp_columns import native_decode_built, native_decode_enabled
 from collector.receivers.otlp_grpc import GrpcReceiver
 from collector.receivers.otlp_http import HttpReceiver
-from collector.store.memory_release import arrow_on_the_system_allocator
+from collector.store.memory_release import arrow_on_the_system_allocator, fewer_malloc_arenas
 from collector.store.span_store import SpanStore, mark_pandas_absent
 from scoring.stage import ScoringStage, StageConfig
 
@@ -207,6 +207,7 @@ async def serve(settings: Settings, logger: Logger) -> None:
     gc.freeze()
     gc.set_threshold(100_000, 50, 100)
     mark_pandas_absent()
+    fewer_malloc_arenas()
     arrow_on_the_system_allocator()
     collector = Collector(settings, logger)
     stop = asyncio.Event()

@@ -52,3 +52,17 @@ def arrow_on_the_system_allocator() -> None:
 
         os.environ["ARROW_DEFAULT_MEMORY_POOL"] = "system"
         pa.set_memory_pool(pa.system_memory_pool())
+
+
+M_ARENA_MAX = -8  # glibc's mallopt parameter
+
+
+def fewer_malloc_arenas(arenas: int = 2) -> bool:
+    """At most `arenas` glibc malloc arenas for this process (glibc's default is eight per core): the receivers',
+    decode and writer threads each got an arena of their own, each holding its own freed memory. Whether it was set;
+    a user's MALLOC_ARENA_MAX wins."""
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    with contextlib.suppress(OSError, AttributeError):
+        return ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, arenas) == 1
+    return False
