@@ -130,19 +130,22 @@ def test_a_conversations_earlier_turns_received_hours_ago_are_in_its_next_versio
         store.close()
 
 
-# a trace's conversation key (None: it is its own conversation), then steps: a span of trace N (carrying its key
-# or not), or a poll that assembles whatever is due
+# each trace's conversation key under gen_ai.conversation.id and under the weaker session.id (None: it has none),
+# then steps: a span of trace N (carrying the strong key, the weak one or none), or a poll that assembles what is due
 _KEYS = st.lists(st.sampled_from([None, "chat-a", "chat-b"]), min_size=4, max_size=4)
-_STEPS = st.lists(st.one_of(st.tuples(st.integers(0, 3), st.booleans()), st.sampled_from(["poll", "poll one"])),
-                  min_size=1, max_size=12)
+_WEAK_KEYS = st.lists(st.sampled_from([None, "chat-a", "chat-c"]), min_size=4, max_size=4)
+_STEPS = st.lists(st.one_of(st.tuples(st.integers(0, 3), st.sampled_from(["strong", "weak", "none"])),
+                            st.sampled_from(["poll", "poll one"])), min_size=1, max_size=12)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(keys=_KEYS, steps=_STEPS)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(keys=_KEYS, weak_keys=_WEAK_KEYS, steps=_STEPS)
 def test_whatever_the_order_every_trace_ends_in_the_conversation_its_spans_name(
-        tmp_path_factory, keys: list[str | None], steps: list) -> None:
+        tmp_path_factory, keys: list[str | None], weak_keys: list[str | None], steps: list) -> None:
+    """A trace belongs to the conversation its strongest key names (gen_ai.conversation.id over session.id), however
+    its spans and the polls interleave."""
     store, assembler = _assembling_store(tmp_path_factory.mktemp("assembler") / "t.duckdb", quiet_period_s=0.0)
-    named: dict[int, str] = {}  # trace -> the key one of its stored spans carries
+    named: dict[int, dict[str, str]] = {}  # trace -> key attribute -> the value its stored spans carry
     sent: set[int] = set()
     # each step received two hours after the one before: reads that start too late would lose a trace's spans
     start = dt.datetime.now(dt.UTC) - dt.timedelta(hours=2 * len(steps))
@@ -152,16 +155,18 @@ def test_whatever_the_order_every_trace_ends_in_the_conversation_its_spans_name(
             if step in ("poll", "poll one"):  # one at a time leaves the others waiting, as a backlog does
                 assembler.assemble_due(limit=1 if step == "poll one" else None)
             else:
-                trace, with_key = step
-                key = keys[trace] if with_key else None
-                await store.write(spans_to_arrow(_spans(trace + 1, n + 1, session=key, turn=f"turn {n}"),
-                                                 start + dt.timedelta(hours=2 * n)))
+                trace, strength = step
+                attribute = "gen_ai.conversation.id" if strength == "strong" else "session.id"
+                key = {"strong": keys, "weak": weak_keys, "none": [None] * 4}[strength][trace]
+                await store.write(spans_to_arrow(_spans(trace + 1, n + 1, session=key, turn=f"turn {n}",
+                                                        key=attribute), start + dt.timedelta(hours=2 * n)))
                 sent.add(trace)
                 if key is not None:
-                    named[trace] = key
+                    named.setdefault(trace, {})[attribute] = key
             # the waiting index holds no conversation without a waiting trace (its memory follows the traces)
             assert assembler.pending_conversations() <= assembler.pending_traces()
-        assembler.assemble_due(force=True)
+        while assembler.assemble_due(force=True):  # a conversation a trace left waits again, for the next poll
+            pass
 
     try:
         asyncio.run(scenario())
@@ -171,7 +176,9 @@ def test_whatever_the_order_every_trace_ends_in_the_conversation_its_spans_name(
             "QUALIFY row_number() OVER (PARTITION BY conversation_id ORDER BY version DESC) = 1").fetchall())
         expected: dict[str, set[str]] = {}
         for trace in sent:
-            expected.setdefault(named.get(trace, tid(trace + 1)), set()).add(tid(trace + 1))
+            held = named.get(trace, {})
+            conversation = held.get("gen_ai.conversation.id") or held.get("session.id") or tid(trace + 1)
+            expected.setdefault(conversation, set()).add(tid(trace + 1))
         for conversation_id, traces in expected.items():
             assert set(latest.get(conversation_id) or ()) == traces, (conversation_id, latest)
         # and each is the conversation all of its stored spans make, though later versions reuse earlier traces'

@@ -110,7 +110,10 @@ class ConversationAssembler:
         self.metric_configs = metric_configs  # metric -> config hash (part of the job and score key)
         self.writer_busy_s = writer_busy_s  # the span writer's seconds spent committing so far (None: not known)
         self._group_of: dict[str, str] = {}  # waiting trace -> the conversation its spans name so far
-        self._rank_of: dict[str, int] = {}  # waiting trace -> precedence of that key (_UNKEYED: none)
+        # a waiting trace's key precedence (_UNKEYED: none) is its conversation's in _key_rank, except where it
+        # differs (kept in _rank_of): one entry per conversation, not one per trace (42 bytes each)
+        self._key_rank: dict[str, int] = {}  # conversation -> precedence of the key its keyed traces hold
+        self._rank_of: dict[str, int] = {}  # waiting trace -> its precedence, where it is not its conversation's
         # conversation -> its waiting traces, only where they are not just the conversation's own trace: most
         # traces carry no key and are their own conversation, and a set would be half of what each one costs
         self._members: dict[str, set[str]] = {}
@@ -144,8 +147,9 @@ class ConversationAssembler:
         lock is held."""
         old = self._group_of.get(trace)
         group = old or trace
-        if key is not None and key[0] < self._rank_of.get(trace, _UNKEYED):
-            self._rank_of[trace], group = key
+        rank = self._rank(trace, old) if old is not None else _UNKEYED
+        if key is not None and key[0] < rank:
+            rank, group = key
             members = self._members.get(group)
             if members:  # the key string its other traces hold: one per conversation, not one per trace (62 bytes)
                 group = self._group_of[next(iter(members))]
@@ -153,13 +157,15 @@ class ConversationAssembler:
             if old is not None:  # the trace's earlier spans came with its old conversation's commits
                 first_us = min(first_us, self._first.get(old, 0))
                 self._leave(trace, old)
-            self._join(trace, group, first_us)
+            self._join(trace, group, first_us, rank)
+        elif key is not None and rank == key[0]:  # a stronger key naming the same conversation
+            self._set_rank(trace, group, rank)
         self._last[group] = now
         self._last.move_to_end(group)
 
-    def _join(self, trace: str, group: str, first_us: int) -> None:
-        """The trace waits with this conversation from now on (its spans received from `first_us` on); the lock is
-        held."""
+    def _join(self, trace: str, group: str, first_us: int, rank: int) -> None:
+        """The trace waits with this conversation from now on (its spans received from `first_us` on, its key of
+        precedence `rank`); the lock is held."""
         self._first[group] = min(first_us, self._first.get(group, first_us))
         self._group_of[trace] = group
         members = self._members.get(group)
@@ -167,9 +173,27 @@ class ConversationAssembler:
             members.add(trace)
         elif trace != group:
             self._members[group] = {trace} | self._own_trace(group)
+        self._set_rank(trace, group, rank)
+
+    def _rank(self, trace: str, group: str) -> int:
+        """The precedence of the strongest key the waiting trace's spans carried (_UNKEYED: none)."""
+        return self._rank_of.get(trace, self._key_rank.get(group, _UNKEYED))
+
+    def _set_rank(self, trace: str, group: str, rank: int) -> None:
+        """Record the waiting trace's key precedence: nothing where it is its conversation's."""
+        base = self._key_rank.get(group)
+        if base is None and rank != _UNKEYED:  # the conversation's first keyed trace: the others carry no key
+            for member in self._traces_of(group) - {trace}:
+                self._rank_of.setdefault(member, _UNKEYED)
+            self._key_rank[group] = base = rank
+        if rank == (_UNKEYED if base is None else base):
+            self._rank_of.pop(trace, None)
+        else:
+            self._rank_of[trace] = rank
 
     def _leave(self, trace: str, group: str) -> None:
         """The trace no longer waits with this conversation (its `_group_of` entry is the caller's to change)."""
+        self._rank_of.pop(trace, None)
         members = self._members.get(group)
         if members is not None:
             members.discard(trace)
@@ -181,6 +205,7 @@ class ConversationAssembler:
         if empty:
             self._last.pop(group, None)
             self._first.pop(group, None)
+            self._key_rank.pop(group, None)
 
     def _own_trace(self, group: str) -> set[str]:
         """The trace whose id is the conversation's, if it waits in it (a conversation without a member set)."""
@@ -202,6 +227,7 @@ class ConversationAssembler:
         self._members.pop(group, None)
         self._last.pop(group, None)
         self._first.pop(group, None)
+        self._key_rank.pop(group, None)
         return True
 
     def recover(self) -> None:
@@ -270,8 +296,11 @@ class ConversationAssembler:
         waiting = set().union(*(d.traces for d in due.values()))
         # a waiting trace assembled before (a late span) has older spans: as old as its first assembly says
         since = min(d.first_us for d in due.values())
-        since = min([since, *self._assembled_since(self._assembled(waiting))])
+        assembled_before = self._assembled(waiting)
+        since = min([since, *self._assembled_since(assembled_before)])
         owners = self._trace_keys(waiting, since)  # the stored spans decide: a late span may carry no key itself
+        # a trace that a stronger key moved to another conversation leaves its old one short of it
+        left = {old for trace, old, _ in assembled_before if old != owners.get(trace, trace)}
         conversations: dict[str, set[str]] = {}
         for trace in waiting:
             conversations.setdefault(owners.get(trace, trace), set()).add(trace)
@@ -311,7 +340,20 @@ class ConversationAssembler:
             for trace, part in mapped.items():
                 if trace not in self._group_of:  # a trace with spans committed since its read waits to be read again
                     self.cache.put(trace, part)
+        if left:
+            self._wait_again(left)
         return done
+
+    def _wait_again(self, conversations: set[str]) -> None:
+        """The traces still assembled into these conversations wait again, so each gets a version without the
+        traces that left it."""
+        rows = self._assembled_into(conversations)
+        keys = self._strongest_keys({trace for trace, _, _ in rows})
+        now = time.monotonic()
+        with self._lock:
+            for (trace, _, _), since in zip(rows, self._assembled_since(rows), strict=True):
+                if trace not in self._group_of:
+                    self._note(trace, keys.get(trace), now, since)
 
     def _wait_with_active(self, due: dict[str, _Due], owners: dict[str, str],
                           conversations: dict[str, set[str]]) -> None:
@@ -324,9 +366,9 @@ class ConversationAssembler:
                 for trace in chosen.traces:
                     target = owners.get(trace, trace)
                     if target in active and self._group_of.get(trace) == group:
-                        first_us = self._first.get(group, 0)
+                        first_us, rank = self._first.get(group, 0), self._rank(trace, group)
                         self._leave(trace, group)
-                        self._join(trace, target, first_us)
+                        self._join(trace, target, first_us, rank)
         for conversation_id in active:
             del conversations[conversation_id]
 
