@@ -300,7 +300,7 @@ class ConversationAssembler:
         since = min([since, *self._assembled_since(assembled_before)])
         owners = self._trace_keys(waiting, since)  # the stored spans decide: a late span may carry no key itself
         # a trace that a stronger key moved to another conversation leaves its old one short of it
-        left = {old for trace, old, _ in assembled_before if old != owners.get(trace, trace)}
+        moved = {trace: old for trace, old, _ in assembled_before if old != owners.get(trace, trace)}
         conversations: dict[str, set[str]] = {}
         for trace in waiting:
             conversations.setdefault(owners.get(trace, trace), set()).add(trace)
@@ -326,6 +326,9 @@ class ConversationAssembler:
                     conversations[key].add(trace)
                     going_on.add(key)
         failed, mapped = self._assemble_all(conversations, since, kept, going_on)
+        # once the trace is in its new conversation's version, its old one gets a version without it
+        left = {old for trace, old in moved.items()
+                if owners.get(trace, trace) in conversations and owners.get(trace, trace) not in failed}
         done = 0
         with self._lock:
             now = time.monotonic()

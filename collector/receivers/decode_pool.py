@@ -11,8 +11,10 @@ With `workers = 0` the Python decoder runs in the receiver's own process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import os
+import threading
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import astuple, dataclass
@@ -84,25 +86,45 @@ class DecodePool:
         self.threads = usable_cpus() if redactor is None and native_decode_enabled() else 0  # for the C walk
         self._threads: ThreadPoolExecutor | None = None
         self._executor: Executor | None = None
-        self._starting: asyncio.Lock | None = None
+        self._workers_lock = threading.Lock()  # one start or replacement of the worker processes at a time
         self.restarts = 0
 
     def start(self) -> None:
         if self.threads:
             self._threads = ThreadPoolExecutor(self.threads, thread_name_prefix="tracejudge-decode")
         elif self.workers > 0:  # every request goes to the Python decoder: its processes start now
-            self._executor = self._new_executor()
+            self._workers()
 
-    def _new_executor(self) -> Executor:
-        # a worker is replaced after this many requests, so memory a hostile request left behind is returned
-        executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                       initializer=worker_init, max_tasks_per_child=MAX_TASKS_PER_WORKER)
-        for future in [executor.submit(ready) for _ in range(self.workers)]:
-            future.result()  # start every worker now, not on their first request
+    def _workers(self, broken: Executor | None = None) -> Executor:
+        """The Python decoder's processes (blocking: run in a thread): started when there are none, replaced when
+        `broken` is still the pool in use. The pool is assigned here, not by the caller, so a request cancelled
+        while it waits leaves no pool behind; a start that fails leaves none either."""
+        with self._workers_lock:
+            if self._executor is not None and self._executor is not broken:
+                return self._executor  # started or replaced meanwhile by another request
+            if broken is not None:
+                broken.shutdown(wait=False, cancel_futures=True)
+                self._executor = None
+                self.restarts += 1
+            # a worker is replaced after this many requests, so memory a hostile request left behind is returned
+            executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                           initializer=worker_init, max_tasks_per_child=MAX_TASKS_PER_WORKER)
+            try:
+                for future in [executor.submit(ready) for _ in range(self.workers)]:
+                    future.result()  # start every worker now, not on their first request
+            except BaseException:
+                executor.shutdown(wait=False, cancel_futures=True)
+                raise
+            self._executor = executor
+        if broken is None and self.threads and self.log is not None:
+            self.log.info("decode workers started", workers=self.workers,
+                          reason="a request needs the Python decoder (OTLP/JSON, logs, or a span the C walk leaves "
+                                 "to it)")
         return executor
 
     async def decode(self, payload: bytes, content_type: str, signal: Signal = "traces") -> DecodedBatch:
-        """The request's spans; OTLPDecodeError for a bad request, DecoderUnavailable when a worker died."""
+        """The request's spans; OTLPDecodeError for a bad request, DecoderUnavailable when a worker died or the
+        workers could not start (the exporter retries)."""
         loop = asyncio.get_running_loop()
         native = self._threads is not None and signal == "traces"
         if native:
@@ -111,34 +133,21 @@ class DecodePool:
                 return _batch(result)
         if self.workers == 0:
             return _batch(decode_request(payload, content_type, self.limits, self.redactor, signal, not native))
-        executor = self._executor or await self._start_workers()
+        executor = self._executor
+        if executor is None:  # the first request that needs the Python decoder starts its processes
+            try:
+                executor = await asyncio.to_thread(self._workers)
+            except Exception as exc:
+                raise DecoderUnavailable(f"the decode workers could not start ({type(exc).__name__}: {exc}); "
+                                         "retry") from exc
         try:
             result = await loop.run_in_executor(
                 executor, decode_request, payload, content_type, self.limits, self.redactor, signal, not native)
         except BrokenProcessPool as exc:
-            if self._executor is executor:  # the first to notice replaces the pool; the export is retried
-                await asyncio.to_thread(self._replace, executor)
+            with contextlib.suppress(Exception):  # a replacement that fails leaves none: the next request starts one
+                await asyncio.to_thread(self._workers, executor)  # replaced once, however many requests noticed
             raise DecoderUnavailable("a decode worker stopped (out of memory?); it was restarted, retry") from exc
         return _batch(result)
-
-    async def _start_workers(self) -> Executor:
-        """The Python decoder's processes, started by the first request that needs them (once, however many come
-        at the same moment)."""
-        self._starting = self._starting or asyncio.Lock()
-        async with self._starting:
-            if self._executor is None:
-                self._executor = await asyncio.to_thread(self._new_executor)
-                if self.log is not None:
-                    self.log.info("decode workers started", workers=self.workers,
-                                  reason="a request needs the Python decoder (OTLP/JSON, logs, or a span the C walk "
-                                         "leaves to it)")
-        return self._executor
-
-    def _replace(self, broken: Executor) -> None:
-        """A new pool, then the swap: requests meanwhile are told to retry, never decoded on the receiver's loop."""
-        broken.shutdown(wait=False, cancel_futures=True)
-        self._executor = self._new_executor()
-        self.restarts += 1
 
     def stop(self) -> None:
         if self._executor is not None:
