@@ -97,7 +97,7 @@ class StoreSettings(_Section):
     max_batch_spans: int = Field(50_000, ge=1, description="most spans committed in one transaction")
     max_queue_spans: int = Field(500_000, ge=1, description="spans waiting for a commit before receivers push back")
     retry_after_s: int = Field(1, ge=1, description="Retry-After given to exporters under backpressure")
-    memory_limit: str | None = Field("128MB", description="cap on DuckDB's buffer memory, shared by ingest and "
+    memory_limit: str | None = Field("96MB", description="cap on DuckDB's buffer memory, shared by ingest and "
                                      "queries: a query past it spills to disk or fails, the collector does not "
                                      "(none: DuckDB's default, 80% of RAM)")
     temp_limit: str | None = Field("2GB", description="most disk a query may spill to (none: DuckDB's default, "
@@ -164,6 +164,10 @@ class ConversationSettings(_Section):
     share_under_load: float = Field(0.25, gt=0, le=1, description="while ingest keeps the span writer busy, the "
                                     "assembler works at most this share of the time (it pauses between batches of "
                                     "conversations, so exports stay fast); when ingest is light it never pauses")
+    max_waiting_traces: int = Field(100_000, ge=1, description="traces the assembler keeps in memory while they "
+                                    "wait for their quiet period (about 250 bytes each); past it, new traces are "
+                                    "stored and taken in, oldest first, once it has room (so memory stays bounded "
+                                    "whatever the traffic, and such conversations are assembled later)")
     trace_cache: int = Field(32_000_000, ge=0, description="memory (estimated) for the mapped turns of traces "
                              "of conversations that went on after their first version, so their next version maps "
                              "only its new trace and reads none of their earlier spans; least recently used first "

@@ -61,6 +61,9 @@ class CollectorMetrics:
                                            "in", registry=self.registry)
         self.conversations_assembled = Gauge("tracejudge_conversations_assembled_total", "Conversation versions "
                                              "written since the start (each is scored)", registry=self.registry)
+        self.traces_left_out = Gauge("tracejudge_traces_left_out_total", "Traces stored while the waiting index "
+                                     "was full ([conversations] max_waiting_traces), taken in and assembled later",
+                                     registry=self.registry)
         self.trace_cache_bytes = Gauge("tracejudge_trace_cache_bytes", "Estimated memory of the mapped traces kept "
                                        "for conversations that go on ([conversations] trace_cache)",
                                        registry=self.registry)

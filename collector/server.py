@@ -104,6 +104,7 @@ class Collector:
         self.metrics.traces_waiting.set_function(self.assembler.pending_traces)
         self.metrics.conversations_waiting.set_function(self.assembler.pending_conversations)
         self.metrics.conversations_assembled.set_function(lambda: self.assembler.assembled)
+        self.metrics.traces_left_out.set_function(lambda: self.assembler.left_out)
         cache = self.assembler.cache
         self.metrics.trace_cache_bytes.set_function(lambda: cache.size)
         self.metrics.trace_cache_lookups.labels("hit").set_function(lambda: cache.hits)

@@ -424,3 +424,31 @@ def test_a_kept_trace_that_moves_to_another_conversation_leaves_the_one_it_was_k
         assert latest == {"chat-a": [tid(2), tid(3)], "chat-b": [tid(1)]}
     finally:
         store.close()
+
+
+def test_a_full_waiting_index_stores_new_traces_and_takes_them_in_when_it_has_room(tmp_path: Path) -> None:
+    """Memory for waiting traces is bounded whatever the traffic (a client can make any number of trace ids): past
+    `[conversations] max_waiting_traces` a new trace is stored but not indexed, and taken in, oldest first, once
+    the index has room; every conversation is still assembled, whole."""
+    store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=0.0)
+    assembler.settings.conversations.max_waiting_traces = 3
+    sessions = [None, None, None, "chat-1", None, "chat-1"]
+
+    async def scenario() -> None:
+        for n, session in enumerate(sessions, start=1):
+            await store.write(spans_to_arrow(_spans(n, n, session=session, turn=f"question {n}"),
+                                             dt.datetime.now(dt.UTC)))
+            assert assembler.pending_traces() <= 3
+        assert (assembler.pending_traces(), assembler.left_out) == (3, 3)
+        while assembler.take_in() or assembler.assemble_due(force=True):
+            assert assembler.pending_traces() <= 3
+
+    try:
+        asyncio.run(scenario())
+        latest = dict(store.cursor().execute(
+            "SELECT conversation_id, arg_max(trace_ids, version) FROM conversations GROUP BY ALL").fetchall())
+        assert latest == {tid(1): [tid(1)], tid(2): [tid(2)], tid(3): [tid(3)], tid(5): [tid(5)],
+                          "chat-1": [tid(4), tid(6)]}
+        assert assembler.pending_traces() == 0 and assembler.take_in() == 0
+    finally:
+        store.close()

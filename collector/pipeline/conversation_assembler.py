@@ -123,6 +123,10 @@ class ConversationAssembler:
         self._ended: set[str] = set()  # traces with a span that carried the end marker
         self.cache = MappedTraceCache(settings.conversations.trace_cache)  # traces assembled before, mapped
         self._lock = threading.Lock()
+        # received_at (µs) from which traces were stored without a place in the index (it was full), or since
+        # which a restart must look: they are taken in as it has room (None: nothing left out)
+        self._left_out_since: int | None = None
+        self.left_out = 0  # traces left out of the full index (taken in later), since the start
         self.assembled = 0
         self.late_after_prune = 0  # conversations that got spans after retention pruned theirs (not assembled)
 
@@ -134,13 +138,28 @@ class ConversationAssembler:
         ended = table.filter(end_marked).column("trace_id")
         oldest = pc.min(table.column("received_at")).value
         first_us = max(0, (oldest or 0) - RECEIVED_SLACK // timedelta(microseconds=1))
+        limit = self.settings.conversations.max_waiting_traces
         with self._lock:
             now = time.monotonic()
             for trace in traces:
-                self._note(trace, keys.get(trace), now, first_us)
                 if self.cache.size:
                     self.cache.discard(trace)  # its mapped part no longer holds: it is read again when it is due
-            self._ended.update(ended.to_pylist())
+                if len(self._group_of) >= limit and trace not in self._group_of:
+                    self._leave_out(first_us)
+                    continue
+                self._note(trace, keys.get(trace), now, first_us)
+            self._ended.update(t for t in ended.to_pylist() if t in self._group_of)
+
+    def _leave_out(self, first_us: int) -> None:
+        """A new trace finds the index full: it is stored, and taken in by `take_in` once there is room; the lock is
+        held."""
+        if self._left_out_since is None:
+            self.log.warning("the waiting index is full: new traces are stored and assembled once it has room",
+                             max_waiting_traces=self.settings.conversations.max_waiting_traces,
+                             advice="a shorter [conversations] quiet_period_s holds fewer traces at this traffic; "
+                                    "raise max_waiting_traces to give the index more memory (about 250 bytes a trace)")
+        self._left_out_since = min(first_us, self._left_out_since if self._left_out_since is not None else first_us)
+        self.left_out += 1
 
     def _note(self, trace: str, key: tuple[int, str] | None, now: float, first_us: int) -> None:
         """A trace has new spans (`key`: their strongest conversation key; none received before `first_us`); the
@@ -231,24 +250,47 @@ class ConversationAssembler:
         return True
 
     def recover(self) -> None:
-        """After a restart: every trace with spans newer than its last assembly waits for a quiet period again."""
-        rows = self.con.execute(
-            "SELECT s.trace_id FROM (SELECT trace_id, max(received_at) AS last FROM spans GROUP BY trace_id) s "
-            "LEFT JOIN assembled_traces a USING (trace_id) WHERE a.assembled_at IS NULL OR s.last > a.assembled_at"
-        ).fetchall()
-        traces = [trace for (trace,) in rows]
-        keys = self._strongest_keys(traces)
-        now = time.monotonic()
+        """After a restart: every trace with spans newer than its last assembly waits for a quiet period again (as
+        many as the index holds; the rest as it has room)."""
         with self._lock:
-            for trace in traces:
+            self._left_out_since = 0  # its spans may be as old as the file
+        self.take_in()
+
+    def take_in(self) -> int:
+        """Traces left out of the index while it was full (or before a restart) that wait for assembly, taken in
+        oldest first once a tenth of it is free; how many. One query over the spans received since the first of
+        them."""
+        limit = self.settings.conversations.max_waiting_traces
+        with self._lock:
+            since, room, left_out = self._left_out_since, limit - len(self._group_of), self.left_out
+        if since is None or room < max(1, limit // 10):
+            return 0
+        rows = self.con.execute(
+            "SELECT s.trace_id, epoch_us(s.first) FROM (SELECT trace_id, min(received_at) AS first, "
+            "max(received_at) AS last FROM spans WHERE received_at >= ? GROUP BY trace_id) s "
+            "LEFT JOIN assembled_traces a USING (trace_id) WHERE a.assembled_at IS NULL OR s.last > a.assembled_at "
+            "ORDER BY s.first, s.trace_id LIMIT ?", [_at(since), room + 1]).fetchall()
+        chosen = rows[:room]
+        keys = self._strongest_keys([trace for trace, _ in chosen], since)
+        now = time.monotonic()
+        taken = 0
+        with self._lock:
+            for trace, _ in chosen:
                 if trace not in self._group_of:
-                    self._note(trace, keys.get(trace), now, 0)  # its spans may be as old as the file
+                    self._note(trace, keys.get(trace), now, since)
+                    taken += 1
+            if self.left_out == left_out:  # what is left starts at the first trace not taken (less the slack)
+                self._left_out_since = (max(0, rows[room][1] - RECEIVED_SLACK // timedelta(microseconds=1))
+                                        if len(rows) > room else None)
+            # else traces were left out meanwhile, maybe after the query: look again from the same mark
+        return taken
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             done = 0
             started, busy = time.monotonic(), self._writer_busy()
             try:
+                await asyncio.to_thread(self.take_in)
                 done = await asyncio.to_thread(self.assemble_due, False, MAX_PER_POLL)
             except Exception as exc:  # a bad conversation must not stop the loop; it is logged and retried
                 self.log.error("assembly failed", reason=f"{type(exc).__name__}: {exc}")
