@@ -170,8 +170,8 @@ class ConversationSettings(_Section):
                                     "whatever the traffic, and such conversations are assembled later)")
     trace_cache: int = Field(32_000_000, ge=0, description="memory (estimated) for the mapped turns of traces "
                              "of conversations that went on after their first version, so their next version maps "
-                             "only its new trace and reads none of their earlier spans; least recently used first "
-                             "out; 0 re-reads them all; bytes or 32MB")
+                             "only its new trace and reads none of their earlier spans; evicted at random when "
+                             "full; 0 re-reads them all; bytes or 32MB")
 
     @field_validator("quiet_period_s", "poll_s", mode="before")
     @classmethod
