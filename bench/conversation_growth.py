@@ -6,7 +6,9 @@ per turn; after each round of turns the real assembler, on a real span store, wr
 version. Prints the CPU per version at a few turn counts, with `[conversations] trace_cache` at its default (earlier
 traces' mapped turns kept) and at 0 (every earlier trace read back and mapped again), and their ratio. The cost of a
 version should follow its new trace, not the conversation's length (the composed test case itself still grows).
-Run: `python bench/conversation_growth.py [--conversations 64] [--turns 40]`.
+`--cache-memory` instead measures what the kept traces really hold (tracemalloc, with an unbounded cache) against
+the cache's estimate of them (`collector/pipeline/mapped_traces.py`'s TEXT_FACTOR).
+Run: `python bench/conversation_growth.py [--conversations 64] [--turns 40] [--cache-memory]`.
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import gc
 import io
 import random
 import sys
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -28,6 +32,7 @@ from bench.ingest import build_requests  # noqa: E402
 from collector.config import Settings  # noqa: E402
 from collector.log import Logger  # noqa: E402
 from collector.pipeline.conversation_assembler import ConversationAssembler  # noqa: E402
+from collector.pipeline.mapped_traces import MappedTraceCache  # noqa: E402
 from collector.receivers.span_rows import spans_to_arrow  # noqa: E402
 from collector.store.span_store import SpanStore, mark_pandas_absent  # noqa: E402
 from mapping import decode_otlp  # noqa: E402
@@ -48,8 +53,9 @@ def turn_request(conversation: int, turn: int, rng: random.Random) -> bytes:
     return request.SerializeToString()
 
 
-def run(conversations: int, turns: int, trace_cache: int) -> list[float]:
-    """CPU seconds per conversation version, for each turn count 1..turns."""
+def run(conversations: int, turns: int, trace_cache: int, measure_cache: bool = False) -> list[float]:
+    """CPU seconds per conversation version, for each turn count 1..turns; with `measure_cache`, prints the
+    memory the kept traces hold against the cache's estimate instead."""
     rng = random.Random(7)
     per_turn = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -72,6 +78,15 @@ def run(conversations: int, turns: int, trace_cache: int) -> list[float]:
             while assembled := assembler.assemble_due(True):
                 done += assembled
             per_turn.append((time.process_time() - cpu) / max(done, 1))
+        if measure_cache:
+            gc.collect()
+            held, (entries, estimate) = tracemalloc.get_traced_memory()[0], (len(assembler.cache), assembler.cache.size)
+            assembler.cache = MappedTraceCache(0)
+            gc.collect()
+            measured = held - tracemalloc.get_traced_memory()[0]
+            print(f"{entries:,} traces kept: {measured / 1e6:.1f} MB measured, {estimate / 1e6:.1f} MB estimated "
+                  f"({measured / max(entries, 1):,.0f} against {estimate / max(entries, 1):,.0f} bytes a trace, "
+                  f"{measured / max(estimate, 1):.2f}x)")
         store.close()
     return per_turn
 
@@ -80,8 +95,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--conversations", type=int, default=64)
     parser.add_argument("--turns", type=int, default=40)
+    parser.add_argument("--cache-memory", action="store_true", help="measure the kept traces' memory instead")
     args = parser.parse_args()
     mark_pandas_absent()  # as `tracejudge serve` does
+    if args.cache_memory:
+        tracemalloc.start()
+        run(args.conversations, args.turns, 10**12, measure_cache=True)
+        return
     default = Settings().conversations.trace_cache
     kept = run(args.conversations, args.turns, default)
     again = run(args.conversations, args.turns, 0)

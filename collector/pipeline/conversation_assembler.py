@@ -270,15 +270,8 @@ class ConversationAssembler:
             "max(received_at) AS last FROM spans WHERE received_at >= ? GROUP BY trace_id) s "
             "LEFT JOIN assembled_traces a USING (trace_id) WHERE a.assembled_at IS NULL OR s.last > a.assembled_at "
             "ORDER BY s.first, s.trace_id LIMIT ?", [_at(since), room + 1]).fetchall()
-        chosen = rows[:room]
-        keys = self._strongest_keys([trace for trace, _ in chosen], since)
-        now = time.monotonic()
-        taken = 0
+        taken = self._wait_for([(trace, since) for trace, _ in rows[:room]])
         with self._lock:
-            for trace, _ in chosen:
-                if trace not in self._group_of:
-                    self._note(trace, keys.get(trace), now, since)
-                    taken += 1
             if self.left_out == left_out:  # what is left starts at the first trace not taken (less the slack)
                 self._left_out_since = (max(0, rows[room][1] - RECEIVED_SLACK // timedelta(microseconds=1))
                                         if len(rows) > room else None)
@@ -384,7 +377,8 @@ class ConversationAssembler:
                 done += 1
             for trace, part in mapped.items():
                 if trace not in self._group_of:  # a trace with spans committed since its read waits to be read again
-                    self.cache.put(trace, part)
+                    self.cache.put(trace, part if part.mapped is None else
+                                   part._replace(mapped=part.mapped.without_sources()))
         if left:
             self._wait_again(left)
         return done
@@ -393,12 +387,20 @@ class ConversationAssembler:
         """The traces still assembled into these conversations wait again, so each gets a version without the
         traces that left it."""
         rows = self._assembled_into(conversations)
-        keys = self._strongest_keys({trace for trace, _, _ in rows})
+        self._wait_for(list(zip((trace for trace, _, _ in rows), self._assembled_since(rows), strict=True)))
+
+    def _wait_for(self, traces: list[tuple[str, int]]) -> int:
+        """These stored traces (each with the received_at, µs, its spans are no older than) wait for a quiet period
+        under their strongest key, unless they wait already; how many were taken in."""
+        keys = self._strongest_keys([trace for trace, _ in traces], min((s for _, s in traces), default=0))
         now = time.monotonic()
+        taken = 0
         with self._lock:
-            for (trace, _, _), since in zip(rows, self._assembled_since(rows), strict=True):
+            for trace, since in traces:
                 if trace not in self._group_of:
                     self._note(trace, keys.get(trace), now, since)
+                    taken += 1
+        return taken
 
     def _wait_with_active(self, due: dict[str, _Due], owners: dict[str, str],
                           conversations: dict[str, set[str]]) -> None:

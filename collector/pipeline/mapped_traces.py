@@ -17,8 +17,8 @@ from typing import NamedTuple
 from mapping import MappedTrace
 
 # An entry's estimated bytes: TEXT_FACTOR times the text of its spans' attributes and events, plus ENTRY_OVERHEAD.
-# tracemalloc measured 4.1 times the text for bench/ingest.py's agent spans (8 per trace), mapped and with the turns
-# built from them: parsed JSON as Python objects, and the Turns (about half).
+# What the kept traces hold (parsed JSON as Python objects, and the built Turns, about half) is 1.27x this estimate
+# for bench/ingest.py's agent spans, 8 per trace (`python bench/conversation_growth.py --cache-memory`).
 TEXT_FACTOR = 4
 ENTRY_OVERHEAD = 1024
 

@@ -47,11 +47,11 @@ def decode_request(payload: bytes, content_type: str, limits: tuple[int, ...], r
                    signal: Signal = "traces", native: bool = True) -> WorkerResult:
     """Run in a worker (or in the receiver with `decode_workers = 0`): OTLPDecodeError propagates to the caller
     as itself. `native`: try the C walk first (False: it already left this request to Python)."""
+    if native and signal == "traces" and redactor is None:
+        result = decode_native(payload, content_type, limits)  # which hands a large request's memory back itself
+        if result is not None:
+            return result
     try:
-        if native and signal == "traces" and redactor is None:
-            result = decode_native(payload, content_type, limits)
-            if result is not None:
-                return result
         from collector.receivers.span_rows import decode_to_ipc  # the Python decoder: pyarrow, protobuf classes
         return decode_to_ipc(payload, content_type, redactor, signal, limits, time.time_ns() // 1000)
     finally:
