@@ -555,7 +555,7 @@ def _dedupe(spans: Iterable[Span | dict[str, Any]]) -> list[Span]:
 class MappedTrace:
     """One trace's part of its conversation, mapped on its own: a conversation whose later turns arrive in new
     traces is composed from the earlier traces' parts and the new ones', without mapping its old spans again.
-    Its drafts point at the spans (where each part came from, for `explain`); keep `without_sources()`."""
+    Mapped without `explain`, it holds no reference to the spans, only the values the turns take from them."""
 
     trace_id: str
     conversation_id: str  # the trace's conversation key's value (semconv.md section 7 rule 2)
@@ -564,25 +564,27 @@ class MappedTrace:
     first_span_ns: int
     last_span_ns: int
 
-    def without_sources(self) -> MappedTrace:
-        """The same part holding no reference to its spans (where each part came from, which `explain` alone
-        reads): what to keep of a trace once it is composed. Turns built from it stay with it."""
-        return replace(self, drafts=tuple(
-            replace(d, sources={}, calls=[replace(c, sources=[], mcp_rule=None) for c in d.calls])
-            for d in self.drafts))
+
+def _slim(draft: _Draft) -> _Draft:
+    """The draft without where its parts came from (those point at the spans, which `inspect --explain` alone
+    needs). Done as each trace is mapped, so its spans are freed at once: slimming only the traces the collector
+    keeps left a batch's spans alive and cost 4-10% more CPU per conversation (`python bench/assembly.py`)."""
+    return replace(draft, sources={}, calls=[replace(c, sources=[], mcp_rule=None) for c in draft.calls])
 
 
-def map_traces(spans: Iterable[Span | dict[str, Any]]) -> list[MappedTrace]:
+def map_traces(spans: Iterable[Span | dict[str, Any]], *, explain: bool = False) -> list[MappedTrace]:
     """Each trace the spans hold, mapped on its own (exporters' retries counted once, log-event carriers folded
-    into their spans)."""
+    into their spans); `explain` keeps where each turn and call came from."""
     by_trace: dict[str, list[Span]] = {}
     for span in fold_log_events(_dedupe(spans)):
         by_trace.setdefault(span.trace_id, []).append(span)
     mapped = []
     for trace_id, trace_spans in by_trace.items():
         key, value = trace_conversation_key(trace_spans)
+        drafts = _Trace(trace_spans).drafts()
         mapped.append(MappedTrace(
-            trace_id=trace_id, conversation_id=value, key=key, drafts=tuple(_Trace(trace_spans).drafts()),
+            trace_id=trace_id, conversation_id=value, key=key,
+            drafts=tuple(drafts if explain else (_slim(d) for d in drafts)),
             first_span_ns=min(s.start_ns for s in trace_spans),
             last_span_ns=max(max(s.end_ns, s.start_ns) for s in trace_spans)))
     return mapped
@@ -600,7 +602,7 @@ def build_conversations(spans: Iterable[Span | dict[str, Any]],
     Conversations with no turn (e.g. only MCP housekeeping) are left out.
     """
     groups: dict[str, list[MappedTrace]] = {}
-    for trace in map_traces(spans):
+    for trace in map_traces(spans, explain=explain):
         groups.setdefault(trace.conversation_id, []).append(trace)
     conversations = []
     for traces in groups.values():

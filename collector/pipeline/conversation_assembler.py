@@ -377,8 +377,7 @@ class ConversationAssembler:
                 done += 1
             for trace, part in mapped.items():
                 if trace not in self._group_of:  # a trace with spans committed since its read waits to be read again
-                    self.cache.put(trace, part if part.mapped is None else
-                                   part._replace(mapped=part.mapped.without_sources()))
+                    self.cache.put(trace, part)
         if left:
             self._wait_again(left)
         return done
