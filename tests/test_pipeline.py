@@ -95,7 +95,10 @@ def wait_for(collector: CollectorProcess, sql: str, expected: int, timeout: floa
 
 
 def export(collector: CollectorProcess, spans: list[ReadableSpan]) -> None:
-    assert OTLPSpanExporter(endpoint=collector.grpc_endpoint, insecure=True).export(spans) is SpanExportResult.SUCCESS
+    result = OTLPSpanExporter(endpoint=collector.grpc_endpoint, insecure=True).export(spans)
+    assert result is SpanExportResult.SUCCESS, (  # when it fails: is the collector still running, and what it said
+        f"export failed; collector exit status {collector.proc.poll() if collector.proc else None}, "
+        f"its last log lines: {collector.log_lines[-8:]}")
 
 
 SCORES = "SELECT conversation_id, metric, round(score, 4), conversation_version FROM scores ORDER BY 1, 2, 4"
