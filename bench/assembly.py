@@ -5,8 +5,10 @@ conversation, random trace ids) through a real span store, then has the real ass
 conversation, 256 per call as it does in `tracejudge serve` (`--per-call`): read the spans back, map them
 (`build_conversations`) and write the versions and their scoring jobs. Prints CPU and wall time per conversation,
 the best of `--repeat` runs. `--stored-spans N` first stores N spans of other conversations, received a day
-before and not waiting: what a conversation costs should not grow with them.
-Run: `python bench/assembly.py [--requests 40] [--repeat 3] [--stored-spans 0] [--per-call 256] [--profile]`.
+before and not waiting: what a conversation costs should not grow with them. `--sdk-resource`: each request's
+resource is what an SDK in a container sends (about 1 KB of JSON; `bench/ingest.py`'s SDK_RESOURCE).
+Run: `python bench/assembly.py [--requests 40] [--repeat 3] [--stored-spans 0] [--per-call 256] [--sdk-resource]
+[--profile]`.
 """
 
 from __future__ import annotations
@@ -87,10 +89,11 @@ def main() -> None:
     parser.add_argument("--per-call", type=int, default=MAX_PER_POLL,
                         help="conversations per assembler call (a trickle of conversations: 1)")
     parser.add_argument("--profile", action="store_true", help="print the 30 costliest calls (cumulative)")
+    parser.add_argument("--sdk-resource", action="store_true", help="about 1 KB of resource per request, not 1 key")
     args = parser.parse_args()
     mark_pandas_absent()  # as `tracejudge serve` does
-    stored = random_trace_ids(build_requests(args.stored_spans // 512, 512), 1)
-    requests = random_trace_ids(build_requests(args.requests, 512, len(stored)), 2)
+    stored = random_trace_ids(build_requests(args.stored_spans // 512, 512, sdk_resource=args.sdk_resource), 1)
+    requests = random_trace_ids(build_requests(args.requests, 512, len(stored), args.sdk_resource), 2)
     profile = cProfile.Profile() if args.profile else None
     runs = [once(requests, stored, args.per_call, profile) for _ in range(args.repeat)]
     conversations, cpu, wall = min(runs, key=lambda r: r[1])

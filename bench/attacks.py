@@ -32,6 +32,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 from opentelemetry.sdk.trace.export import SpanExportResult
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.support.amplified_requests import AMPLIFIED, repeated_key_request  # noqa: E402
 from tests.support.at_once import at_once  # noqa: E402
 from tests.support.collector_process import CollectorProcess  # noqa: E402
 from tests.test_ingest import agent_spans  # noqa: E402
@@ -281,7 +282,28 @@ def end_marked_first(collector: CollectorProcess) -> str:
     return "an end-marked conversation after 50,000 due one-span traces -> not assembled in 600 s"
 
 
+def amplification(collector: CollectorProcess) -> str:
+    """Small requests that once multiplied into gigabytes of rows: each answer, how long it took, readiness after
+    each, and the server's RSS (VmRSS) 5 s after the last."""
+    assert collector.proc is not None
+    out = []
+    headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": "gzip",
+               "Authorization": f"Bearer {TOKEN}"}
+    for name, body in [*AMPLIFIED.items(), ("300 KiB conversation key on 1,000 spans", repeated_key_request())]:
+        packed = gzip.compress(body)
+        started = time.perf_counter()
+        reply = httpx.post(collector.http_url, content=packed, headers=headers, timeout=300)
+        took = time.perf_counter() - started
+        ready = httpx.get(f"{collector.admin_url}/readyz", timeout=10).status_code
+        out.append(f"{name} ({len(packed):,} bytes gzipped) -> HTTP {reply.status_code} in {took:.2f} s, "
+                   f"readyz {ready}, server peak so far {_hwm_mb(collector.proc.pid):.0f} MB")
+    time.sleep(5)
+    out.append(f"RSS 5 s later {_hwm_mb(collector.proc.pid, 'VmRSS'):.0f} MB")
+    return "; ".join(out)
+
+
 ATTACKS = {
+    "amplification": (amplification, ""),
     "grpc": (grpc_unauthenticated, "[server]\nmax_message_bytes = 67108864\n"),
     "gzip": (gzip_members, ""),
     "queries": (queries, ""),

@@ -40,8 +40,29 @@ def _kv(key: str, value: str | int) -> KeyValue:
     return KeyValue(key=key, value=any_value)
 
 
-def build_requests(count: int, spans_per_request: int, offset: int = 0) -> list[bytes]:
-    """Requests of agent-shaped spans (chat, execute_tool with MCP attributes), about 650 bytes each."""
+# What the OpenTelemetry Python SDK and its resource detectors put on a service in a container: about 1 KB of
+# JSON, which every span's row held before resources were stored once (`--sdk-resource`).
+SDK_RESOURCE: list[tuple[str, str | int]] = [
+    ("telemetry.sdk.language", "python"), ("telemetry.sdk.name", "opentelemetry"), ("telemetry.sdk.version", "1.39.1"),
+    ("service.version", "2026.12.1"), ("service.namespace", "agents"),
+    ("service.instance.id", "4b6f3c1e-94a2-4f7d-8e0b-2f1c7d9a5e33"), ("deployment.environment.name", "production"),
+    ("process.pid", 48213), ("process.executable.name", "python3.12"),
+    ("process.executable.path", "/usr/local/bin/python3.12"), ("process.command", "/app/.venv/bin/uvicorn"),
+    ("process.command_args", "['/app/.venv/bin/uvicorn', 'weather_agent.app:app', '--host', '0.0.0.0', "
+                             "'--port', '8080', '--workers', '4']"),
+    ("process.owner", "app"), ("process.runtime.name", "cpython"), ("process.runtime.version", "3.12.8"),
+    ("process.runtime.description", "3.12.8 (main, Dec  3 2026, 22:14:09) [GCC 12.2.0]"),
+    ("host.name", "weather-agent-7d9c5b8f6-xk2lp"), ("host.arch", "amd64"), ("os.type", "linux"),
+    ("os.description", "Linux 6.1.0-28-cloud-amd64"), ("container.id", "9f3e2d1c0b4a" * 5 + "9f3e"),
+    ("k8s.namespace.name", "agents-prod"), ("k8s.pod.name", "weather-agent-7d9c5b8f6-xk2lp"),
+    ("k8s.deployment.name", "weather-agent"), ("k8s.node.name", "gke-prod-pool-2-5c9e1a3b-q7ws"),
+    ("cloud.provider", "gcp"), ("cloud.region", "europe-west1"), ("cloud.availability_zone", "europe-west1-b"),
+]
+
+
+def build_requests(count: int, spans_per_request: int, offset: int = 0, sdk_resource: bool = False) -> list[bytes]:
+    """Requests of agent-shaped spans (chat, execute_tool with MCP attributes), about 650 bytes each; with
+    `sdk_resource` the resource holds what an SDK in a container sends (`SDK_RESOURCE`), not only service.name."""
     out = []
     for r in range(count):
         spans = []
@@ -72,6 +93,8 @@ def build_requests(count: int, spans_per_request: int, offset: int = 0) -> list[
                               end_time_unix_nano=1_767_225_600_000_000_000 + n * 1000 + 500, attributes=attributes))
         resource = ResourceSpans(scope_spans=[ScopeSpans(spans=spans)])
         resource.resource.attributes.append(_kv("service.name", "weather-agent"))
+        if sdk_resource:
+            resource.resource.attributes.extend(_kv(key, value) for key, value in SDK_RESOURCE)
         out.append(ExportTraceServiceRequest(resource_spans=[resource]).SerializeToString())
     return out
 
@@ -198,8 +221,11 @@ def main() -> None:
     parser.add_argument("--config", type=Path, help="a tracejudge.toml for the collector (e.g. [store] settings)")
     parser.add_argument("--python-decode", action="store_true",
                         help="decode every request in Python (TRACEJUDGE_NATIVE_DECODE=0), not the C walk")
+    parser.add_argument("--sdk-resource", action="store_true",
+                        help="resources as an SDK in a container sends them (about 1 KB of JSON), not only "
+                             "service.name")
     args = parser.parse_args()
-    sizes = build_requests(1, args.spans)
+    sizes = build_requests(1, args.spans, sdk_resource=args.sdk_resource)
     print(f"request: {args.spans} spans, {len(sizes[0])} bytes ({len(sizes[0]) / args.spans:.0f} B/span)")
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -222,11 +248,11 @@ def main() -> None:
 
             offset = 0
             for name, send in (("grpc", send_grpc), ("http", send_http)):
-                batch = build_requests(args.requests, args.spans, offset)
+                batch = build_requests(args.requests, args.spans, offset, args.sdk_resource)
                 offset += args.requests
                 wall, lat = run(send, batch, args.in_flight, None, args.spans)
                 full = args.requests * args.spans / wall
-                half_batch = build_requests(args.requests // 2, args.spans, offset)
+                half_batch = build_requests(args.requests // 2, args.spans, offset, args.sdk_resource)
                 offset += args.requests // 2
                 _, half_lat = run(send, half_batch, args.in_flight, full / 2, args.spans)
                 results[name] = {"durable_spans_per_s": round(full),
@@ -249,6 +275,9 @@ def main() -> None:
             channel.close()
         finally:
             collector.stop()
+        size = sum(path.stat().st_size for path in Path(tmp).glob("bench.duckdb*"))
+        results["disk_bytes_per_span"] = round(size / max(stored, 1), 1)
+        print(f"database file after stop: {size / 2**20:.1f} MiB, {results['disk_bytes_per_span']} bytes per span")
     if args.phoenix_python:
         px = phoenix(args.phoenix_python, build_requests(args.requests, args.spans, 10_000), args.in_flight,
                      args.spans)

@@ -10,9 +10,9 @@ import ipaddress
 import os
 import tomllib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from collector.durations import parse_duration
 from collector.sizes import parse_size
@@ -38,6 +38,13 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _size_text(value: Any) -> Any:
+    return parse_size(value) if isinstance(value, str) else value
+
+
+Bytes = Annotated[int, BeforeValidator(_size_text)]  # a byte count, or a size like "48MB"
 
 
 class ConfigError(TracejudgeError):
@@ -111,14 +118,9 @@ class StoreSettings(_Section):
                                       "do the exports in it (about 1.3 s at 256MB). Smaller ones pause more "
                                       "often and cost more in all: over 1.5M spans 16MB gave a p99 of 1.2 s and "
                                       "0.68x the throughput, 64MB a p99 of 300 ms (BENCHMARKS.md)")
-    max_disk: int | None = Field(None, ge=1, description="disk budget of the database file and its WAL, like 50GB: "
+    max_disk: Bytes | None = Field(None, ge=1, description="disk budget of the database file and its WAL, like 50GB: "
                                  "near it the oldest complete conversations' spans are pruned (archived first when "
                                  "[retention] archive_dir is set); ingest answers 503 only when nothing can be freed")
-
-    @field_validator("max_disk", mode="before")
-    @classmethod
-    def _size(cls, value: Any) -> Any:
-        return parse_size(value) if isinstance(value, str) else value
 
     @field_validator("checkpoint_threshold")
     @classmethod
@@ -168,7 +170,7 @@ class ConversationSettings(_Section):
                                     "wait for their quiet period (about 250 bytes each); past it, new traces are "
                                     "stored and taken in, oldest first, once it has room (so memory stays bounded "
                                     "whatever the traffic, and such conversations are assembled later)")
-    trace_cache: int = Field(32_000_000, ge=0, description="memory (estimated) for the mapped turns of traces "
+    trace_cache: Bytes = Field(32_000_000, ge=0, description="memory (estimated) for the mapped turns of traces "
                              "of conversations that went on after their first version, so their next version maps "
                              "only its new trace and reads none of their earlier spans; evicted at random when "
                              "full; 0 re-reads them all; bytes or 32MB")
@@ -177,11 +179,6 @@ class ConversationSettings(_Section):
     @classmethod
     def _duration(cls, value: Any) -> Any:
         return parse_duration(value) if isinstance(value, str) else value
-
-    @field_validator("trace_cache", mode="before")
-    @classmethod
-    def _size(cls, value: Any) -> Any:
-        return parse_size(value) if isinstance(value, str) else value
 
 
 class LimitsSettings(_Section):
@@ -193,10 +190,15 @@ class LimitsSettings(_Section):
     event_count: int = Field(1024, ge=0, description="events kept per span")
     link_count: int = Field(1024, ge=0, description="links kept per span")
     event_attribute_count: int = Field(1024, ge=0, description="attributes kept per event")
+    request_row_bytes: Bytes = Field(
+        48 * 1024 * 1024, ge=1024 * 1024, description="bytes of text one request's rows may hold once decoded "
+        "(attributes, events and links as JSON, each distinct resource and scope once); past it the request is "
+        "refused with 400 / INVALID_ARGUMENT: raise [store] memory_limit with it (a commit holds about two thirds "
+        "of the pool)")
 
     def span_limits(self) -> SpanLimits:
         return SpanLimits(self.attribute_count, self.attribute_value_length, self.event_count, self.link_count,
-                          self.event_attribute_count)
+                          self.event_attribute_count, request_row_bytes=self.request_row_bytes)
 
 
 class MappingSettings(_Section):

@@ -29,6 +29,7 @@ from collector.receivers.otlp_grpc import GrpcReceiver
 from collector.receivers.otlp_http import HttpReceiver
 from collector.store.memory_release import arrow_on_the_system_allocator, fewer_malloc_arenas
 from collector.store.span_store import SpanStore, mark_pandas_absent
+from collector.store.span_tables import prune_unreferenced
 from scoring.stage import ScoringStage, StageConfig
 
 JUDGE_ADVICE = ("export OPENAI_API_KEY=... (or OPENAI_BASE_URL=http://127.0.0.1:8000/v1 for a local OpenAI-compatible "
@@ -114,7 +115,8 @@ class Collector:
         self.admin.stage = self.stage
         self.retention = Retention(self.store.cursor(), self.settings.retention, self._log, self.settings.store.db,
                                    self.settings.store.max_disk, self._on_storage,
-                                   late_window_s=2 * self.settings.conversations.quiet_period_s)
+                                   late_window_s=2 * self.settings.conversations.quiet_period_s,
+                                   prune_dictionaries=lambda: self.store.run_in_writer(prune_unreferenced).result())
         self.store.refusal = lambda: self.retention.stats.disk_full if self.retention else None
         self.admin.ui.storage = self.retention.report
         await asyncio.to_thread(self.decoder.start)  # before gRPC starts its threads

@@ -61,6 +61,11 @@ class SpanLimits:
     link_count: int = 1024
     event_attribute_count: int = 1024
     max_json_objects: int = 2_000_000  # objects and arrays in one OTLP/JSON request
+    # UTF-8 bytes of text one request's rows may hold once decoded: every span's ids, names, attributes, events,
+    # links and conversation key, and each distinct resource and scope once. A request past it could not be
+    # committed within the store's memory (DuckDB's 96 MB pool holds about 64 MB of appended text), so both
+    # decoders refuse it (400) rather than build rows the store can only fail on (503, retried forever).
+    request_row_bytes: int = 48 * 1024 * 1024
 
 
 DEFAULT_LIMITS = SpanLimits()
@@ -83,6 +88,13 @@ def _cut_values(attributes: dict[str, Any], length: int) -> bool:
             attributes[key] = short
             cut = True
     return cut
+
+
+def _scope(name: str, version: str, limits: SpanLimits) -> tuple[str, str, bool]:
+    """The scope's name and version cut to the value-length limit, as attribute values are, and whether either
+    was cut."""
+    length = limits.attribute_value_length
+    return name[:length], version[:length], len(name) > length or len(version) > length
 
 
 def _limited(span: Span, limits: SpanLimits, cut_before: bool) -> tuple[Span, bool]:
@@ -252,6 +264,7 @@ def _pb_span_record(span: Any, resource: dict[str, Any], scope: Any,
         link_list.append(SpanLink(lk.trace_id.hex(), lk.span_id.hex(), link_attributes))
         values_cut = values_cut or link_cut or len(lk.attributes) > limits.attribute_count
     start, end, status = span.start_time_unix_nano, span.end_time_unix_nano, span.status
+    scope_name, scope_version, scope_cut = _scope(scope.name, scope.version, limits)
     record = Span(
         trace_id=_id_from_bytes(span.trace_id, 16, "trace_id"),  # type: ignore[arg-type]
         span_id=_id_from_bytes(span.span_id, 8, "span_id"),  # type: ignore[arg-type]
@@ -262,9 +275,9 @@ def _pb_span_record(span: Any, resource: dict[str, Any], scope: Any,
         end_ns=end if end <= MAX_TIME_NS else _in_range(end, "end_time_unix_nano"),
         status_code=status.code, status_message=status.message,
         attributes=span_attributes, events=event_list, links=link_list,
-        resource=resource, scope_name=scope.name, scope_version=scope.version,
+        resource=resource, scope_name=scope_name, scope_version=scope_version,
     )
-    return record, cut or values_cut
+    return record, cut or values_cut or scope_cut
 
 
 def _decode_protobuf(payload: bytes, limits: SpanLimits = DEFAULT_LIMITS) -> DecodedRequest:
@@ -489,6 +502,8 @@ def _json_span(span: dict[str, Any], resource: dict[str, Any], scope: dict[str, 
             _json_attrs(lk.get("attributes") or []),
         ))
     code = status.get("code", 0)
+    scope_name, scope_version, scope_cut = _scope(str(scope.get("name") or ""), str(scope.get("version") or ""),
+                                                  limits)
     record = Span(
         trace_id=_id_from_text(_get(span, "traceId", "trace_id"), 16, "trace_id"),  # type: ignore[arg-type]
         span_id=_id_from_text(_get(span, "spanId", "span_id"), 8, "span_id"),  # type: ignore[arg-type]
@@ -499,9 +514,9 @@ def _json_span(span: dict[str, Any], resource: dict[str, Any], scope: dict[str, 
         end_ns=_time(_get(span, "endTimeUnixNano", "end_time_unix_nano"), "endTimeUnixNano"),
         status_code=code if isinstance(code, int) else 0, status_message=str(status.get("message") or ""),
         attributes=_json_attrs(raw_attributes), events=events, links=links,
-        resource=resource, scope_name=str(scope.get("name") or ""), scope_version=str(scope.get("version") or ""),
+        resource=resource, scope_name=scope_name, scope_version=scope_version,
     )
-    return _limited(record, limits, cut)
+    return _limited(record, limits, cut or scope_cut)
 
 
 def _decode_json(payload: bytes | str, limits: SpanLimits = DEFAULT_LIMITS) -> DecodedRequest:

@@ -201,7 +201,7 @@ async def test_a_failing_commit_listener_is_counted_and_reported_and_the_spans_s
     with duckdb.connect(str(tmp_path / "t.duckdb"), read_only=True) as con:
         assert con.execute("SELECT count(*) FROM spans WHERE attributes IS NOT NULL").fetchone() == (2,)
         assert con.execute("SELECT typeof(attributes) FROM spans LIMIT 1").fetchone() == ("JSON",)
-    assert table.schema.field("attributes").type == pa.json_(pa.string())  # stored as given, not parsed again
+    assert table.spans.schema.field("attributes").type == pa.json_(pa.string())  # stored as given, not parsed again
 
 
 async def test_a_commit_that_meets_a_query_holding_duckdbs_memory_waits_for_it_instead_of_failing(

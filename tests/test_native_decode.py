@@ -3,7 +3,6 @@ request to it; no request, however malformed, makes it crash or keep a span the 
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import random
@@ -26,7 +25,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 from bench.ingest import build_requests
 from collector.receivers.decode_worker import decode_request
 from collector.receivers.otlp_columns import native_columns, native_decode_enabled
-from collector.receivers.span_rows import columns_to_arrow, request_digest, spans_to_arrow
+from collector.receivers.span_rows import columns_to_arrow, request_digest, rows_from_ipc, spans_to_arrow
+from collector.store.span_tables import SpanRows
 from mapping.conversation_key import KEY_PRECEDENCE
 from mapping.otlp import DEFAULT_LIMITS, OTLPDecodeError, SpanLimits, decode_otlp
 from tests.support.collector_process import CollectorProcess
@@ -35,39 +35,36 @@ PROTOBUF = "application/x-protobuf"
 ROOT = Path(__file__).resolve().parent.parent
 NOW = datetime(2026, 12, 4, 12, 0, 0, 123456, tzinfo=UTC)
 NOW_US = (NOW - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
-JSON_COLUMNS = ("attributes", "resource_attributes", "events", "links")
 SMALL_LIMITS = SpanLimits(attribute_count=3, attribute_value_length=8, event_count=2, link_count=1,
                           event_attribute_count=2)
 
 
-def _python_rows(payload: bytes, limits: SpanLimits) -> tuple[pa.Table, int, int] | None:
+def _python_rows(payload: bytes, limits: SpanLimits) -> tuple[SpanRows, int, int] | None:
     """The Python decoder's rows, problems and truncated spans; None when it refuses the whole request."""
     try:
         decoded = decode_otlp(payload, PROTOBUF, limits)
+        return spans_to_arrow(decoded.spans, NOW, limits.request_row_bytes), len(decoded.problems), decoded.truncated
     except OTLPDecodeError:
         return None
-    return spans_to_arrow(decoded.spans, NOW), len(decoded.problems), decoded.truncated
 
 
-def _assert_same_rows(native: pa.Table, python: pa.Table) -> None:
-    assert native.schema == python.schema
-    assert native.num_rows == python.num_rows
-    for name in python.schema.names:
-        if name in JSON_COLUMNS:  # the same JSON values (a float's text may differ between orjson and json)
-            got = [json.loads(v) for v in native.column(name).to_pylist()]
-            want = [json.loads(v) for v in python.column(name).to_pylist()]
-            assert got == want, name
-        else:
-            assert native.column(name).equals(python.column(name)), (name, native.column(name)[:3],
-                                                                      python.column(name)[:3])
+def _assert_same_rows(native: SpanRows, python: SpanRows) -> None:
+    """The same tables, every value the same text: a user's SQL over the JSON columns sees the same strings."""
+    for got, want in ((native.spans, python.spans), (native.resources, python.resources),
+                      (native.scopes, python.scopes)):
+        assert got.schema == want.schema
+        assert got.num_rows == want.num_rows
+        for name in want.schema.names:
+            assert got.column(name).to_pylist() == want.column(name).to_pylist(), (
+                name, got.column(name)[:3], want.column(name)[:3])
 
 
-def _native_rows(payload: bytes, limits: SpanLimits = DEFAULT_LIMITS) -> pa.Table | None:
+def _native_rows(payload: bytes, limits: SpanLimits = DEFAULT_LIMITS) -> SpanRows | None:
     native = native_columns(payload, PROTOBUF, astuple(limits), NOW_US)
     return None if native is None else columns_to_arrow(native)
 
 
-def _check(payload: bytes, limits: SpanLimits = DEFAULT_LIMITS) -> pa.Table | None:
+def _check(payload: bytes, limits: SpanLimits = DEFAULT_LIMITS) -> SpanRows | None:
     """The property itself: the C walk's rows are the Python decoder's, for a request it decodes whole."""
     native = _native_rows(payload, limits)
     python = _python_rows(payload, limits)
@@ -157,16 +154,17 @@ def test_a_decode_worker_answers_as_the_python_decoder_would() -> None:
     assert imported == b"[]", "a decode worker imported the Python decoder or pyarrow for a request it did not need"
     native, rows, problems, truncated, digest = pickle.loads(answer)
     python = spans_to_arrow(decode_otlp(payload, PROTOBUF).spans, NOW)
-    assert (rows, problems, truncated, digest) == (python.num_rows, [], 0, request_digest(python))
-    assert [f.name for f in fields(SpanLimits)][:5] == [  # the order the C walk takes them in
-        "attribute_count", "attribute_value_length", "event_count", "link_count", "event_attribute_count"]
+    assert (rows, problems, truncated, digest) == (python.num_rows, [], 0, request_digest(python.spans))
+    assert [f.name for f in fields(SpanLimits)][:7] == [  # the order the C walk takes them in
+        "attribute_count", "attribute_value_length", "event_count", "link_count", "event_attribute_count",
+        "max_json_objects", "request_row_bytes"]
 
 
 def test_a_request_left_to_python_is_answered_as_ipc_with_its_problems() -> None:
     payload = _span(trace_id=bytes(16)) + _span(span_id=b"\x05" * 8)
     data, rows, problems, truncated, digest = decode_request(payload, PROTOBUF, astuple(DEFAULT_LIMITS))
-    assert isinstance(data, bytes) and rows == 1 and len(problems) == 1 and truncated == 0
-    assert digest == request_digest(pa.ipc.open_stream(data).read_all())
+    assert isinstance(data, tuple) and rows == 1 and len(problems) == 1 and truncated == 0
+    assert digest == request_digest(rows_from_ipc(data).spans)
 
 
 def _span(**fields: Any) -> bytes:
@@ -199,18 +197,52 @@ def test_what_the_python_decoder_reports_or_cuts_is_left_to_it(payload: bytes, l
     _check(payload, limits)
 
 
-def test_a_large_resource_repeated_on_many_small_spans_is_refused_not_multiplied() -> None:
-    """Each row stores its resource: 300 KiB of resource on 1,000 spans would be 300 MB of rows from a 300 KB
-    request. Both decoders leave it unbuilt and the request is refused with what to change."""
+def _many_spans(resource: dict[str, str], scope: tuple[str, str] = ("", ""), spans: int = 1000) -> bytes:
     request = ExportTraceServiceRequest()
     rs = request.resource_spans.add()
-    rs.resource.attributes.append(_kv("host.notes", AnyValue(string_value="x" * 300 * 1024)))
-    rs.scope_spans.add().spans.extend(PbSpan(trace_id=b"\x01" * 16, span_id=i.to_bytes(8, "big"), name="s")
-                                      for i in range(1, 1001))
-    payload = request.SerializeToString()
-    assert len(payload) < 400 * 1024 and _native_rows(payload) is None
-    with pytest.raises(OTLPDecodeError, match="fewer spans per request"):
+    rs.resource.attributes.extend(_kv(k, AnyValue(string_value=v)) for k, v in resource.items())
+    ss = rs.scope_spans.add()
+    ss.scope.name, ss.scope.version = scope
+    ss.spans.extend(PbSpan(trace_id=b"\x01" * 16, span_id=i.to_bytes(8, "big"), name="s") for i in range(1, spans + 1))
+    return request.SerializeToString()
+
+
+def test_a_large_resource_and_scope_on_many_small_spans_are_stored_once() -> None:
+    """300 KiB of resource and 2 MB of scope on 1,000 spans were 2.3 GB of rows when every row carried them; each is
+    now one row that every span refers to, decoded by the C walk as by the Python decoder."""
+    payload = _many_spans({"service.name": "a", "host.notes": "x" * 300 * 1024}, ("n" * 2**20, "v" * 2**20))
+    rows = _check(payload)
+    assert rows is not None and rows.num_rows == 1000
+    assert rows.resources.num_rows == rows.scopes.num_rows == 1
+    assert set(rows.spans.column("resource_id").to_pylist()) == set(rows.resources.column("resource_id").to_pylist())
+    assert rows.spans.nbytes < 200_000 and rows.resources.nbytes + rows.scopes.nbytes < 2 * 2**20 + 400_000
+
+
+def test_a_scope_past_the_value_length_is_cut_and_reported_as_attributes_are() -> None:
+    payload = _many_spans({}, ("a-very-long-scope-name", "1.2.3"), spans=3)
+    assert _native_rows(payload, SMALL_LIMITS) is None  # the C walk leaves cutting to the Python decoder
+    decoded = decode_otlp(payload, PROTOBUF, SMALL_LIMITS)
+    assert decoded.truncated == 3
+    assert {(s.scope_name, s.scope_version) for s in decoded.spans} == {("a-very-l", "1.2.3")}
+
+
+def test_rows_past_the_request_row_bytes_are_refused_by_both_decoders_at_the_same_byte() -> None:
+    """A resource's conversation key is on every row: 300 KiB of it on 1,000 spans is 300 MB, refused before it is
+    built, with the limit named. Both decoders count the same bytes, so the same request is never kept by one and
+    refused by the other: at exactly its size both keep it, one byte under both refuse it."""
+    payload = _many_spans({"session.id": "k" * 300 * 1024})
+    assert _native_rows(payload) is None
+    with pytest.raises(OTLPDecodeError, match=r"request_row_bytes"):
         decode_request(payload, PROTOBUF, astuple(DEFAULT_LIMITS))
+    small = _many_spans({"service.name": "é-agent", "session.id": "k" * 1000}, ("scope", "1"), spans=20)
+    rows = _check(small)
+    assert rows is not None
+    size = sum(len(v.encode()) for table in (rows.spans, rows.resources, rows.scopes) for name in table.schema.names
+               if pa.types.is_string(table.schema.field(name).type) or name == "attributes" or name == "events"
+               or name == "links" for v in table.column(name).to_pylist() if isinstance(v, str))
+    exact, under = (SpanLimits(request_row_bytes=n) for n in (size, size - 1))
+    assert _check(small, exact) is not None
+    assert _native_rows(small, under) is None and _python_rows(small, under) is None
 
 
 def _varint(value: int, size: int) -> bytes:

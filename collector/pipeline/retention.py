@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from collector.config import RetentionSettings
 from collector.store.durable_files import write_durably
+from collector.store.span_tables import prune_unreferenced
 from scoring.id_table import id_table
 
 Log = Callable[..., None]
@@ -83,9 +84,14 @@ AGED = {
 class Retention:
     def __init__(self, con: duckdb.DuckDBPyConnection, settings: RetentionSettings, log: Log, db_path: Path,
                  max_disk: int | None = None, on_report: Callable[[StorageReport], None] | None = None,
-                 late_window_s: float = 240.0) -> None:
-        """`late_window_s`: the disk budget never takes spans of a conversation assembled more recently."""
+                 late_window_s: float = 240.0,
+                 prune_dictionaries: Callable[[], None] | None = None) -> None:
+        """`late_window_s`: the disk budget never takes spans of a conversation assembled more recently.
+        `prune_dictionaries`: delete the resources and scopes no span refers to any more, where the span writer
+        runs it between commits (`SpanStore.run_in_writer`); None: on this connection (no writer runs)."""
         self.con = con
+        self.prune_dictionaries = prune_dictionaries or (lambda: prune_unreferenced(self.con))
+        self._spans_pruned = False  # since the resources and scopes were last pruned
         self.late_window_s = late_window_s
         self.settings = settings
         self.log = log
@@ -127,6 +133,9 @@ class Retention:
         if sum(self.stats.pruned.values()) > before:
             self._checkpoint()
         self._disk_budget(now)
+        if self._spans_pruned:
+            self._spans_pruned = False
+            self.prune_dictionaries()
         self.stats.last_prune_at = time.time()
 
     def _checkpoint(self) -> None:
@@ -142,6 +151,7 @@ class Retention:
         con = con or self.con
         rows = dict(con.execute("SELECT table_name, estimated_size FROM duckdb_tables() WHERE database_name = "
                                 "current_database()").fetchall())
+        rows["spans"] = rows.pop("span_records", 0)  # the view users query
         [(block, used, free)] = con.execute(
             "SELECT block_size, used_blocks, free_blocks FROM pragma_database_size() "
             "WHERE database_name = current_database()").fetchall()
@@ -168,7 +178,7 @@ class Retention:
                 "HAVING max(assembled_at) < ? ORDER BY max(assembled_at), conversation_id LIMIT ?",
                 [cutoff, size]).fetchall()
             lone = [] if picked or not orphans else [t for (t,) in self.con.execute(
-                "SELECT trace_id FROM spans WHERE trace_id NOT IN (SELECT trace_id FROM assembled_traces) "
+                "SELECT trace_id FROM span_records WHERE trace_id NOT IN (SELECT trace_id FROM assembled_traces) "
                 "GROUP BY 1 HAVING max(received_at) < ? ORDER BY trace_id LIMIT ?",
                 [cutoff, size * 10]).fetchall()]
             if not picked and not lone:
@@ -193,7 +203,7 @@ class Retention:
                                      "AS DATE)", batch_id)
             self.con.execute("BEGIN TRANSACTION")
             try:
-                [(deleted,)] = self.con.execute(f"DELETE FROM spans WHERE {where}", [snapshot]).fetchall()
+                [(deleted,)] = self.con.execute(f"DELETE FROM span_records WHERE {where}", [snapshot]).fetchall()
                 self.con.execute(f"DELETE FROM assembled_traces WHERE trace_id IN (SELECT id FROM {ids})")
                 self.con.execute(f"INSERT OR REPLACE INTO pruned_conversations SELECT id, now() FROM {pruned}")
                 self.con.execute("DELETE FROM retention_batches WHERE batch_id = ?", [batch_id])
@@ -201,6 +211,7 @@ class Retention:
             except Exception:
                 self.con.execute("ROLLBACK")
                 raise
+        self._spans_pruned = True
         self.stats.add("spans", deleted, archived)
         self.log("debug", "spans pruned", conversations=len(conversations), traces=len(traces), spans=deleted,
                  archived=archived)

@@ -25,9 +25,6 @@ enum { OK = 0, FALLBACK = 1, NOMEM = -1 };
 #define MAX_COLUMN_BYTES ((size_t)1 << 30) /* Arrow string offsets are int32; past this, Python decodes */
 #define MAX_PRECEDENCE 32
 #define MAX_RESOURCE_ATTRIBUTES 65536 /* the Python path keeps them all; past this many, it decodes the request */
-/* Every row stores its resource's attributes: past this much in all, Python decodes the request, which refuses it
- * (span_rows.MAX_REPEATED_RESOURCE) instead of making gigabytes of rows from one large resource. */
-#define MAX_REPEATED_RESOURCE ((size_t)256 << 20)
 
 /* --- growable buffers ------------------------------------------------------------------------------------ */
 
@@ -511,19 +508,29 @@ static int column_text(Column *c, const uint8_t *s, size_t n) {
 }
 
 enum {
-    C_TRACE, C_SPAN, C_PARENT, C_NAME, C_MESSAGE, C_SERVICE, C_SCOPE, C_VERSION, C_ATTRIBUTES, C_RESOURCE,
-    C_EVENTS, C_LINKS, C_KEY, C_KEY_SOURCE, N_STRING_COLUMNS
+    C_TRACE, C_SPAN, C_PARENT, C_NAME, C_MESSAGE, C_ATTRIBUTES, C_EVENTS, C_LINKS, C_KEY, C_KEY_SOURCE,
+    N_STRING_COLUMNS
 };
+
+/* A resource or scope the rows refer to, stored once per request (span_rows.SpanRows); its text is in
+ * Decoder.dictionary (a resource's JSON) or the request (service.name, a scope's name and version). */
+typedef struct {
+    size_t json_start, json_len;
+    const uint8_t *a, *b; /* service.name (NULL: none) / scope name; - / scope version */
+    size_t a_len, b_len;
+} Entry;
 
 typedef struct {
     Column strings[N_STRING_COLUMNS];
-    Buf kind, start, end, code, keys;
+    Buf kind, start, end, code, resource_index, scope_index, keys;
     size_t rows;
     Attributes attributes, item_attributes;
     Slices events, links;
     Buf resource, scratch;
+    Buf dictionary, resources, scopes; /* resources' JSON; Entry arrays */
+    size_t dictionary_bytes; /* UTF-8 bytes of the entries' text, counted against row_bytes as the rows are */
     Seen seen;
-    size_t attribute_count, event_count, link_count, event_attribute_count;
+    size_t attribute_count, value_length, event_count, link_count, event_attribute_count, row_bytes;
     JsonOptions json;
     Slice precedence[MAX_PRECEDENCE];
     size_t n_precedence;
@@ -539,8 +546,13 @@ static void decoder_free(Decoder *d) {
     buf_free(&d->start);
     buf_free(&d->end);
     buf_free(&d->code);
+    buf_free(&d->resource_index);
+    buf_free(&d->scope_index);
     buf_free(&d->keys);
     buf_free(&d->resource);
+    buf_free(&d->dictionary);
+    buf_free(&d->resources);
+    buf_free(&d->scopes);
     buf_free(&d->scratch);
     PyMem_RawFree(d->attributes.items);
     PyMem_RawFree(d->item_attributes.items);
@@ -549,8 +561,9 @@ static void decoder_free(Decoder *d) {
     PyMem_RawFree(d->seen.slots);
 }
 
-/* The resource of one ResourceSpans, as every one of its spans stores it. */
+/* The resource of one ResourceSpans, as its spans refer to it. */
 typedef struct {
+    int32_t index; /* in Decoder.resources, once a span refers to it; -1 before */
     size_t json_start, json_len; /* in Decoder.resource */
     const uint8_t *service;
     size_t service_len;
@@ -670,8 +683,37 @@ static int8_t enum_int8(uint64_t v) {
     return (value >= -128 && value <= 127) ? (int8_t)value : 0;
 }
 
-static int span_row(Decoder *d, const uint8_t *p, size_t n, const Resource *res, const Slice *scope_name,
-                    const Slice *scope_version) {
+/* The texts a request's rows hold, as span_rows.spans_to_arrow counts them against SpanLimits.request_row_bytes. */
+static size_t text_bytes(const Decoder *d) {
+    size_t total = d->dictionary_bytes;
+    for (int i = 0; i < N_STRING_COLUMNS; i++) total += d->strings[i].data.len;
+    return total;
+}
+
+/* The resource's and scope's places in the request's dictionaries, adding them with the first span that refers to
+ * them (the Python path stores only what a span refers to). */
+static int dictionary_refs(Decoder *d, Resource *res, const Slice *scope_name, const Slice *scope_version,
+                           int32_t *scope_index) {
+    if (res->index < 0) {
+        Entry e = {d->dictionary.len, res->json_len, res->has_service ? res->service : NULL, NULL,
+                   res->has_service ? res->service_len : 0, 0};
+        TRY(buf_put(&d->dictionary, (const uint8_t *)d->resource.data + res->json_start, res->json_len));
+        TRY(buf_put(&d->resources, &e, sizeof e));
+        res->index = (int32_t)(d->resources.len / sizeof e - 1);
+        d->dictionary_bytes += e.json_len + e.a_len;
+    }
+    if (*scope_index < 0) {
+        Entry e = {0, 0, scope_name->p, scope_version->p, scope_name->len, scope_version->len};
+        TRY(buf_put(&d->scopes, &e, sizeof e));
+        *scope_index = (int32_t)(d->scopes.len / sizeof e - 1);
+        d->dictionary_bytes += e.a_len + e.b_len;
+    }
+    TRY(buf_put(&d->resource_index, &res->index, 4));
+    return buf_put(&d->scope_index, scope_index, 4);
+}
+
+static int span_row(Decoder *d, const uint8_t *p, size_t n, Resource *res, const Slice *scope_name,
+                    const Slice *scope_version, int32_t *scope_index) {
     Reader r = {p, p + n};
     Slice trace = {NULL, 0}, span = {NULL, 0}, parent = {NULL, 0}, name = {NULL, 0}, message = {NULL, 0};
     uint64_t kind = 0, start = 0, end = 0, code = 0;
@@ -724,14 +766,9 @@ static int span_row(Decoder *d, const uint8_t *p, size_t n, const Resource *res,
     TRY(buf_put(&d->end, &end64, 8));
     TRY(buf_put(&d->code, &code8, 1));
     TRY(column_text(&c[C_MESSAGE], message.p, message.len));
-    if (res->has_service) TRY(column_text(&c[C_SERVICE], res->service, res->service_len));
-    else TRY(column_end(&c[C_SERVICE], 0));
-    TRY(column_text(&c[C_SCOPE], scope_name->p, scope_name->len));
-    TRY(column_text(&c[C_VERSION], scope_version->p, scope_version->len));
+    TRY(dictionary_refs(d, res, scope_name, scope_version, scope_index));
     TRY(json_object(&c[C_ATTRIBUTES].data, &d->seen, &d->attributes, &d->json));
     TRY(column_end(&c[C_ATTRIBUTES], 1));
-    if (c[C_RESOURCE].data.len + res->json_len > MAX_REPEATED_RESOURCE) return FALLBACK;
-    TRY(column_text(&c[C_RESOURCE], (const uint8_t *)d->resource.data + res->json_start, res->json_len));
     TRY(list_json(d, &c[C_EVENTS], &d->events, event_json));
     TRY(list_json(d, &c[C_LINKS], &d->links, link_json));
     const Slice *key_name;
@@ -749,7 +786,8 @@ static int span_row(Decoder *d, const uint8_t *p, size_t n, const Resource *res,
         TRY(column_end(&c[C_KEY_SOURCE], 0));
     }
     d->rows++;
-    return OK;
+    /* past the limit Python decodes the request, which refuses it: the buffers stop one row past it */
+    return text_bytes(d) > d->row_bytes ? FALLBACK : OK;
 }
 
 static int resource_of(Decoder *d, const Field *resource, Resource *res, Attributes *attributes) {
@@ -773,6 +811,7 @@ static int resource_of(Decoder *d, const Field *resource, Resource *res, Attribu
     JsonOptions uncut = {d->json.float_text, SIZE_MAX, d->json.released};
     d->resource.len = 0;
     TRY(json_object(&d->resource, &d->seen, attributes, &uncut));
+    res->index = -1;
     res->json_start = 0;
     res->json_len = d->resource.len;
     const Value *service = lookup(attributes, (const uint8_t *)"service.name", 12);
@@ -793,7 +832,7 @@ static int resource_of(Decoder *d, const Field *resource, Resource *res, Attribu
     return OK;
 }
 
-static int scope_spans(Decoder *d, const Field *group, const Resource *res) {
+static int scope_spans(Decoder *d, const Field *group, Resource *res) {
     Reader r = {group->p, group->p + group->len};
     Slice name = {(const uint8_t *)"", 0}, version = {(const uint8_t *)"", 0};
     int scopes = 0;
@@ -820,11 +859,13 @@ static int scope_spans(Decoder *d, const Field *group, const Resource *res) {
             return FALLBACK;
         }
     }
+    if (name.len > d->value_length || version.len > d->value_length) return FALLBACK; /* Python cuts them */
+    int32_t scope_index = -1;
     r.p = group->p;
     while (r.p < r.end) {
         Field f;
         TRY(read_field(&r, &f));
-        if (f.num == 2) TRY(span_row(d, f.p, f.len, res, &name, &version));
+        if (f.num == 2) TRY(span_row(d, f.p, f.len, res, &name, &version, &scope_index));
     }
     return OK;
 }
@@ -848,7 +889,7 @@ static int resource_spans(Decoder *d, const Field *group) {
             return FALLBACK;
         }
     }
-    Resource res;
+    Resource res = {-1, 0, 0, NULL, 0, 0, NULL, NULL};
     Attributes attributes = {NULL, 0, 0}; /* span attributes are parsed while these are in use */
     int rc = resource_of(d, resources ? &resource : NULL, &res, &attributes);
     r.p = group->p;
@@ -876,7 +917,69 @@ static int decode(Decoder *d, const uint8_t *p, size_t n) {
 
 /* --- the module ----------------------------------------------------------------------------------------------- */
 
-static PyObject *bytes_of(const Buf *b) { return PyBytes_FromStringAndSize(b->data ? b->data : "", (Py_ssize_t)b->len); }
+/* A column buffer handed to Python without a copy: it owns the walk's memory and exposes it through the buffer
+ * protocol, so pyarrow wraps it (pa.py_buffer) as it is; pickled (a decode worker's answer) as bytes. Copying every
+ * buffer into bytes had made the server hold each request's rows twice at its peak. */
+typedef struct {
+    PyObject_HEAD
+    char *data;
+    Py_ssize_t len;
+} Owned;
+
+static void owned_dealloc(Owned *self) {
+    PyMem_RawFree(self->data);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int owned_getbuffer(Owned *self, Py_buffer *view, int flags) {
+    return PyBuffer_FillInfo(view, (PyObject *)self, self->data ? self->data : (char *)"", self->len, 1, flags);
+}
+
+static Py_ssize_t owned_length(Owned *self) { return self->len; }
+
+static PyObject *owned_reduce(Owned *self, PyObject *unused) {
+    (void)unused;
+    return Py_BuildValue("(O(y#))", (PyObject *)&PyBytes_Type, self->data ? self->data : "", self->len);
+}
+
+static PyObject *owned_bytes(Owned *self, PyObject *unused) {
+    (void)unused;
+    return PyBytes_FromStringAndSize(self->data ? self->data : "", self->len);
+}
+
+static PyBufferProcs OWNED_BUFFER = {(getbufferproc)owned_getbuffer, NULL};
+static PySequenceMethods OWNED_SEQUENCE = {.sq_length = (lenfunc)owned_length};
+static PyMethodDef OWNED_METHODS[] = {
+    {"__reduce__", (PyCFunction)owned_reduce, METH_NOARGS, "pickled as bytes"},
+    {"__bytes__", (PyCFunction)owned_bytes, METH_NOARGS, "a copy as bytes"},
+    {NULL, NULL, 0, NULL},
+};
+static PyTypeObject OWNED_TYPE = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "_otlp_columns.Buffer",
+    .tp_basicsize = sizeof(Owned),
+    .tp_dealloc = (destructor)owned_dealloc,
+    .tp_as_buffer = &OWNED_BUFFER,
+    .tp_as_sequence = &OWNED_SEQUENCE,
+    .tp_methods = OWNED_METHODS,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A column buffer of the C walk, wrapped without a copy.",
+};
+
+/* The buffer's memory as a Python object, taken from the walk (the buffer is left empty). */
+static PyObject *bytes_of(Buf *b) {
+    Owned *out = PyObject_New(Owned, &OWNED_TYPE);
+    if (out == NULL) return NULL;
+    if (b->data != NULL && b->cap - b->len > 4096) { /* grown by doubling: give the unused half back */
+        char *fitted = PyMem_RawRealloc(b->data, b->len ? b->len : 1);
+        if (fitted != NULL) b->data = fitted;
+    }
+    out->data = b->data;
+    out->len = (Py_ssize_t)b->len;
+    b->data = NULL;
+    b->len = b->cap = 0;
+    return (PyObject *)out;
+}
 
 static PyObject *result(Decoder *d) {
     PyObject *strings = PyList_New(N_STRING_COLUMNS);
@@ -893,24 +996,49 @@ static PyObject *result(Decoder *d) {
         }
         PyList_SET_ITEM(strings, i, item);
     }
-    return Py_BuildValue("(n(NNNN)N)", (Py_ssize_t)d->rows, bytes_of(&d->kind), bytes_of(&d->start),
-                         bytes_of(&d->end), bytes_of(&d->code), strings);
+    size_t n_resources = d->resources.len / sizeof(Entry), n_scopes = d->scopes.len / sizeof(Entry);
+    PyObject *resources = PyList_New((Py_ssize_t)n_resources), *scopes = PyList_New((Py_ssize_t)n_scopes);
+    if (resources == NULL || scopes == NULL) goto fail;
+    for (size_t i = 0; i < n_resources; i++) {
+        const Entry *e = (const Entry *)d->resources.data + i;
+        PyObject *item = e->a == NULL
+            ? Py_BuildValue("(y#O)", d->dictionary.data + e->json_start, (Py_ssize_t)e->json_len, Py_None)
+            : Py_BuildValue("(y#y#)", d->dictionary.data + e->json_start, (Py_ssize_t)e->json_len,
+                            (const char *)e->a, (Py_ssize_t)e->a_len);
+        if (item == NULL) goto fail;
+        PyList_SET_ITEM(resources, (Py_ssize_t)i, item);
+    }
+    for (size_t i = 0; i < n_scopes; i++) {
+        const Entry *e = (const Entry *)d->scopes.data + i;
+        PyObject *item = Py_BuildValue("(y#y#)", (const char *)e->a, (Py_ssize_t)e->a_len, (const char *)e->b,
+                                       (Py_ssize_t)e->b_len);
+        if (item == NULL) goto fail;
+        PyList_SET_ITEM(scopes, (Py_ssize_t)i, item);
+    }
+    return Py_BuildValue("(n(NNNNNN)NNN)", (Py_ssize_t)d->rows, bytes_of(&d->kind), bytes_of(&d->start),
+                         bytes_of(&d->end), bytes_of(&d->code), bytes_of(&d->resource_index),
+                         bytes_of(&d->scope_index), strings, resources, scopes);
+fail:
+    Py_DECREF(strings);
+    Py_XDECREF(resources);
+    Py_XDECREF(scopes);
+    return NULL;
 }
 
 static PyObject *columns(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer payload;
     PyObject *precedence, *float_text;
-    Py_ssize_t attribute_count, value_length, event_count, link_count, event_attribute_count;
-    if (!PyArg_ParseTuple(args, "y*O!nnnnnO:columns", &payload, &PyTuple_Type, &precedence, &attribute_count,
-                          &value_length, &event_count, &link_count, &event_attribute_count, &float_text))
+    Py_ssize_t attribute_count, value_length, event_count, link_count, event_attribute_count, row_bytes;
+    if (!PyArg_ParseTuple(args, "y*O!nnnnnnO:columns", &payload, &PyTuple_Type, &precedence, &attribute_count,
+                          &value_length, &event_count, &link_count, &event_attribute_count, &row_bytes, &float_text))
         return NULL;
     Decoder d;
     memset(&d, 0, sizeof d);
     PyObject *out = NULL;
     Py_ssize_t n_keys = PyTuple_GET_SIZE(precedence);
     if (n_keys > MAX_PRECEDENCE || attribute_count < 0 || value_length < 0 || event_count < 0 || link_count < 0 ||
-        event_attribute_count < 0 || !PyCallable_Check(float_text)) {
+        event_attribute_count < 0 || row_bytes < 0 || !PyCallable_Check(float_text)) {
         PyErr_SetString(PyExc_ValueError, "columns: bad limits, keys or float_text");
         goto done;
     }
@@ -928,9 +1056,11 @@ static PyObject *columns(PyObject *self, PyObject *args) {
     d.event_count = (size_t)event_count;
     d.link_count = (size_t)link_count;
     d.event_attribute_count = (size_t)event_attribute_count;
+    d.value_length = (size_t)value_length;
+    d.row_bytes = (size_t)row_bytes;
     d.json.float_text = float_text;
     d.json.value_length = (size_t)value_length;
-    d.strings[C_PARENT].nullable = d.strings[C_SERVICE].nullable = 1;
+    d.strings[C_PARENT].nullable = 1;
     d.strings[C_KEY].nullable = d.strings[C_KEY_SOURCE].nullable = 1;
     int rc = OK;
     for (int i = 0; i < N_STRING_COLUMNS && rc == OK; i++) {
@@ -955,7 +1085,8 @@ done:
 static PyMethodDef METHODS[] = {
     {"columns", columns, METH_VARARGS,
      "columns(payload, key_precedence, attribute_count, value_length, event_count, link_count, "
-     "event_attribute_count, float_text) -> (rows, fixed-width buffers, string columns) or None"},
+     "event_attribute_count, row_bytes, float_text) -> (rows, fixed-width buffers, string columns, resources, "
+     "scopes) or None"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -966,5 +1097,6 @@ static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_otlp_columns",
 PyMODINIT_FUNC PyInit__otlp_columns(void) {
     for (int c = 0; c < 0x20; c++) ESCAPE[c] = 1;
     ESCAPE['"'] = ESCAPE['\\'] = 1;
+    if (PyType_Ready(&OWNED_TYPE) < 0) return NULL;
     return PyModule_Create(&MODULE);
 }

@@ -19,8 +19,6 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import astuple, dataclass
 
-import pyarrow as pa
-
 from collector.log import Logger
 from collector.receivers.decode_worker import (
     Signal,
@@ -31,7 +29,8 @@ from collector.receivers.decode_worker import (
     worker_init,
 )
 from collector.receivers.otlp_columns import NativeColumns, native_decode_enabled
-from collector.receivers.span_rows import columns_to_arrow
+from collector.receivers.span_rows import columns_to_arrow, rows_from_ipc
+from collector.store.span_tables import SpanRows
 from mapping.otlp import DEFAULT_LIMITS, SpanLimits, SpanProblem
 from mapping.redaction import Redactor
 from scoring.errors import TracejudgeError
@@ -53,7 +52,7 @@ def usable_cpus() -> int:
 
 @dataclass(frozen=True)
 class DecodedBatch:
-    table: pa.Table
+    rows: SpanRows
     spans: int
     problems: list[SpanProblem]
     truncated: int = 0  # spans stored with attributes, events or values cut to the span limits
@@ -63,8 +62,8 @@ class DecodedBatch:
 def _batch(result: WorkerResult) -> DecodedBatch:
     """A worker's answer as the store takes it: Arrow over the C walk's buffers, or read from IPC bytes."""
     rows, count, problems, truncated, digest = result
-    table = columns_to_arrow(rows) if isinstance(rows, NativeColumns) else pa.ipc.open_stream(rows).read_all()
-    return DecodedBatch(table, count, problems, truncated, digest)
+    tables = columns_to_arrow(rows) if isinstance(rows, NativeColumns) else rows_from_ipc(rows)
+    return DecodedBatch(tables, count, problems, truncated, digest)
 
 
 def default_workers(redaction: bool) -> int:

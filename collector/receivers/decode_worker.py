@@ -26,9 +26,10 @@ if TYPE_CHECKING:
 
 Signal = Literal["traces", "logs"]  # logs: GenAI events, stored as carrier spans
 BIG_REQUEST = 4 * 1024 * 1024  # after one this large, a worker hands its freed memory back to the system
-# Rows as column buffers (the C walk) or as Arrow IPC bytes (the Python decoder), the span count, the spans
-# reported as problems, the spans cut to the limits, and the request's digest (span_rows.request_digest).
-WorkerResult = tuple["NativeColumns | bytes", int, "list[SpanProblem]", int, bytes]
+# Rows as column buffers (the C walk) or as Arrow IPC bytes of the spans, resources and scopes (the Python decoder),
+# the span count, the spans reported as problems, the spans cut to the limits, and the request's digest
+# (span_rows.request_digest).
+WorkerResult = tuple["NativeColumns | tuple[bytes, bytes, bytes]", int, "list[SpanProblem]", int, bytes]
 
 
 def decode_native(payload: bytes, content_type: str, limits: tuple[int, ...]) -> WorkerResult | None:

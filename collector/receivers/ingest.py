@@ -110,7 +110,7 @@ class Ingest:
         received = decoded.spans + len(decoded.problems)
         self.metrics.spans_received.inc(received)
         try:
-            accepted = await self.store.write(decoded.table, decoded.digest)
+            accepted = await self.store.write(decoded.rows, decoded.digest)
         except Backpressure as exc:
             self.metrics.spans_rejected.labels("backpressure").inc(received)
             return Outcome(Answer.UNAVAILABLE, message=str(exc), retry_after_s=exc.retry_after_s)

@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import orjson
 
 from mapping.content_types import PROTOBUF_TYPES, media_type
 from mapping.conversation_key import KEY_PRECEDENCE
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
 
 try:
     from collector.receivers import _otlp_columns
@@ -26,25 +30,30 @@ except ImportError:  # no C compiler where the package was installed: every requ
     _otlp_columns = None  # type: ignore[assignment]
 
 _PRECEDENCE = tuple(key.encode() for key in KEY_PRECEDENCE)
-FIXED_COLUMNS = ("kind", "start_ns", "end_ns", "status_code")
-STRING_COLUMNS = ("trace_id", "span_id", "parent_span_id", "name", "status_message", "service_name", "scope_name",
-                  "scope_version", "attributes", "resource_attributes", "events", "links", "conversation_key",
-                  "conversation_key_source")
+# resource_index and scope_index: int32, each row's place in `NativeColumns.resources` and `.scopes`
+FIXED_COLUMNS = ("kind", "start_ns", "end_ns", "status_code", "resource_index", "scope_index")
+STRING_COLUMNS = ("trace_id", "span_id", "parent_span_id", "name", "status_message", "attributes", "events", "links",
+                  "conversation_key", "conversation_key_source")
 
 
 @dataclass(frozen=True)
 class NativeColumns:
     """The buffers of a request's rows: little-endian fixed-width values, and per string column its int32
-    offsets, UTF-8 data, validity bitmap (None: no nulls) and null count. Plain bytes: it pickles cheaply."""
+    offsets, UTF-8 data, validity bitmap (None: no nulls) and null count, each a buffer the walk's memory is
+    handed over in without a copy (bytes once pickled); and the request's resources (attributes
+    JSON, service.name) and scopes (name, version), one per ResourceSpans and ScopeSpans, which the rows point to.
+    Plain bytes: it pickles cheaply."""
 
     rows: int
     received_us: int  # when the worker took the request, as the Python decoder stamps its rows
-    fixed: tuple[bytes, ...]
-    strings: tuple[tuple[bytes, bytes, bytes | None, int], ...]
+    fixed: tuple[Buffer, ...]
+    strings: tuple[tuple[Buffer, Buffer, Buffer | None, int], ...]
+    resources: tuple[tuple[bytes, bytes | None], ...]
+    scopes: tuple[tuple[bytes, bytes], ...]
 
     def ids(self) -> list[bytes]:
         """Each row's trace id and span id, hex, as `span_rows.request_digest` reads them."""
-        traces, spans = self.strings[0][1], self.strings[1][1]
+        traces, spans = bytes(self.strings[0][1]), bytes(self.strings[1][1])
         return [traces[32 * i:32 * i + 32] + spans[16 * i:16 * i + 16] for i in range(self.rows)]
 
 
@@ -64,10 +73,10 @@ def native_columns(payload: bytes, content_type: str, limits: tuple[int, ...],
     (`dataclasses.astuple`)."""
     if not native_decode_enabled() or media_type(content_type) not in PROTOBUF_TYPES:
         return None
-    attribute_count, value_length, event_count, link_count, event_attribute_count = limits[:5]
+    attribute_count, value_length, event_count, link_count, event_attribute_count, _, row_bytes = limits[:7]
     out = _otlp_columns.columns(payload, _PRECEDENCE, attribute_count, value_length, event_count, link_count,
-                                event_attribute_count, orjson.dumps)
+                                event_attribute_count, row_bytes, orjson.dumps)
     if out is None:
         return None
-    rows, fixed, strings = out
-    return NativeColumns(rows, received_us, tuple(fixed), tuple(strings))
+    rows, fixed, strings, resources, scopes = out
+    return NativeColumns(rows, received_us, tuple(fixed), tuple(strings), tuple(resources), tuple(scopes))

@@ -1,13 +1,19 @@
 """The database schema, as numbered migrations applied in order at start-up.
 
-Tables: `spans` (ingest), `conversations` (one row per version of a rebuilt conversation), `eval_jobs`
+Tables: `span_records` (ingest) with `span_resources` and `span_scopes` (each resource and scope once), joined
+back as the view `spans`; `conversations` (one row per version of a rebuilt conversation), `eval_jobs`
 (durable scoring work) and `scores`; views `latest_scores` and `daily_scores` for history queries;
 `assembled_traces` remembers when each trace was last assembled, so a restart re-queues exactly the rest.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import duckdb
+import pyarrow as pa
+
+from collector.store.span_tables import resource_id, scope_id
 
 
 def history_views(scores: str, partition: str, temporary: bool = False) -> str:
@@ -84,7 +90,7 @@ LEFT JOIN validity v ON v.conversation_id = n.conversation_id AND v.conversation
 """
 
 
-SPANS_COLUMNS = """
+_SPAN_COLUMNS = """
         trace_id VARCHAR NOT NULL,
         span_id VARCHAR NOT NULL,
         parent_span_id VARCHAR,
@@ -93,7 +99,8 @@ SPANS_COLUMNS = """
         start_ns BIGINT,
         end_ns BIGINT,
         status_code TINYINT,
-        status_message VARCHAR,
+        status_message VARCHAR"""
+SPANS_COLUMNS = _SPAN_COLUMNS + """,
         service_name VARCHAR,
         scope_name VARCHAR,
         scope_version VARCHAR,
@@ -104,6 +111,74 @@ SPANS_COLUMNS = """
         conversation_key VARCHAR,
         conversation_key_source VARCHAR,
         received_at TIMESTAMPTZ NOT NULL"""
+
+
+# Since schema 13 a span's resource and scope are stored once per content (collector/store/span_tables.py); the
+# view `spans` has the columns the table had, so users' SQL and the archives keep working.
+SPAN_RECORDS_COLUMNS = _SPAN_COLUMNS + """,
+        resource_id BIGINT NOT NULL,
+        scope_id BIGINT NOT NULL,
+        attributes JSON,
+        events JSON,
+        links JSON,
+        conversation_key VARCHAR,
+        conversation_key_source VARCHAR,
+        received_at TIMESTAMPTZ NOT NULL"""
+SPAN_DICTIONARIES_DDL = """
+    CREATE TABLE IF NOT EXISTS span_resources (
+        resource_id BIGINT PRIMARY KEY,
+        service_name VARCHAR,
+        attributes JSON NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS span_scopes (
+        scope_id BIGINT PRIMARY KEY,
+        name VARCHAR NOT NULL,
+        version VARCHAR NOT NULL
+    );
+"""
+SPANS_VIEW = """
+    CREATE OR REPLACE VIEW spans AS
+    SELECT s.trace_id, s.span_id, s.parent_span_id, s.name, s.kind, s.start_ns, s.end_ns, s.status_code,
+           s.status_message, r.service_name, c.name AS scope_name, c.version AS scope_version, s.attributes,
+           r.attributes AS resource_attributes, s.events, s.links, s.conversation_key, s.conversation_key_source,
+           s.received_at
+    FROM span_records s LEFT JOIN span_resources r ON r.resource_id = s.resource_id
+         LEFT JOIN span_scopes c ON c.scope_id = s.scope_id;
+"""
+
+
+def _store_resources_and_scopes_once(con: duckdb.DuckDBPyConnection) -> None:
+    """Schema 13: the spans table becomes `span_records` plus one row per distinct resource and scope, ids computed
+    as ingest computes them (so later spans of the same resource share its row), and the view `spans`."""
+    con.execute(SPAN_DICTIONARIES_DDL)
+    resources = con.execute("SELECT CAST(coalesce(resource_attributes, '{}') AS VARCHAR), any_value(service_name) "
+                            "FROM spans GROUP BY 1").fetchall()
+    scopes = con.execute("SELECT DISTINCT coalesce(scope_name, ''), coalesce(scope_version, '') FROM spans").fetchall()
+    con.register("migrated_resources", pa.table({
+        "resource_id": pa.array([resource_id(text.encode()) for text, _ in resources], pa.int64()),
+        "service_name": pa.array([service for _, service in resources], pa.string()),
+        "text": pa.array([text for text, _ in resources], pa.string())}))
+    con.register("migrated_scopes", pa.table({
+        "scope_id": pa.array([scope_id(name.encode(), version.encode()) for name, version in scopes], pa.int64()),
+        "name": pa.array([name for name, _ in scopes], pa.string()),
+        "version": pa.array([version for _, version in scopes], pa.string())}))
+    con.execute(f"""
+    INSERT INTO span_resources SELECT resource_id, service_name, text FROM migrated_resources;
+    INSERT INTO span_scopes SELECT scope_id, name, version FROM migrated_scopes;
+    CREATE TABLE span_records ({SPAN_RECORDS_COLUMNS}
+    );
+    INSERT INTO span_records
+    SELECT s.trace_id, s.span_id, s.parent_span_id, s.name, s.kind, s.start_ns, s.end_ns, s.status_code,
+           s.status_message, r.resource_id, c.scope_id, s.attributes, s.events, s.links, s.conversation_key,
+           s.conversation_key_source, s.received_at
+    FROM spans s
+    JOIN migrated_resources r ON r.text = CAST(coalesce(s.resource_attributes, '{{}}') AS VARCHAR)
+    JOIN migrated_scopes c ON c.name = coalesce(s.scope_name, '') AND c.version = coalesce(s.scope_version, '')
+    ORDER BY s.received_at;  -- reads skip row groups by received_at: keep them in arrival order
+    DROP TABLE spans;
+    """ + SPANS_VIEW)
+    con.unregister("migrated_resources")
+    con.unregister("migrated_scopes")
 
 
 def summary_tables_ddl(temporary: bool = False) -> str:
@@ -147,8 +222,9 @@ def summary_tables_ddl(temporary: bool = False) -> str:
     """.replace("{create}", create)
 
 
-SCHEMA_VERSION = 12
-MIGRATIONS: dict[int, str] = {
+SCHEMA_VERSION = 13
+# SQL, or a function of the connection where the migration needs Python (ids computed as ingest computes them)
+MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     1: f"""
     CREATE TABLE IF NOT EXISTS spans ({SPANS_COLUMNS},
         PRIMARY KEY (trace_id, span_id)
@@ -307,6 +383,9 @@ MIGRATIONS: dict[int, str] = {
     12: """
     ALTER TABLE assembled_traces ADD COLUMN first_received_at TIMESTAMPTZ;
     """,
+    # each resource and scope stored once, not on every span's row: a request of 1,000 spans under a 2 MB scope
+    # made 2 GB of rows (collector/store/span_tables.py)
+    13: _store_resources_and_scopes_once,
 }
 
 
@@ -317,7 +396,11 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
     found = (row[0] if row else None) or 0
     for version in range(found + 1, SCHEMA_VERSION + 1):
         con.execute("BEGIN TRANSACTION")
-        con.execute(MIGRATIONS[version])
+        migration = MIGRATIONS[version]
+        if callable(migration):
+            migration(con)
+        else:
+            con.execute(migration)
         con.execute("INSERT INTO tracejudge_schema VALUES (?, now())", [version])
         con.execute("COMMIT")
     return found

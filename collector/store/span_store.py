@@ -15,6 +15,7 @@ once.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import datetime as dt
 import importlib.abc
@@ -33,6 +34,7 @@ import duckdb
 import pyarrow as pa
 
 from collector.store.schema import migrate
+from collector.store.span_tables import MAX_KNOWN_IDS, SpanRows
 from scoring.errors import TracejudgeError
 
 MEMORY_RETRY_PAUSES_S = (0.02, 0.05, 0.1, 0.2, 0.3)  # 0.67 s in all, then the exporter is told to retry
@@ -57,10 +59,18 @@ class Backpressure(StoreError):
 
 @dataclass
 class _Pending:
-    table: pa.Table
+    rows: SpanRows
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[int]
     digest: bytes | None = None
+
+
+@dataclass
+class _WriterJob:
+    """Work that must not interleave with a commit (pruning the resources and scopes no span refers to)."""
+
+    run: Callable[[duckdb.DuckDBPyConnection], Any]
+    future: concurrent.futures.Future[Any]
 
 
 @dataclass
@@ -94,13 +104,17 @@ class SpanStore:
         self.refusal: Callable[[], str | None] = lambda: None  # why ingest is refused (the disk budget), if it is
         self.retry_after_s = retry_after_s
         self.stats = StoreStats()
-        self._queue: queue.Queue[_Pending | None] = queue.Queue()
+        self._queue: queue.Queue[_Pending | _WriterJob | None] = queue.Queue()
+        # ids of the resources and scopes stored, so a commit inserts only new ones (cleared when they are pruned)
+        self._known_resources: set[int] = set()
+        self._known_scopes: set[int] = set()
         self._queued_spans = 0
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._con: duckdb.DuckDBPyConnection | None = None
         self._committed: OrderedDict[bytes, float] = OrderedDict()  # request digest -> when (epoch s), oldest first
         self._last_prune = 0.0
+        self._closing = False
         self.healthy = False
 
     @property
@@ -150,10 +164,10 @@ class SpanStore:
         self._thread = threading.Thread(target=self._run, name="tracejudge-span-writer", daemon=True)
         self._thread.start()
 
-    async def write(self, table: pa.Table, digest: bytes | None = None) -> int:
+    async def write(self, span_rows: SpanRows, digest: bytes | None = None) -> int:
         """Return once the rows (from `spans_to_arrow`) are committed, or known to be (a redelivery of the request
         with this `digest`); Backpressure or StoreError otherwise."""
-        rows = table.num_rows
+        rows = span_rows.num_rows
         if not rows:
             return 0
         refused = self.refusal()
@@ -166,8 +180,18 @@ class SpanStore:
             self._queued_spans += rows
         loop = asyncio.get_running_loop()
         future: asyncio.Future[int] = loop.create_future()
-        self._queue.put(_Pending(table, loop, future, digest))
+        self._queue.put(_Pending(span_rows, loop, future, digest))
         return await future
+
+    def run_in_writer(self, job: Callable[[duckdb.DuckDBPyConnection], Any]) -> concurrent.futures.Future[Any]:
+        """Run `job` on the writer's connection between two commits; its future holds the result or the error."""
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._lock:
+            if self._thread is None or self._closing:
+                future.set_exception(StoreError("the span store is closed; the job did not run"))
+                return future
+            self._queue.put(_WriterJob(job, future))
+        return future
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A connection of this database for another thread (the pipeline, the admin API)."""
@@ -177,6 +201,8 @@ class SpanStore:
     def close(self) -> None:
         """Commit everything queued, then stop the writer and close the file."""
         if self._thread is not None:
+            with self._lock:
+                self._closing = True
             self._queue.put(None)
             self._thread.join()
             self._thread = None
@@ -198,8 +224,10 @@ class SpanStore:
             first = self._queue.get()
             if first is None:
                 break
-            batch, count = [first], first.table.num_rows
-            while count < self.max_batch_spans:
+            job = first if isinstance(first, _WriterJob) else None
+            batch: list[_Pending] = [] if job is not None else [first]  # type: ignore[list-item]
+            count = sum(p.rows.num_rows for p in batch)
+            while job is None and count < self.max_batch_spans:
                 try:
                     item = self._queue.get_nowait()
                 except queue.Empty:
@@ -207,18 +235,43 @@ class SpanStore:
                 if item is None:
                     stopping = True
                     break
+                if isinstance(item, _WriterJob):
+                    job = item  # after the batch gathered so far
+                    break
                 batch.append(item)
-                count += item.table.num_rows
+                count += item.rows.num_rows
             started = time.perf_counter()
-            self._commit(batch, count)
+            if batch:
+                self._commit(batch, count)
+            if job is not None:
+                self._run_job(job)
             self.stats.busy_s += time.perf_counter() - started
+        while True:  # jobs queued behind the stop are answered, not left waiting
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, _WriterJob):
+                item.future.set_exception(StoreError("the span store closed before the job ran"))
+
+    def _run_job(self, job: _WriterJob) -> None:
+        assert self._con is not None
+        try:
+            result = job.run(self._con)
+        except Exception as exc:  # noqa: BLE001 - handed to whoever queued the job
+            job.future.set_exception(exc)
+        else:
+            job.future.set_result(result)
+        finally:  # what the job deleted may be among the ids known to be stored
+            self._known_resources.clear()
+            self._known_scopes.clear()
 
     def _commit(self, batch: list[_Pending], count: int) -> None:
         if len(batch) == 1:
             self._commit_group(batch, count, answer_failure=True)
         elif not self._commit_group(batch, count, answer_failure=False):
             for pending in batch:  # one request's bad data must not fail the others it was grouped with
-                self._commit_group([pending], pending.table.num_rows, answer_failure=True)
+                self._commit_group([pending], pending.rows.num_rows, answer_failure=True)
 
     def _commit_group(self, batch: list[_Pending], count: int, answer_failure: bool) -> bool:
         """Commit the batch in one transaction and answer its requests; on failure answer them only if asked."""
@@ -232,11 +285,13 @@ class SpanStore:
             fresh.append(pending)
             if pending.digest is not None:
                 digests.add(pending.digest)
-        table = pa.concat_tables([p.table for p in fresh]) if len(fresh) > 1 else \
-            fresh[0].table if fresh else batch[0].table.slice(0, 0)
+        table = pa.concat_tables([p.rows.spans for p in fresh]) if len(fresh) > 1 else \
+            fresh[0].rows.spans if fresh else batch[0].rows.spans.slice(0, 0)
+        resources = _new_rows([p.rows.resources for p in fresh], "resource_id", self._known_resources)
+        scopes = _new_rows([p.rows.scopes for p in fresh], "scope_id", self._known_scopes)
         inserted = table.num_rows
         now = time.time()
-        error = self._transaction(table, digests, now)
+        error = self._transaction(table, resources, scopes, digests, now)
         for pause in MEMORY_RETRY_PAUSES_S:
             if not isinstance(error, duckdb.OutOfMemoryException):
                 break
@@ -244,11 +299,16 @@ class SpanStore:
             # wait for it here rather than make the exporter back off for a second or more
             self.stats.memory_retries += 1
             time.sleep(pause)
-            error = self._transaction(table, digests, now)
+            error = self._transaction(table, resources, scopes, digests, now)
         if error is None:
             for digest in digests:
                 self._committed[digest] = now
             self._prune(now)
+            for known, new, column in ((self._known_resources, resources, "resource_id"),
+                                       (self._known_scopes, scopes, "scope_id")):
+                if len(known) + new.num_rows > MAX_KNOWN_IDS:
+                    known.clear()  # a cache: a commit that meets an id not in it inserts it again, ignored
+                known.update(new.column(column).to_pylist())
         elapsed = time.perf_counter() - started
         if error is not None and not answer_failure:
             return False
@@ -272,11 +332,14 @@ class SpanStore:
                             self.on_listener_error(exc)
         else:
             self.stats.last_error = f"{type(error).__name__}: {error}"
-            self.healthy = False
+            # a request too large for the memory left must not make the collector unready for everyone: after a
+            # memory failure the store is unhealthy only if a small write fails too; any other failure (disk full,
+            # file gone) makes it unhealthy until a commit succeeds
+            self.healthy = _memory_failure(error) and self._can_commit()
         for pending in batch:
             outcome: Any = (StoreError(f"the span store could not commit ({self.stats.last_error}); "
                                        "the export was not acknowledged and can be retried")
-                            if error is not None else pending.table.num_rows)
+                            if error is not None else pending.rows.num_rows)
             if not pending.loop.is_closed():
                 # the receiver's loop may close while we commit; then nothing is waiting any more
                 with contextlib.suppress(RuntimeError):
@@ -284,34 +347,53 @@ class SpanStore:
         return error is None
 
 
-    def _transaction(self, table: pa.Table, digests: set[bytes], now: float) -> Exception | None:
-        """Append the spans and the request digests in one transaction; the error that stopped it, if any."""
+    def _transaction(self, table: pa.Table, resources: pa.Table, scopes: pa.Table, digests: set[bytes],
+                     now: float) -> Exception | None:
+        """Append the spans, the resources and scopes not stored yet, and the request digests in one transaction;
+        the error that stopped it, if any."""
         assert self._con is not None
         try:
             self._con.execute("BEGIN TRANSACTION")
-            if table.num_rows:
-                self._con.register("incoming_spans", table)
-                try:
-                    self._con.execute("INSERT INTO spans SELECT * FROM incoming_spans")
-                finally:  # in an aborted transaction this fails too, and would hide the error that aborted it
-                    with contextlib.suppress(duckdb.Error):
-                        self._con.unregister("incoming_spans")
+            self._append("span_resources", resources, "INSERT OR IGNORE")  # another replica's file may hold it
+            self._append("span_scopes", scopes, "INSERT OR IGNORE")
+            self._append("span_records", table)
             if digests:
-                self._con.register("incoming_requests", pa.table({
+                self._append("ingest_requests", pa.table({
                     "digest": pa.array(list(digests), pa.binary()),
                     "received_at": pa.array([dt.datetime.fromtimestamp(now, dt.UTC)] * len(digests),
                                             pa.timestamp("us", tz="UTC"))}))
-                try:
-                    self._con.execute("INSERT INTO ingest_requests SELECT * FROM incoming_requests")
-                finally:  # in an aborted transaction this fails too, and would hide the error that aborted it
-                    with contextlib.suppress(duckdb.Error):
-                        self._con.unregister("incoming_requests")
             self._con.execute("COMMIT")
         except Exception as exc:
             with contextlib.suppress(duckdb.Error):
                 self._con.execute("ROLLBACK")
             return exc
         return None
+
+    def _append(self, name: str, table: pa.Table, insert: str = "INSERT") -> None:
+        assert self._con is not None
+        if not table.num_rows:
+            return
+        self._con.register("incoming", table)
+        try:
+            self._con.execute(f"{insert} INTO {name} SELECT * FROM incoming")
+        finally:  # in an aborted transaction this fails too, and would hide the error that aborted it
+            with contextlib.suppress(duckdb.Error):
+                self._con.unregister("incoming")
+
+    def _can_commit(self) -> bool:
+        """Whether a small transaction that writes commits: after a failed commit, whether the store is at fault
+        (disk full, file gone) or only the request was."""
+        assert self._con is not None
+        try:
+            self._con.execute("BEGIN TRANSACTION")
+            # a real write (the WAL must take it); received in 1970, so the next prune of old digests removes it
+            self._con.execute("INSERT INTO ingest_requests VALUES (''::BLOB, '1970-01-01 00:00:00+00')")
+            self._con.execute("COMMIT")
+        except duckdb.Error:
+            with contextlib.suppress(duckdb.Error):
+                self._con.execute("ROLLBACK")
+            return False
+        return True
 
     def _prune(self, now: float) -> None:
         """Forget request digests past the window, in memory at once and in the table once a minute."""
@@ -350,6 +432,28 @@ def lock_down(con: duckdb.DuckDBPyConnection) -> None:
     """No file access from SQL (read_csv('/etc/...') in a query) and no settings changes afterwards."""
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
+
+
+def _memory_failure(error: Exception) -> bool:
+    """DuckDB ran out of its buffer pool: during the insert (OutOfMemoryException), or at commit, where it is a
+    TransactionException "failed to pin block" (the same class a full disk raises, with another message)."""
+    return isinstance(error, duckdb.OutOfMemoryException) or (
+        isinstance(error, duckdb.TransactionException) and "failed to pin block" in str(error).lower())
+
+
+def _new_rows(tables: list[pa.Table], column: str, known: set[int]) -> pa.Table:
+    """The rows of these resource or scope tables whose id is neither stored (`known`) nor repeated earlier."""
+    seen = set(known)
+    keep: list[pa.Table] = []
+    for table in tables:
+        ids = table.column(column).to_pylist()
+        rows = [i for i, value in enumerate(ids) if value not in seen]
+        seen.update(ids)
+        if rows:
+            keep.append(table if len(rows) == len(ids) else table.take(rows))
+    if not keep:
+        return tables[0].slice(0, 0) if tables else pa.table({column: pa.array([], pa.int64())})
+    return pa.concat_tables(keep) if len(keep) > 1 else keep[0]
 
 
 def _resolve(future: asyncio.Future[int], outcome: Any) -> None:
