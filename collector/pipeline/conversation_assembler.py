@@ -54,8 +54,12 @@ _VERSION_SCHEMA = pa.schema([
 _JOB_SCHEMA = pa.schema([
     ("conversation_id", pa.string()), ("conversation_version", pa.int32()), ("metric", pa.string()),
     ("metric_config", pa.string()), ("status", pa.string()), ("created_at", _UTC_US), ("updated_at", _UTC_US)])
+# from span_records, not the spans view: a batch's resources and scopes are read and parsed once each
+# (`_dictionaries`), not joined onto every span and parsed again per span
 _COLUMNS = ("trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, status_code, status_message, "
-            "scope_name, scope_version, attributes, resource_attributes, events, links, received_at")
+            "scope_id, resource_id, attributes, events, links, received_at")
+_Scopes = dict[int, tuple[str, str]]
+_Resources = dict[int, dict]
 
 
 _Built = tuple[Conversation, dict[str, set[str]]]  # a rebuilt conversation and its sampling attribute values
@@ -498,18 +502,20 @@ class ConversationAssembler:
         with id_table(self.con, unread) as ids:
             # a span sent again inside another request is stored twice: the last copy received counts, once
             rows = self.con.execute(
-                f"SELECT {_COLUMNS} FROM spans WHERE received_at >= ? AND trace_id IN (SELECT id FROM {ids}) "
+                f"SELECT {_COLUMNS} FROM span_records WHERE received_at >= ? AND trace_id IN (SELECT id FROM {ids}) "
                 "QUALIFY row_number() OVER (PARTITION BY trace_id, span_id ORDER BY received_at DESC) = 1",
                 [_at(since_us)]).fetchall()
         by_trace: dict[str, list[tuple]] = {}
         for row in rows:
             by_trace.setdefault(row[0], []).append(row)
+        scopes, resources = self._dictionaries({r[9] for r in rows}, {r[10] for r in rows})
         failed: set[str] = set()
         built: dict[str, list[_Built]] = {}
         parts_of: dict[str, list[KeptTrace]] = {}
         for conversation_id in batch:
             try:
-                parts = [kept.get(t) or self._map_trace(by_trace[t]) for t in conversations[conversation_id]
+                parts = [kept.get(t) or self._map_trace(by_trace[t], scopes, resources)
+                         for t in conversations[conversation_id]
                          if t in kept or t in by_trace]
                 built[conversation_id] = self._compose(conversation_id, parts)
             except Exception as exc:  # one bad conversation must not hold up the others; it is retried later
@@ -550,19 +556,32 @@ class ConversationAssembler:
         with registered(self.con, table) as name:
             self.con.execute(f"INSERT OR REPLACE INTO assembled_traces BY NAME SELECT * FROM {name}")
 
-    def _map_trace(self, rows: list[tuple]) -> KeptTrace:
-        """One trace mapped from its stored rows, with what the sampling filters and `assembled_traces` need."""
+    def _dictionaries(self, scope_ids: set[int], resource_ids: set[int]) -> tuple[_Scopes, _Resources]:
+        """The scopes (name, version) and resources (parsed attributes) these spans refer to, each read once."""
+        with id_table(self.con, scope_ids, pa.int64()) as ids:
+            scopes = {i: (n, v) for i, n, v in self.con.execute(
+                f"SELECT scope_id, name, version FROM span_scopes WHERE scope_id IN (SELECT id FROM {ids})").fetchall()}
+        with id_table(self.con, resource_ids, pa.int64()) as ids:
+            resources = {i: json.loads(text) for i, text in self.con.execute(
+                f"SELECT resource_id, attributes FROM span_resources WHERE resource_id IN (SELECT id FROM {ids})"
+            ).fetchall()}
+        return scopes, resources
+
+    def _map_trace(self, rows: list[tuple], scopes: _Scopes, resources: _Resources) -> KeptTrace:
+        """One trace mapped from its stored rows, with what the sampling filters and `assembled_traces` need. Spans
+        of one resource share its parsed attributes, as the spans of one ResourceSpans do when decoded."""
         spans = [Span.from_record({
             "trace_id": r[0], "span_id": r[1], "parent_span_id": r[2], "name": r[3], "kind": r[4],
-            "start_ns": r[5], "end_ns": r[6], "status_code": r[7], "status_message": r[8], "scope_name": r[9],
-            "scope_version": r[10], "attributes": json.loads(r[11]), "resource": json.loads(r[12]),
-            "events": json.loads(r[13]), "links": json.loads(r[14]),
+            "start_ns": r[5], "end_ns": r[6], "status_code": r[7], "status_message": r[8],
+            "scope_name": scopes.get(r[9], ("", ""))[0], "scope_version": scopes.get(r[9], ("", ""))[1],
+            "attributes": json.loads(r[11]), "resource": resources.get(r[10], {}),
+            "events": json.loads(r[12]), "links": json.loads(r[13]),
         }) for r in rows]
         mapped = map_traces(spans)
-        received = [r[15] for r in rows]
+        received = [r[14] for r in rows]
         return KeptTrace(rows[0][0], mapped[0] if mapped else None, attribute_values(self.settings.sampling, spans),
                          len(rows), min(received), max(received),
-                         ENTRY_OVERHEAD + TEXT_FACTOR * sum(len(r[11]) + len(r[13]) for r in rows))
+                         ENTRY_OVERHEAD + TEXT_FACTOR * sum(len(r[11]) + len(r[12]) for r in rows))
 
     def _compose(self, conversation_id: str, parts: list[KeptTrace]) -> list[_Built]:
         """The conversation composed from its traces' mapped parts, with the sampling filters' attribute values
