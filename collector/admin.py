@@ -15,6 +15,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from collector.admin_guard import AdminGuard
 from collector.history.query import DEFAULT_LIMIT, QueryFailed, QueryRefused, run_read_query
 from collector.metrics import CollectorMetrics
 from collector.pipeline.summary_tables import SummaryTables
@@ -37,7 +38,8 @@ T = TypeVar("T")
 class AdminServer:
     def __init__(self, host: str, port: int, store: SpanStore, metrics: CollectorMetrics,
                  query_token: str | None, *, max_connections: int = 256, header_timeout_s: float = 10.0,
-                 budget_usd: float | None = None, trace_url: str | None = None) -> None:
+                 budget_usd: float | None = None, trace_url: str | None = None,
+                 allowed_hosts: list[str] | None = None) -> None:
         self.host, self.requested_port = host, port
         self.store, self.metrics = store, metrics
         self.stage: ScoringStage | None = None
@@ -48,7 +50,9 @@ class AdminServer:
         self._user_sql = ThreadPoolExecutor(1, thread_name_prefix="tracejudge-user-sql")
         self._busy = 0
         self.port: int | None = None
-        self.app = web.Application(client_max_size=1024 * 1024)  # a query is small
+        self.guard = AdminGuard([host, *(allowed_hosts or [])])
+        # a query is small; every route checks Host, and the routes that change state or run SQL check the origin
+        self.app = web.Application(client_max_size=1024 * 1024, middlewares=[self.guard.middleware])
         self.app.router.add_get("/healthz", self._healthz)
         self.app.router.add_get("/readyz", self._readyz)
         self.app.router.add_get("/metrics", self._metrics)
@@ -76,10 +80,14 @@ class AdminServer:
     async def _healthz(self, _: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
-    async def _readyz(self, _: web.Request) -> web.Response:
+    async def _readyz(self, request: web.Request) -> web.Response:
+        """Readiness for probes; the store's error text only with the query token (or when none is set)."""
         problems = []
         if not self.store.healthy:
-            problems.append(f"the span store cannot write: {self.store.stats.last_error}")
+            detail = (f": {self.store.stats.last_error}"
+                      if bearer_matches(request.headers.get("Authorization"), self._query_token) else
+                      " (send the query token for the database's error, or read the collector's log)")
+            problems.append(f"the span store cannot write{detail}")
         refused = self.store.refusal()
         if refused is not None:
             problems.append(refused)

@@ -66,6 +66,10 @@ class ServerSettings(_Section):
     host: str = Field("127.0.0.1", description="address the OTLP receivers bind to")
     admin_host: str = Field("127.0.0.1", description="address the admin API (/api/query, /report, /metrics) "
                             "binds to; anything but loopback needs a query_token")
+    admin_allowed_hosts: list[str] = Field(
+        [], description="host names the admin port answers to besides localhost and IP addresses (the name in "
+        "the browser's address bar, like tracejudge.internal); any other Host is refused, so a DNS name an attacker "
+        "points at this machine (DNS rebinding) cannot reach it")
     grpc_port: int = Field(4317, ge=0, le=65535, description="OTLP/gRPC port (0: any free port)")
     http_port: int = Field(4318, ge=0, le=65535, description="OTLP/HTTP port (0: any free port)")
     admin_port: int = Field(4319, ge=0, le=65535, description="admin HTTP port: /healthz /readyz /metrics")

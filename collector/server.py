@@ -68,7 +68,8 @@ class Collector:
         self.admin = AdminServer(settings.server.admin_host, settings.server.admin_port, self.store, self.metrics,
                                  settings.server.query_token, max_connections=settings.server.max_connections,
                                  header_timeout_s=settings.server.header_timeout_s,
-                                 budget_usd=settings.scoring.daily_budget_usd, trace_url=settings.ui.trace_url)
+                                 budget_usd=settings.scoring.daily_budget_usd, trace_url=settings.ui.trace_url,
+                                 allowed_hosts=settings.server.admin_allowed_hosts)
         self.stage: ScoringStage | None = None
         self.retention: Retention | None = None
         self.assembler: ConversationAssembler | None = None

@@ -136,7 +136,7 @@ def test_slow_and_numerous_http_clients_are_cut_off(guarded) -> None:
 def test_a_non_ascii_authorization_header_is_a_401(guarded) -> None:
     for url in (guarded.http_url, f"{guarded.admin_url}/api/query"):
         host, rest = url.removeprefix("http://").split("/", 1)
-        sock = _slow_socket(int(host.split(":")[1]), b"POST /" + rest.encode() + b" HTTP/1.1\r\nHost: x\r\n"
+        sock = _slow_socket(int(host.split(":")[1]), b"POST /" + rest.encode() + b" HTTP/1.1\r\nHost: localhost\r\n"
                             b"Content-Type: application/json\r\nAuthorization: Bearer \xff\xfe\xe9t\xe9\r\n"
                             b"Content-Length: 2\r\n\r\n{}")
         answer = sock.recv(65536)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -160,11 +161,18 @@ def test_mcp_calls_view_answers_which_tool_fails(ui: CollectorProcess) -> None:
     assert any("isError" in json.dumps(v) for (v,) in violations)
 
 
+def form_token(collector: CollectorProcess) -> str:
+    """The CSRF token the login form carries (a page elsewhere cannot read it)."""
+    page = httpx.get(f"{collector.admin_url}/login").text
+    return re.search(r'name="csrf" value="([0-9a-f]+)"', page).group(1)  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize("target", ["//evil.example/", "/\\evil.example/", "https://evil.example/",
                                     "/\t/evil.example/", "/\r/evil.example/"])
 def test_login_never_sends_a_user_to_another_site(tmp_path: Path, target: str) -> None:
     with CollectorProcess(tmp_path / "t.duckdb", env={"TRACEJUDGE_QUERY_TOKEN": TOKEN}) as collector:
-        reply = httpx.post(f"{collector.admin_url}/login", data={"token": TOKEN, "next": target},
+        reply = httpx.post(f"{collector.admin_url}/login", data={"token": TOKEN, "next": target,
+                                                                 "csrf": form_token(collector)},
                            follow_redirects=False)
         assert reply.status_code == 303 and reply.headers["Location"] == "/"
         collector.stop()
@@ -177,5 +185,5 @@ def test_odd_parameters_and_foreign_hosts_get_answers_not_errors(tmp_path: Path)
             assert httpx.get(f"{collector.admin_url}{path}").status_code in (200, 404), path
         rebound = httpx.get(f"{collector.admin_url}/conversations", headers={"Host": "evil.example"},
                             follow_redirects=False)
-        assert rebound.status_code == 303  # a DNS name pointed at this port is not this machine's user
+        assert rebound.status_code == 421  # a DNS name pointed at this port is not this machine's user
         collector.stop()

@@ -35,7 +35,7 @@ def _score_on_collector(args: argparse.Namespace) -> int | None:
               "and run this again", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        reply = httpx.post(f"{args.url.rstrip('/')}/api/score-pending", headers=admin_headers(), timeout=30)
+        reply = httpx.post(f"{args.url.rstrip('/')}/api/score-pending", json={}, headers=admin_headers(), timeout=30)
     except httpx.HTTPError:
         return None
     if reply.status_code != 200:

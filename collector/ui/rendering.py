@@ -21,7 +21,14 @@ def environment(static: bool) -> jinja2.Environment:
                              undefined=jinja2.StrictUndefined)
     url: Callable[..., str] = in_page_url if static else server_url
     env.globals.update(url=url, pct=pct, num=num, when=when, static=static, static_csp=STATIC_CSP)
+    env.filters["segment"] = path_segment
     return env
+
+
+def path_segment(value: Any) -> str:
+    """One path segment: every reserved character encoded, `/` too, so an id like `../../tools` stays one
+    segment of its own link (Jinja's `urlencode` leaves `/` as it is)."""
+    return quote(str(value), safe="")
 
 
 def server_url(path: str, params: dict[str, Any] | None = None) -> str:

@@ -29,7 +29,6 @@ from collector.ui.charts import trend_chart
 from collector.ui.rendering import environment
 
 COOKIE = "tracejudge_session"
-LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 if TYPE_CHECKING:
     from collector.pipeline.retention import StorageReport
 
@@ -47,6 +46,8 @@ class WebUI:
         self.cursor, self.executor, self.summaries = cursor, executor, summaries
         self._token = query_token.encode() if query_token else None
         self._session_key = secrets.token_bytes(32)  # a restart signs everyone out
+        # the login and logout forms carry it: a page elsewhere cannot read it, so it cannot post either form
+        self._csrf = hmac.new(self._session_key, b"form", hashlib.sha256).hexdigest()
         self.budget_usd, self.trace_url = budget_usd, trace_url
         self.storage: Callable[[duckdb.DuckDBPyConnection], StorageReport] | None = None  # rows, bytes, pruning
         self.env = environment(static=False)
@@ -68,10 +69,11 @@ class WebUI:
         return hmac.new(self._session_key, self._token, hashlib.sha256).hexdigest()
 
     def allowed(self, request: web.Request) -> bool:
-        """No token: everyone (the admin port is on loopback unless a token is set). Else the session cookie
-        the login set, or the token as a bearer header."""
-        if self._token is None:  # open only to this machine: a page a rebinding DNS name points here is refused
-            return (request.url.host or "").strip("[]") in LOOPBACK_NAMES
+        """No token: everyone who reaches the page (the admin port is on loopback unless a token is set, and its
+        guard refuses a Host a rebinding DNS name would bring). Else the session cookie the login set, or the token
+        as a bearer header."""
+        if self._token is None:
+            return True
         cookie = request.cookies.get(COOKIE, "")
         return hmac.compare_digest(cookie.encode(), self._session().encode()) or \
             (bool(request.headers.get("Authorization")) and bearer_matches(request.headers["Authorization"],
@@ -91,8 +93,13 @@ class WebUI:
         return self._render(request, "login.html", next=_safe_next(request.query.get("next", "/")), failed=False,
                             status=200)
 
+    def _form_forged(self, form: Any) -> bool:
+        return not hmac.compare_digest(str(form.get("csrf", "")).encode(), self._csrf.encode())
+
     async def login(self, request: web.Request) -> web.StreamResponse:
         form = await request.post()
+        if self._form_forged(form):
+            return web.json_response({"error": "the form came from another page; sign in from /login"}, status=403)
         target = _safe_next(str(form.get("next", "/")))
         if self._token is None:
             raise web.HTTPSeeOther(target)
@@ -104,6 +111,9 @@ class WebUI:
         raise response
 
     async def logout(self, request: web.Request) -> web.StreamResponse:
+        if self._form_forged(await request.post()):
+            return web.json_response({"error": "the form came from another page; sign out from a page of this UI"},
+                                     status=403)
         response = web.HTTPSeeOther("/login")
         response.del_cookie(COOKIE, path="/")
         raise response
@@ -158,11 +168,11 @@ class WebUI:
         nonce = secrets.token_urlsafe(16)
         context.setdefault("page", "")
         signed_in = self._token is not None and self.allowed(request)
-        page = self.env.get_template(template).render(nonce=nonce, signed_in=signed_in,
+        page = self.env.get_template(template).render(nonce=nonce, signed_in=signed_in, csrf=self._csrf,
                                                       live=self.allowed(request), **context)
         return web.Response(text=page, status=status, content_type="text/html", charset="utf-8",
                             headers={"Content-Security-Policy": csp(nonce), "X-Content-Type-Options": "nosniff",
-                                     "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"})
+                                     "Referrer-Policy": "same-origin", "Cache-Control": "no-store"})
 
 
 def _safe_next(target: str) -> str:

@@ -54,6 +54,10 @@ class ConversationFilter:
         if chosen.sort not in SORTS:
             chosen.sort = "time"
         chosen.order = "asc" if chosen.order == "asc" else "desc"
+        chosen.window = chosen.window if chosen.window in WINDOWS else "7d"  # 9999999d: a date before year 1
+        chosen.result = chosen.result if chosen.result in ("pass", "fail") else ""
+        chosen.mcp_error = "1" if chosen.mcp_error == "1" else ""
+        chosen.min_score, chosen.max_score = _score_bound(chosen.min_score), _score_bound(chosen.max_score)
         return chosen
 
     def query(self, **changes: Any) -> dict[str, str]:
@@ -61,6 +65,14 @@ class ConversationFilter:
         merged = {**asdict(self), **changes}
         defaults = asdict(ConversationFilter())
         return {k: str(v) for k, v in merged.items() if v not in ("", None) and v != defaults[k]}
+
+
+def _score_bound(text: str) -> str:
+    """A score bound as typed when it is a number from 0 to 1, else none."""
+    try:
+        return text if 0.0 <= float(text) <= 1.0 else ""
+    except ValueError:
+        return ""
 
 
 def window_start(window: str) -> dt.datetime:
