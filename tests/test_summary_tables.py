@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import duckdb
+import httpx
 import pytest
 
 from collector.pipeline.summary_tables import SummaryTables
@@ -109,3 +110,69 @@ def test_summaries_follow_new_versions_late_scores_and_a_restart(store: SpanStor
     restarted.refresh(con)
     _same_as_the_views(con)
     assert con.execute("SELECT count(*) FROM call_summary").fetchone() == (3 + 2 + 3 + 3,)
+
+
+def test_a_conversation_too_large_to_summarise_is_marked_and_the_next_one_is_listed(tmp_path: Path) -> None:
+    """20,000 turns of test case (15 MB) cannot be parsed within the 96 MB pool: it is listed without its calls,
+    with the reason, and a conversation written after it is summarised in the same refresh."""
+    call = {"name": "get_weather", "args": {"city": "Paris" * 10},
+            "result": {"content": [{"type": "text", "text": "Rainy " * 40}], "isError": True}}
+    huge = json.dumps({"turns": [t for i in range(10_000) for t in (
+        {"role": "user", "content": f"Question {i} " * 20},
+        {"role": "assistant", "content": "Answer " * 40, "mcp_tools_called": [call, call]})]})
+    store = SpanStore(tmp_path / "t.duckdb", memory_limit="96MB", threads=1)
+    store.open()
+    try:
+        con = store.cursor()
+        _conversation(con, "huge", 1, huge)
+        _conversation(con, "after", 1, _case(error=True))
+        logged: list[dict] = []
+        SummaryTables(log=lambda level, event, **fields: logged.append({"event": event, **fields})).refresh(con)
+        rows = con.execute("SELECT conversation_id, mcp_errors, summary_note IS NOT NULL FROM conversation_summary "
+                           "ORDER BY 1").fetchall()
+        assert rows == [("after", 1, False), ("huge", None, True)]
+        assert con.execute("SELECT DISTINCT conversation_id FROM call_summary").fetchall() == [("after",)]
+        assert [e["conversation_id"] for e in logged if e["event"] == "conversation not summarised"] == ["huge"]
+        page = views.conversations(con, views.ConversationFilter())
+        assert {r["conversation_id"]: r["summary_note"] is not None for r in page.rows} == {"after": False,
+                                                                                            "huge": True}
+    finally:
+        store.close()
+
+
+def test_a_conversation_of_10000_turns_leaves_the_lists_and_the_report_current(tmp_path: Path) -> None:
+    """A real collector given one conversation of 10,000 turns (5,000 agent runs with an MCP call each, 8.5 MB of
+    test case) and then a normal one: both are listed and in the report; the summaries never stop refreshing."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from tests.support.collector_process import CollectorProcess
+    from tests.test_pipeline import config, export, turn, wait_for
+
+    def spans_of(conversation: str, runs: int) -> list:
+        memory = InMemorySpanExporter()
+        provider = TracerProvider(resource=Resource.create({"service.name": "weather-agent"}))
+        provider.add_span_processor(SimpleSpanProcessor(memory))
+        tracer = provider.get_tracer("agent")
+        with tracer.start_as_current_span("session"):  # one trace: its agent runs are the turns
+            for n in range(runs):
+                turn(tracer, conversation, f"Question {n}: " + "what is the weather like today? " * 20,
+                     "get-weather", {"city": "Paris"}, "Rainy " * 60, "It rains. " * 40, end=n == runs - 1)
+        provider.shutdown()
+        return list(memory.get_finished_spans())
+
+    big = spans_of("huge", 5000)
+    with CollectorProcess(tmp_path / "t.duckdb", config=config(tmp_path)) as collector:
+        for start in range(0, len(big), 2000):
+            export(collector, big[start:start + 2000])
+        assert wait_for(collector, "SELECT turns FROM conversations WHERE conversation_id = 'huge'", 1,
+                        timeout=120) == [[10_000]]
+        export(collector, spans_of("after-huge", 2))
+        assert wait_for(collector, "SELECT 1 FROM conversations WHERE conversation_id = 'after-huge'", 1) == [[1]]
+        page = httpx.get(f"{collector.admin_url}/conversations", timeout=60).text
+        assert "after-huge" in page and ">huge<" in page and "may be stale" not in page
+        report = httpx.get(f"{collector.admin_url}/report", timeout=120)
+        assert report.status_code == 200 and "after-huge" in report.text
+        assert not any("summary refresh failed" in line for line in collector.log_lines)

@@ -193,7 +193,8 @@ def summary_tables_ddl(temporary: bool = False) -> str:
         turns INTEGER,
         mcp_calls INTEGER,
         mcp_errors INTEGER,
-        assembled_at TIMESTAMPTZ NOT NULL
+        assembled_at TIMESTAMPTZ NOT NULL,
+        summary_note VARCHAR
     );
     {create} call_summary (
         conversation_id VARCHAR NOT NULL,
@@ -222,7 +223,7 @@ def summary_tables_ddl(temporary: bool = False) -> str:
     """.replace("{create}", create)
 
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 # SQL, or a function of the connection where the migration needs Python (ids computed as ingest computes them)
 MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     1: f"""
@@ -386,6 +387,10 @@ MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     # each resource and scope stored once, not on every span's row: a request of 1,000 spans under a 2 MB scope
     # made 2 GB of rows (collector/store/span_tables.py)
     13: _store_resources_and_scopes_once,
+    # why a conversation's calls are not in call_summary (too large to summarise within the buffer pool)
+    14: """
+    ALTER TABLE conversation_summary ADD COLUMN IF NOT EXISTS summary_note VARCHAR;
+    """,
 }
 
 

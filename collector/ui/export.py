@@ -45,12 +45,17 @@ def export_views(con: duckdb.DuckDBPyConnection, since: str, source: str, *, sum
     start_day = parse_since(since, now.date())
     start = dt.datetime.combine(start_day, dt.time(), dt.UTC)
     window = f"{int((now - start).total_seconds())}s"
+    stale = None
     try:
         if summaries is None:
             con.execute(summary_tables_ddl(temporary=True))
-            SummaryTables().refresh(con)
-        else:
-            summaries.refresh(con)
+        try:
+            (summaries or SummaryTables()).refresh(con)
+        except duckdb.CatalogException:
+            raise
+        except duckdb.Error as exc:  # the report degrades: what was summarised before, said to be stale
+            stale = (f"The summaries could not be brought up to date ({type(exc).__name__}): the lists below may "
+                     "miss the newest conversations.")
         overview = views.overview(con, window, "", budget_usd)
         failing = views.conversations(con, views.ConversationFilter(window=window, result="fail"))
         latest = views.conversations(con, views.ConversationFilter(window=window))
@@ -65,6 +70,7 @@ def export_views(con: duckdb.DuckDBPyConnection, since: str, source: str, *, sum
                           "database? Point --db at a collector's file, or --url at a running collector") from exc
     charts = [(t, trend_chart(t.points, start, now)) for t in overview.trends]
     return environment(static=True).get_template("export.html").render(
-        nonce="", live=False, signed_in=False, page="overview", generated=now, since=start_day.isoformat(),
+        nonce="", live=False, signed_in=False, stale=stale, page="overview", generated=now,
+        since=start_day.isoformat(),
         source=source, replicas=replicas, overview=overview, charts=charts, failing=failing, tools=tools,
         details=details, window=window, window_label=f"since {start_day.isoformat()} (UTC)")

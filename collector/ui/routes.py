@@ -164,12 +164,20 @@ class WebUI:
     async def changes(self, request: web.Request) -> web.StreamResponse:
         return web.json_response({"token": await self._data(views.change_token)})
 
+    def _stale(self) -> str | None:
+        """What the pages say while the summaries cannot be refreshed: the lists may miss new conversations."""
+        failure, since = self.summaries.failure, self.summaries.failed_since
+        if failure is None or since is None:
+            return None
+        return (f"The lists may be stale: the summaries have not been refreshed since {since:%Y-%m-%d %H:%M:%S} UTC "
+                f"({failure}). The collector's log says more.")
+
     def _render(self, request: web.Request, template: str, status: int = 200, **context: Any) -> web.Response:
         nonce = secrets.token_urlsafe(16)
         context.setdefault("page", "")
         signed_in = self._token is not None and self.allowed(request)
         page = self.env.get_template(template).render(nonce=nonce, signed_in=signed_in, csrf=self._csrf,
-                                                      live=self.allowed(request), **context)
+                                                      live=self.allowed(request), stale=self._stale(), **context)
         return web.Response(text=page, status=status, content_type="text/html", charset="utf-8",
                             headers={"Content-Security-Policy": csp(nonce), "X-Content-Type-Options": "nosniff",
                                      "Referrer-Policy": "same-origin", "Cache-Control": "no-store"})

@@ -210,7 +210,7 @@ def conversations(con: duckdb.DuckDBPyConnection, f: ConversationFilter) -> Conv
     [(total,)] = con.execute(f"SELECT count(*) {base}", params).fetchall()
     order = f"{SORTS[f.sort]} {'ASC' if f.order == 'asc' else 'DESC'} NULLS LAST, c.conversation_id"
     rows = _rows(con, "SELECT c.conversation_id, c.version, c.service_name, c.agent_name, c.turns, c.mcp_calls, "
-                      f"c.mcp_errors, c.assembled_at {base} ORDER BY {order} LIMIT ? OFFSET ?",
+                      f"c.mcp_errors, c.assembled_at, c.summary_note {base} ORDER BY {order} LIMIT ? OFFSET ?",
                  [*params, PAGE_SIZE, (f.page - 1) * PAGE_SIZE])
     ids = [r["conversation_id"] for r in rows]
     scores: list[tuple[Any, ...]] = []
