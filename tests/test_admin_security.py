@@ -105,3 +105,24 @@ def test_login_and_logout_forms_from_another_page_are_refused(tmp_path: Path) ->
         out = httpx.post(collector.admin_url + "/logout", data={"csrf": form_token(collector)}, cookies=cookies,
                          follow_redirects=False)
         assert out.status_code == 303 and out.headers["Location"] == "/login"
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT * FROM duckdb_databases", "SELECT * FROM duckdb_databases()", "SELECT * FROM pragma_database_list",
+    "SELECT * FROM pg_catalog.pg_settings", "SELECT * FROM information_schema.tables", "SELECT * FROM duckdb_settings()",
+    "SELECT * FROM read_duckdb('/etc/passwd')", "SELECT * FROM main.duckdb_tables", "SELECT * FROM system.main.spans",
+    "WITH x AS (SELECT * FROM duckdb_secrets()) SELECT * FROM x"])
+def test_the_query_api_reads_only_tracejudges_tables(open_collector: CollectorProcess, sql: str) -> None:
+    reply = _send(open_collector, "POST", "/api/query", json={"sql": sql})
+    assert reply.status_code == 403, reply.text
+    assert "tracejudge" in reply.json()["error"]
+
+
+@pytest.mark.parametrize("sql", [
+    "WITH recent AS (SELECT * FROM conversations) SELECT count(*) FROM recent, range(2)",
+    "SELECT count(*) FROM spans s JOIN span_resources r USING (service_name)",
+    "SELECT count(*) FROM main.latest_scores", "SELECT count(*) FROM (SELECT * FROM mcp_calls) m",
+    "SELECT count(*) FROM json_each('[1, 2]')"])
+def test_queries_over_its_tables_views_and_ctes_still_run(open_collector: CollectorProcess, sql: str) -> None:
+    reply = _send(open_collector, "POST", "/api/query", json={"sql": sql})
+    assert reply.status_code == 200, reply.text

@@ -1,7 +1,9 @@
 """Read-only SQL over the database: the admin API's `/api/query` and `tracejudge query` both run it here.
 
-Only SELECT statements are accepted (checked on the parsed statements, not the text); results are cut at
-a row limit and a query running past the timeout is interrupted.
+Only SELECT statements are accepted (checked on the parsed statements, not the text), reading only tracejudge's
+own tables and views (an allowlist: DuckDB's catalog views, `pg_catalog` and `information_schema` tell where the
+database and its secrets live) and the table functions in `TABLE_FUNCTIONS`; results are cut at a row limit and a
+query running past the timeout is interrupted.
 """
 
 from __future__ import annotations
@@ -72,6 +74,47 @@ def _function_names(node: Any) -> list[str]:
     return names
 
 
+# Table functions a query may read from: generating and unnesting, and the lake's read-only listings.
+TABLE_FUNCTIONS = frozenset({"range", "generate_series", "unnest", "json_each", "json_tree"}) | LAKE_READS
+# Where tracejudge's tables and views live: the database itself, or temporary views over replicas and the lake.
+OWN_SCHEMAS = frozenset({"", "main", "temp"})
+
+
+def _relations(node: Any, ctes: set[str], out: list[tuple[str, str, str]], functions: list[str]) -> None:
+    """Every table the query names (catalog, schema, name) and every table function it calls; `ctes`: the names
+    its WITH clauses define, which it may read."""
+    if isinstance(node, dict):
+        for entry in (node.get("cte_map") or {}).get("map") or []:
+            if isinstance(entry, dict) and isinstance(entry.get("key"), str):
+                ctes.add(entry["key"].lower())
+        if node.get("type") == "BASE_TABLE":
+            out.append((str(node.get("catalog_name") or "").lower(), str(node.get("schema_name") or "").lower(),
+                        str(node.get("table_name") or "").lower()))
+        elif node.get("type") == "TABLE_FUNCTION" and isinstance(node.get("function"), dict):
+            functions.append(str(node["function"].get("function_name") or "").lower())
+        for value in node.values():
+            _relations(value, ctes, out, functions)
+    elif isinstance(node, list):
+        for value in node:
+            _relations(value, ctes, out, functions)
+
+
+def _not_ours(con: duckdb.DuckDBPyConnection, parsed: Any) -> list[str]:
+    """What the query reads that is not one of tracejudge's tables or views, nor one of its own WITH names."""
+    ctes: set[str] = set()
+    named: list[tuple[str, str, str]] = []
+    functions: list[str] = []
+    _relations(parsed, ctes, named, functions)
+    own = {name.lower() for (name,) in con.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE NOT internal UNION "
+        "SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
+    [(database,)] = con.execute("SELECT current_database()").fetchall()
+    catalogs = {"", "temp", "memory", str(database).lower()}
+    foreign = [".".join(p for p in (catalog, schema, name) if p) for catalog, schema, name in named
+               if not (catalog in catalogs and schema in OWN_SCHEMAS and (name in own or name in ctes))]
+    return foreign + [f"{f}()" for f in functions if f not in TABLE_FUNCTIONS]
+
+
 def _file_tables(node: Any) -> set[str]:
     """Tables named like files in FROM (`FROM 'x.duckdb'`, `FROM 'dir/x.parquet'`): DuckDB reads the file."""
     found: set[str] = set()
@@ -115,6 +158,11 @@ def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
     if files:
         raise QueryRefused(f"the query calls {', '.join(files)}, which reads files or server paths; query "
                            "tracejudge's tables and views instead")
+    foreign = _not_ours(con, parsed)
+    if foreign:
+        raise QueryRefused(f"the query reads {', '.join(sorted(set(foreign))[:5])}, which is not one of tracejudge's "
+                           "tables or views (spans, conversations, scores, latest_scores, daily_scores, mcp_calls, "
+                           "eval_jobs, ...); only those can be queried")
 
 
 def _size(value: Any) -> int:
