@@ -11,12 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 import duckdb
-import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from collector.admin_guard import AdminGuard
-from collector.history.query import DEFAULT_LIMIT, QueryFailed, QueryRefused, run_read_query
+from collector.history.query import DEFAULT_LIMIT, QueryFailed, QueryRefused
+from collector.history.query_sandbox import DEFAULT_MEMORY, run_sandboxed
 from collector.metrics import CollectorMetrics
 from collector.pipeline.summary_tables import SummaryTables
 from collector.receivers.http_guard import GuardedSite
@@ -39,7 +39,7 @@ class AdminServer:
     def __init__(self, host: str, port: int, store: SpanStore, metrics: CollectorMetrics,
                  query_token: str | None, *, max_connections: int = 256, header_timeout_s: float = 10.0,
                  budget_usd: float | None = None, trace_url: str | None = None,
-                 allowed_hosts: list[str] | None = None) -> None:
+                 allowed_hosts: list[str] | None = None, query_memory: int = DEFAULT_MEMORY) -> None:
         self.host, self.requested_port = host, port
         self.store, self.metrics = store, metrics
         self.stage: ScoringStage | None = None
@@ -49,6 +49,7 @@ class AdminServer:
         # vector of strings) is outside memory_limit, and two such queries at once took the server past 1 GB
         self._user_sql = ThreadPoolExecutor(1, thread_name_prefix="tracejudge-user-sql")
         self._busy = 0
+        self._query_memory = query_memory  # what one user's query may take, in its own process
         self.port: int | None = None
         self.guard = AdminGuard([host, *(allowed_hosts or [])])
         # a query is small; every route checks Host, and the routes that change state or run SQL check the origin
@@ -130,8 +131,8 @@ class AdminServer:
             return _error(400, f'send {{"sql": "SELECT ...", "limit": 1..{DEFAULT_LIMIT}}}')
         self._busy += 1
         try:
-            answer = await asyncio.get_running_loop().run_in_executor(self._user_sql, _answer, self._cursor(), sql,
-                                                                      limit)
+            answer = await asyncio.get_running_loop().run_in_executor(
+                self._user_sql, run_sandboxed, self._cursor(), sql, limit, self._query_memory)
         except QueryRefused as exc:
             return _error(403, str(exc))
         except QueryFailed as exc:
@@ -178,16 +179,6 @@ def _then_release(work: Callable[[], T]) -> T:
         return work()
     finally:
         release_duckdb_memory()
-
-
-def _answer(con: duckdb.DuckDBPyConnection, sql: str, limit: int) -> bytes:
-    """The query run and its JSON written on a query thread: a large answer never holds the event loop. orjson
-    writes bytes at once, so a 32 MB answer is held twice (rows, body), not four times (rows, str, bytes)."""
-    payload = _then_release(lambda: run_read_query(con, sql, limit).to_json())
-    try:
-        return orjson.dumps(payload, default=str)
-    except orjson.JSONEncodeError:  # integers past 64 bits (HUGEINT)
-        return json.dumps(payload, default=str, ensure_ascii=False).encode()
 
 
 def _error(status: int, message: str) -> web.Response:

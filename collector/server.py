@@ -69,7 +69,8 @@ class Collector:
                                  settings.server.query_token, max_connections=settings.server.max_connections,
                                  header_timeout_s=settings.server.header_timeout_s,
                                  budget_usd=settings.scoring.daily_budget_usd, trace_url=settings.ui.trace_url,
-                                 allowed_hosts=settings.server.admin_allowed_hosts)
+                                 allowed_hosts=settings.server.admin_allowed_hosts,
+                                 query_memory=settings.store.query_memory)
         self.stage: ScoringStage | None = None
         self.retention: Retention | None = None
         self.assembler: ConversationAssembler | None = None

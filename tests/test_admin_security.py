@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tests.support.collector_process import CollectorProcess
+from tests.test_hostile_clients import peak_rss_mb
 from tests.test_pipeline import config, export, turn, wait_for
 from tests.test_web_ui import form_token
 
@@ -109,7 +110,8 @@ def test_login_and_logout_forms_from_another_page_are_refused(tmp_path: Path) ->
 
 @pytest.mark.parametrize("sql", [
     "SELECT * FROM duckdb_databases", "SELECT * FROM duckdb_databases()", "SELECT * FROM pragma_database_list",
-    "SELECT * FROM pg_catalog.pg_settings", "SELECT * FROM information_schema.tables", "SELECT * FROM duckdb_settings()",
+    "SELECT * FROM pg_catalog.pg_settings", "SELECT * FROM information_schema.tables",
+    "SELECT * FROM duckdb_settings()",
     "SELECT * FROM read_duckdb('/etc/passwd')", "SELECT * FROM main.duckdb_tables", "SELECT * FROM system.main.spans",
     "WITH x AS (SELECT * FROM duckdb_secrets()) SELECT * FROM x"])
 def test_the_query_api_reads_only_tracejudges_tables(open_collector: CollectorProcess, sql: str) -> None:
@@ -126,3 +128,14 @@ def test_the_query_api_reads_only_tracejudges_tables(open_collector: CollectorPr
 def test_queries_over_its_tables_views_and_ctes_still_run(open_collector: CollectorProcess, sql: str) -> None:
     reply = _send(open_collector, "POST", "/api/query", json={"sql": sql})
     assert reply.status_code == 200, reply.text
+
+
+def test_a_query_that_builds_gigabytes_is_stopped_in_its_own_process(open_collector: CollectorProcess) -> None:
+    """`repeat('x', 600000000)` is built outside DuckDB's memory_limit: in the collector it took the process to
+    2.5 GB. In its own capped process it is stopped and reported; the collector's memory does not move."""
+    before = peak_rss_mb(open_collector)
+    for sql in ("SELECT repeat('x', 600000000)", "SELECT string_agg(repeat('y', 1000000), '') FROM range(2000)"):
+        reply = _send(open_collector, "POST", "/api/query", json={"sql": sql})
+        assert reply.status_code == 400 and "query_memory" in reply.json()["error"], reply.text[:300]
+    assert peak_rss_mb(open_collector) - before < 100, (before, peak_rss_mb(open_collector))
+    assert _send(open_collector, "POST", "/api/query", json={"sql": "SELECT 1"}).json()["rows"] == [[1]]

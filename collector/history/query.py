@@ -99,6 +99,26 @@ def _relations(node: Any, ctes: set[str], out: list[tuple[str, str, str]], funct
             _relations(value, ctes, out, functions)
 
 
+def relations_read(parsed: Any) -> list[str]:
+    """The tables and views a parsed statement reads (lower case, each once), not the names its WITH defines."""
+    ctes: set[str] = set()
+    named: list[tuple[str, str, str]] = []
+    _relations(parsed, ctes, named, [])
+    return list(dict.fromkeys(name for _, _, name in named if name not in ctes))
+
+
+def parsed_query(con: duckdb.DuckDBPyConnection, sql: str) -> Any:
+    """DuckDB's parse tree of the statement, as JSON; QueryRefused when it has none (not a plain SELECT)."""
+    try:
+        [(tree,)] = con.execute("SELECT json_serialize_sql(?::VARCHAR)", [sql]).fetchall()
+    except duckdb.Error as exc:
+        raise QueryFailed(f"cannot parse the query: {exc}") from exc
+    parsed = json.loads(tree)
+    if not isinstance(parsed, dict) or parsed.get("error"):
+        raise QueryRefused("the query could not be checked as read-only; only plain SELECT queries are accepted")
+    return parsed
+
+
 def _not_ours(con: duckdb.DuckDBPyConnection, parsed: Any) -> list[str]:
     """What the query reads that is not one of tracejudge's tables or views, nor one of its own WITH names."""
     ctes: set[str] = set()
@@ -142,13 +162,7 @@ def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
     if kind != duckdb.StatementType.SELECT:
         raise QueryRefused(f"only read-only SELECT queries are accepted, not {kind.name}; "
                            "tracejudge's tables change only through the collector")
-    try:
-        [(tree,)] = con.execute("SELECT json_serialize_sql(?::VARCHAR)", [sql]).fetchall()
-    except duckdb.Error as exc:
-        raise QueryFailed(f"cannot parse the query: {exc}") from exc
-    parsed = json.loads(tree)
-    if not isinstance(parsed, dict) or parsed.get("error"):
-        raise QueryRefused("the query could not be checked as read-only; only plain SELECT queries are accepted")
+    parsed = parsed_query(con, sql)
     called = set(_function_names(parsed))
     refused = {f for f in called if f in SIDE_EFFECTS or (f.startswith(CATALOG_PREFIXES) and f not in LAKE_READS)}
     if refused:
@@ -203,7 +217,7 @@ def run_read_query(con: duckdb.DuckDBPyConnection, sql: str, limit: int = DEFAUL
     except duckdb.InterruptException as exc:
         raise QueryFailed(f"the query ran past {timeout_s:g} s and was stopped; narrow it down") from exc
     except duckdb.OutOfMemoryException as exc:
-        raise QueryFailed(f"the query needs more memory than the collector gives queries ([store] memory_limit, "
+        raise QueryFailed(f"the query needs more memory than a query may use ([store] query_memory, memory_limit, "
                           f"temp_limit); narrow it down: {str(exc)[:300]}") from exc
     except duckdb.Error as exc:
         raise QueryFailed(str(exc)) from exc
