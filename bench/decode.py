@@ -94,7 +94,7 @@ def main() -> None:
     fallback = import_footprint_mb("collector.receivers.decode_worker, collector.receivers.span_rows")
     print(f"decode worker imports (collector.receivers.decode_worker): {worker:.0f} MB; {fallback:.0f} MB once a "
           f"request needs the Python decoder; the store and the scoring package, which workers imported before: "
-          f"{import_footprint_mb('collector.store.span_store, scoring.stage'):.0f} MB")
+          f"{import_footprint_mb('collector.store.span_store, collector.pipeline.scoring_stage'):.0f} MB")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from collector.admin_guard import AdminGuard
 from collector.history.query import DEFAULT_LIMIT, QueryFailed, QueryRefused
 from collector.history.query_sandbox import DEFAULT_MEMORY, run_sandboxed
 from collector.metrics import CollectorMetrics
+from collector.pipeline.scoring_stage import ScoringStage
 from collector.pipeline.summary_tables import SummaryTables
 from collector.receivers.http_guard import GuardedSite
 from collector.receivers.ingest import bearer_matches
@@ -26,7 +27,6 @@ from collector.store.span_store import SpanStore
 from collector.ui.export import ReportError, export_views
 from collector.ui.rendering import STATIC_CSP
 from collector.ui.routes import WebUI
-from scoring.stage import ScoringStage
 
 MAX_QUERIES = 4  # queries and reports in flight (they run one at a time); more get 429
 JOB_STATES = ("pending", "running", "done", "failed", "budget", "waiting_for_judge")

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 if TYPE_CHECKING:
     from collector.pipeline.retention import StorageReport
-    from scoring.stage import ScoredEvent
+    from collector.pipeline.scoring_stage import ScoredEvent
 
 MAX_LABEL_VALUES = 50  # distinct services (and agents) labelled apart; the rest are "other"
 

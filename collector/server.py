@@ -21,6 +21,7 @@ from collector.log import Logger
 from collector.metrics import CollectorMetrics
 from collector.pipeline.conversation_assembler import ConversationAssembler
 from collector.pipeline.retention import Retention, StorageReport
+from collector.pipeline.scoring_stage import ScoringStage, StageConfig
 from collector.receivers.decode_pool import DecodePool, default_workers
 from collector.receivers.http_guard import raise_open_file_limit
 from collector.receivers.ingest import Ingest
@@ -30,7 +31,6 @@ from collector.receivers.otlp_http import HttpReceiver
 from collector.store.memory_release import arrow_on_the_system_allocator, fewer_malloc_arenas
 from collector.store.span_store import SpanStore, mark_pandas_absent
 from collector.store.span_tables import prune_unreferenced
-from scoring.stage import ScoringStage, StageConfig
 
 JUDGE_ADVICE = ("export OPENAI_API_KEY=... (or OPENAI_BASE_URL=http://127.0.0.1:8000/v1 for a local OpenAI-compatible "
                 "server, with --judge-model NAME) and restart `tracejudge serve`: waiting jobs then run. Or run "

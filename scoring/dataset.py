@@ -11,13 +11,15 @@ import io
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import duckdb
 from pydantic import AliasChoices, Field, ValidationError
 
 from scoring.errors import TracejudgeError
 from scoring.test_case import ConversationalTestCase, Turn, _AdditionalMetadata, _CaseModel, load_test_case
+
+if TYPE_CHECKING:  # the library imports DuckDB only to read a collector's history
+    import duckdb
 
 FileType = Literal["json", "jsonl", "csv"]
 _CSV_COLUMNS = ("scenario", "expected_outcome", "user_description", "context", "turns", "name", "comments",
@@ -152,6 +154,11 @@ class EvaluationDataset:
                      failing_only: bool = True) -> EvaluationDataset:
         """The conversations the collector stored in the last `since` (only those whose latest score failed a
         metric, by default), as test cases and as goldens, named by conversation id."""
+        try:
+            import duckdb
+        except ImportError as exc:
+            raise DatasetError("reading a collector's history needs DuckDB, which the collector installs: "
+                               "pip install tracejudge (or duckdb)") from exc
         con = db if isinstance(db, duckdb.DuckDBPyConnection) else duckdb.connect(str(db), read_only=True)
         try:
             rows = con.execute(

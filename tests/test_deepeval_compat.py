@@ -403,3 +403,22 @@ def test_template_overrides_get_deepevals_variables_whatever_they_call_them(over
 
     context = {"task": TemplateTask(task="T"), "steps_taken": "S", "multimodal": False, "strict": True}
     assert call_declared(override, "get_task_completion_score", context) == expected
+
+
+def test_the_evaluation_library_imports_none_of_the_collector() -> None:
+    """A DeepEval user importing the library gets no database, no gRPC server and no web server with it: every
+    module of `scoring` imports without DuckDB, gRPC, aiohttp, pyarrow or the collector's packages."""
+    code = ("import importlib, pkgutil, sys, scoring\n"
+            "for m in pkgutil.walk_packages(scoring.__path__, 'scoring.'): importlib.import_module(m.name)\n"
+            "print(sorted(k for k in ('duckdb', 'grpc', 'aiohttp', 'pyarrow', 'collector', 'mapping') "
+            "if k in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_tracejudge_test_run_without_pytest_says_what_to_install(tmp_path: Path) -> None:
+    code = ("import sys; sys.modules['pytest'] = None; sys.argv = ['tracejudge', 'test', 'run', 'x.py']\n"
+            "from collector.cli import main; sys.exit(main())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "pip install pytest" in done.stderr

@@ -11,11 +11,11 @@ from datetime import UTC, datetime
 import duckdb
 import pytest
 
+from collector.pipeline.scoring_stage import ScoringStage, StageConfig
 from collector.store.schema import migrate
 from scoring import JudgeUnavailableError, LLMJudge, MCPTaskCompletionMetric, MultiTurnMCPUseMetric, evaluate
 from scoring.judges.batch import BatchOptions
 from scoring.judges.resolve import JudgeOptions
-from scoring.stage import ScoringStage, StageConfig
 from tests.support.batch_server import BatchServer
 from tests.support.cases import three_task_case, two_turn_case
 from tests.support.collector_process import CollectorProcess

@@ -14,9 +14,9 @@ from collector.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS
 from collector.commands.admin_client import admin_headers
 from collector.config import ConfigError, judge_flags, load_settings
 from collector.log import Logger
+from collector.pipeline.scoring_stage import ScoringStage
 from collector.server import stage_config
 from collector.store.span_store import SpanStore, StoreOpenError
-from scoring.stage import ScoringStage
 
 
 def _score_on_collector(args: argparse.Namespace) -> int | None:

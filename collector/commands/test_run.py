@@ -11,6 +11,10 @@ from collector.commands import EXIT_BAD_INPUT
 
 
 def run(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("pytest") is None:
+        print("tracejudge test run: runs your assert_test tests with pytest, which is not installed: "
+              "pip install pytest (or pip install 'tracejudge[test]')", file=sys.stderr)
+        return EXIT_BAD_INPUT
     import pytest
 
     argv = list(args.pytest_args)

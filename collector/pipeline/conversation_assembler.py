@@ -33,9 +33,9 @@ from collector.log import Logger
 from collector.pipeline.mapped_traces import ENTRY_OVERHEAD, TEXT_FACTOR, KeptTrace, MappedTraceCache
 from collector.pipeline.sampling import attribute_values, decide
 from collector.receivers.span_rows import plain_strings
+from collector.store.id_table import id_table, registered
 from mapping import Conversation, Span, compose_conversation, map_traces
 from mapping.conversation_key import KEY_PRECEDENCE
-from scoring.id_table import id_table, registered
 
 MAX_PER_POLL = 256  # conversations assembled per poll: a backlog never hides a newly end-marked one for long
 SPANS_PER_READ = 50_000  # spans read back in one query while assembling; bounds the assembler's memory

@@ -29,8 +29,8 @@ import pyarrow as pa
 
 from collector.config import RetentionSettings
 from collector.store.durable_files import write_durably
+from collector.store.id_table import id_table
 from collector.store.span_tables import prune_unreferenced
-from scoring.id_table import id_table
 
 Log = Callable[..., None]
 DISK_HIGH, DISK_LOW = 0.9, 0.8  # share of max_disk where the budget starts pruning, and where it stops

@@ -332,7 +332,8 @@ MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     );
     """,
     # which conversation content each judged score was measured on, so identical content (a new version that
-    # changed nothing judged, a replay) reuses the score instead of asking the judge again (scoring/stage.py)
+    # changed nothing judged, a replay) reuses the score instead of asking the judge again
+    # (collector/pipeline/scoring_stage.py)
     8: """
     CREATE TABLE IF NOT EXISTS judged_content (
         content_digest VARCHAR NOT NULL,

@@ -14,7 +14,7 @@ from typing import Any
 import duckdb
 
 from collector.durations import DurationError, parse_duration
-from scoring.id_table import id_table
+from collector.store.id_table import id_table
 
 WINDOWS = ("1h", "24h", "7d", "30d", "90d")
 PAGE_SIZE = 50

@@ -22,7 +22,8 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from scoring.batch_ledger import DuckDBBatchLedger
+from collector.pipeline.batch_ledger import DuckDBBatchLedger
+from collector.store.id_table import id_table, registered
 from scoring.call_validity import MCPCallValidityMetric
 from scoring.errors import (
     EvalModeError,
@@ -32,7 +33,6 @@ from scoring.errors import (
     NoTaskError,
 )
 from scoring.eval_mode import EvalMode, resolve_eval_mode
-from scoring.id_table import id_table, registered
 from scoring.interactions import conversation_data
 from scoring.judged_metric import JudgedMetric
 from scoring.judges.llm import LLMJudge, load_client_library
