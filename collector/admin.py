@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from collector.admin_guard import AdminGuard
 from collector.history.query import DEFAULT_LIMIT, QueryFailed, QueryRefused
-from collector.history.query_sandbox import DEFAULT_MEMORY, run_sandboxed
+from collector.history.query_sandbox import SandboxLimits, run_sandboxed
 from collector.metrics import CollectorMetrics
 from collector.pipeline.scoring_stage import ScoringStage
 from collector.pipeline.summary_tables import SummaryTables
@@ -39,7 +39,7 @@ class AdminServer:
     def __init__(self, host: str, port: int, store: SpanStore, metrics: CollectorMetrics,
                  query_token: str | None, *, max_connections: int = 256, header_timeout_s: float = 10.0,
                  budget_usd: float | None = None, trace_url: str | None = None,
-                 allowed_hosts: list[str] | None = None, query_memory: int = DEFAULT_MEMORY) -> None:
+                 allowed_hosts: list[str] | None = None, query_limits: SandboxLimits | None = None) -> None:
         self.host, self.requested_port = host, port
         self.store, self.metrics = store, metrics
         self.stage: ScoringStage | None = None
@@ -49,7 +49,8 @@ class AdminServer:
         # vector of strings) is outside memory_limit, and two such queries at once took the server past 1 GB
         self._user_sql = ThreadPoolExecutor(1, thread_name_prefix="tracejudge-user-sql")
         self._busy = 0
-        self._query_memory = query_memory  # what one user's query may take, in its own process
+        # what one user's query may take, in its own process; its copies go next to the database
+        self._query_limits = query_limits or SandboxLimits(folder=store.path.parent)
         self.port: int | None = None
         self.guard = AdminGuard([host, *(allowed_hosts or [])])
         # a query is small; every route checks Host, and the routes that change state or run SQL check the origin
@@ -132,7 +133,7 @@ class AdminServer:
         self._busy += 1
         try:
             answer = await asyncio.get_running_loop().run_in_executor(
-                self._user_sql, run_sandboxed, self._cursor(), sql, limit, self._query_memory)
+                self._user_sql, run_sandboxed, self._cursor(), sql, limit, self._query_limits)
         except QueryRefused as exc:
             return _error(403, str(exc))
         except QueryFailed as exc:

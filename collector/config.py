@@ -122,9 +122,10 @@ class StoreSettings(_Section):
                                       "do the exports in it (about 1.3 s at 256MB). Smaller ones pause more "
                                       "often and cost more in all: over 1.5M spans 16MB gave a p99 of 1.2 s and "
                                       "0.68x the throughput, 64MB a p99 of 300 ms (BENCHMARKS.md)")
-    query_memory: Bytes = Field(1024 * 1024 * 1024, ge=64 * 1024 * 1024, description="memory one /api/query "
-                                "query may use, in a process of its own (past it the query is stopped and the "
-                                "caller told); the collector's own memory is untouched by any query")
+    query_memory: Bytes = Field(1024 * 1024 * 1024, ge=500_000_000, description="memory one /api/query query may "
+                                "use, in a process of its own (past it the query is stopped and the caller told); "
+                                "the collector's own memory is untouched by any query. It caps the address space "
+                                "DuckDB reserves too, so under about 300 MB even small queries fail: at least 500MB")
     max_disk: Bytes | None = Field(None, ge=1, description="disk budget of the database file and its WAL, like 50GB: "
                                  "near it the oldest complete conversations' spans are pruned (archived first when "
                                  "[retention] archive_dir is set); ingest answers 503 only when nothing can be freed")

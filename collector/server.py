@@ -17,6 +17,7 @@ from collector.admin import AdminServer
 from collector.config import Settings, judge_options
 from collector.exporters.score_events import ScoreEventExporter, otlp_log_exporter
 from collector.history.lake import LakePublisher, publish_periodically
+from collector.history.query_sandbox import DEFAULT_DISK, SandboxLimits
 from collector.log import Logger
 from collector.metrics import CollectorMetrics
 from collector.pipeline.conversation_assembler import ConversationAssembler
@@ -28,6 +29,7 @@ from collector.receivers.ingest import Ingest
 from collector.receivers.otlp_columns import native_decode_built, native_decode_enabled
 from collector.receivers.otlp_grpc import GrpcReceiver
 from collector.receivers.otlp_http import HttpReceiver
+from collector.sizes import parse_size
 from collector.store.memory_release import arrow_on_the_system_allocator, fewer_malloc_arenas
 from collector.store.span_store import SpanStore, mark_pandas_absent
 from collector.store.span_tables import prune_unreferenced
@@ -70,7 +72,8 @@ class Collector:
                                  header_timeout_s=settings.server.header_timeout_s,
                                  budget_usd=settings.scoring.daily_budget_usd, trace_url=settings.ui.trace_url,
                                  allowed_hosts=settings.server.admin_allowed_hosts,
-                                 query_memory=settings.store.query_memory)
+                                 query_limits=SandboxLimits(settings.store.query_memory, parse_size(
+                                     settings.store.temp_limit or f"{DEFAULT_DISK}B"), folder=settings.store.db.parent))
         self.stage: ScoringStage | None = None
         self.retention: Retention | None = None
         self.assembler: ConversationAssembler | None = None

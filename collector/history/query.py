@@ -82,8 +82,11 @@ OWN_SCHEMAS = frozenset({"", "main", "temp"})
 
 def _relations(node: Any, ctes: set[str], out: list[tuple[str, str, str]], functions: list[str]) -> None:
     """Every table the query names (catalog, schema, name) and every table function it calls; `ctes`: the names
-    its WITH clauses define, which it may read."""
+    its WITH clauses define, which it may read. A SHOW without a query of its own (SHOW TABLES, SHOW DATABASES)
+    reads the catalog: it counts as reading `show <what>`, which is never one of ours."""
     if isinstance(node, dict):
+        if node.get("type") == "SHOW_REF" and not node.get("query"):
+            out.append(("", "", f"show {str(node.get('table_name') or '').strip(chr(34))}"))
         for entry in (node.get("cte_map") or {}).get("map") or []:
             if isinstance(entry, dict) and isinstance(entry.get("key"), str):
                 ctes.add(entry["key"].lower())
@@ -128,10 +131,17 @@ def _not_ours(con: duckdb.DuckDBPyConnection, parsed: Any) -> list[str]:
     own = {name.lower() for (name,) in con.execute(
         "SELECT table_name FROM duckdb_tables() WHERE NOT internal UNION "
         "SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
-    [(database,)] = con.execute("SELECT current_database()").fetchall()
-    catalogs = {"", "temp", "memory", str(database).lower()}
+    # a WITH name is visible to the whole check, not only where it is defined: one that shadows anything DuckDB
+    # could resolve (a catalog view, a table function) would let the same name elsewhere read the real thing
+    shadowing = ctes & {name.lower() for (name,) in con.execute(
+        "SELECT table_name FROM duckdb_tables() UNION SELECT view_name FROM duckdb_views() UNION "
+        "SELECT function_name FROM duckdb_functions()").fetchall()}
+    shadowing |= {c for c in ctes if c.startswith(("pragma_", "duckdb_", "pg_", "sqlite_"))}
+    if shadowing:
+        raise QueryRefused(f"the WITH name(s) {', '.join(sorted(shadowing))} are also names of tables, views or "
+                           "functions; rename them")
     foreign = [".".join(p for p in (catalog, schema, name) if p) for catalog, schema, name in named
-               if not (catalog in catalogs and schema in OWN_SCHEMAS and (name in own or name in ctes))]
+               if not (catalog in ("", "temp") and schema in OWN_SCHEMAS and (name in own or name in ctes))]
     return foreign + [f"{f}()" for f in functions if f not in TABLE_FUNCTIONS]
 
 

@@ -12,13 +12,17 @@ the same read-only checks and limits as the collector (`query.run_read_query`) a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +39,23 @@ from collector.history.query import (
 )
 
 DEFAULT_MEMORY = 1024 * 1024 * 1024
+DEFAULT_DISK = 2 * 1024 * 1024 * 1024
+# What the child gets of the collector's environment: no tokens or API keys
+CHILD_ENVIRONMENT = ("PATH", "PYTHONPATH", "HOME", "LANG", "LC_ALL", "TZ", "VIRTUAL_ENV")
 _VIEW_HEAD = re.compile(r"^\s*CREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP\s+|TEMPORARY\s+)?VIEW\s+.+?\s+AS\s+",
                         re.IGNORECASE | re.DOTALL)
 BATCH_ROWS = 8192
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """What one query may take: memory in its process, disk for the copy of its tables and its own spill (one
+    budget), and time for both; `folder`: where the copies go (next to the database: on its disk, not a tmpfs)."""
+
+    memory: int = DEFAULT_MEMORY
+    disk: int = DEFAULT_DISK
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    folder: Path | None = None
 
 
 def base_tables(con: duckdb.DuckDBPyConnection, sql: str) -> tuple[list[str], list[tuple[str, str]]]:
@@ -65,9 +83,12 @@ def base_tables(con: duckdb.DuckDBPyConnection, sql: str) -> tuple[list[str], li
     return tables, needed
 
 
-def export_tables(con: duckdb.DuckDBPyConnection, tables: list[str], folder: Path) -> dict[str, str]:
-    """Each table as an Arrow IPC file, all read in one transaction, streamed a batch at a time."""
+def export_tables(con: duckdb.DuckDBPyConnection, tables: list[str], folder: Path,
+                  limits: SandboxLimits) -> dict[str, str]:
+    """Each table as an Arrow IPC file, all read in one transaction, streamed a batch at a time; QueryFailed when
+    the copies pass the disk budget or the time limit (checked after every batch)."""
     files: dict[str, str] = {}
+    written, deadline = 0, time.monotonic() + limits.timeout_s
     con.execute("BEGIN TRANSACTION")
     try:
         for table in tables:
@@ -76,39 +97,67 @@ def export_tables(con: duckdb.DuckDBPyConnection, tables: list[str], folder: Pat
             with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, reader.schema) as writer:
                 for batch in reader:
                     writer.write_batch(batch)
+                    written += batch.nbytes
+                    if written > limits.disk:
+                        raise QueryFailed(f"the tables this query reads ({', '.join(tables)}) come to more than "
+                                          f"the {limits.disk // 2**20} MB a query may copy ([store] temp_limit): "
+                                          "query the archive or the lake for that much, or raise the limit")
+                    if time.monotonic() > deadline:
+                        raise QueryFailed(f"copying the tables this query reads took past {limits.timeout_s:g} s; "
+                                          "query the archive or the lake for that much")
             files[table] = str(path)
-    finally:
-        con.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(duckdb.Error):  # a failed read already ended the transaction
+            con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
     return files
 
 
-def run_sandboxed(con: duckdb.DuckDBPyConnection, sql: str, limit: int, memory: int = DEFAULT_MEMORY,
-                  timeout_s: float = DEFAULT_TIMEOUT_S) -> bytes:
-    """The JSON answer of one read-only SELECT run in a child process capped at `memory` bytes; QueryRefused or
-    QueryFailed as `run_read_query` raises them, and QueryFailed naming the cap when the child needs more."""
+def run_sandboxed(con: duckdb.DuckDBPyConnection, sql: str, limit: int,
+                  limits: SandboxLimits = SandboxLimits()) -> bytes:  # noqa: B008 - frozen
+    """The JSON answer of one read-only SELECT run in a child process within `limits`; QueryRefused or QueryFailed
+    as `run_read_query` raises them, and QueryFailed naming the limit when the copy or the child passes one."""
     check_read_only(con, sql)
     tables, views = base_tables(con, sql)
-    with tempfile.TemporaryDirectory(prefix="tracejudge-query-") as folder:
-        files = export_tables(con, tables, Path(folder))
-        request = json.dumps({"sql": sql, "limit": limit, "timeout_s": timeout_s, "tables": files,
-                              "views": views, "memory": memory}).encode()
-        child = subprocess.Popen([sys.executable, "-m", "collector.history.query_sandbox"], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    with tempfile.TemporaryDirectory(prefix="tracejudge-query-", dir=limits.folder) as folder:
         try:
-            answer, errors = child.communicate(request, timeout=timeout_s + 30)
+            files = export_tables(con, tables, Path(folder), limits)
+        except (duckdb.Error, OSError) as exc:
+            raise QueryFailed(f"the tables this query reads could not be copied for it ({type(exc).__name__}: "
+                              f"{str(exc)[:200]})") from exc
+        spill = max(2**20, limits.disk - sum(Path(f).stat().st_size for f in files.values()))
+        request = json.dumps({"sql": sql, "limit": limit, "timeout_s": limits.timeout_s, "tables": files,
+                              "views": views, "memory": limits.memory, "spill": spill,
+                              "spill_folder": folder}).encode()
+        env = {k: v for k, v in os.environ.items() if k in CHILD_ENVIRONMENT} | {"PYTHONUNBUFFERED": "1"}
+        child = subprocess.Popen([sys.executable, "-m", "collector.history.query_sandbox"], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        try:
+            answer, errors = child.communicate(request, timeout=limits.timeout_s + 30)
         except subprocess.TimeoutExpired as exc:
             child.kill()
             child.communicate()
-            raise QueryFailed(f"the query ran past {timeout_s:g} s and was stopped; narrow it down") from exc
-    if child.returncode == 0:
+            raise QueryFailed(f"the query ran past {limits.timeout_s:g} s and was stopped; narrow it down") from exc
+    return _outcome(child.returncode, answer, errors, limits)
+
+
+def _outcome(code: int, answer: bytes, errors: bytes, limits: SandboxLimits) -> bytes:
+    """The answer of a child that succeeded; the error it reported, or what its exit says, as QueryFailed."""
+    if code == 0:
         return answer
-    if child.returncode == 3:
-        failure = json.loads(answer)
-        raise (QueryRefused if failure["kind"] == "refused" else QueryFailed)(failure["error"])
-    raise QueryFailed(f"the query needed more than the {memory // 2**20} MB a query may use ([store] query_memory) "
-                      f"and was stopped; narrow it down (exit {child.returncode}: "
-                      f"{errors.decode(errors='replace').strip().splitlines()[-1:] or ''})")
+    if code == 3:
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            failure = json.loads(answer)
+            raise (QueryRefused if failure["kind"] == "refused" else QueryFailed)(str(failure["error"]))
+    last = errors.decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
+    if code in (4, -signal.SIGKILL) or "MemoryError" in last[0] or "bad_alloc" in last[0]:
+        raise QueryFailed(f"the query needed more than the {limits.memory // 2**20} MB a query may use ([store] "
+                          "query_memory) and was stopped; narrow it down")
+    if code < 0:  # DuckDB may crash rather than raise when malloc fails at the cap
+        raise QueryFailed(f"the query's process stopped (signal {-code}), most likely at the {limits.memory // 2**20} "
+                          "MB a query may use ([store] query_memory); narrow it down")
+    raise QueryFailed(f"the query's process failed (exit {code}: {last[0][:200]}); narrow the query down")
 
 
 def _child() -> int:
@@ -121,7 +170,9 @@ def _child() -> int:
     memory = int(request["memory"])
     # from here on its heap and anonymous maps may not pass the cap (the mapped tables are file pages: not counted)
     resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))
-    con = duckdb.connect(":memory:", config={"memory_limit": f"{memory // 2 // 2**20}MB", "threads": 1})
+    con = duckdb.connect(":memory:", config={
+        "memory_limit": f"{memory // 2 // 2**20}MB", "threads": 1, "temp_directory": request["spill_folder"],
+        "max_temp_directory_size": f"{int(request['spill']) // 2**20}MB"})
     for n, (table, path) in enumerate(request["tables"].items()):
         con.register(f"arrow_{n}", pa.ipc.open_file(pa.memory_map(path)).read_all())
         con.execute(f'CREATE TEMP VIEW "{table}" AS SELECT * FROM arrow_{n}')  # listed as one of its own views

@@ -499,16 +499,22 @@ class ConversationAssembler:
                         kept: dict[str, KeptTrace], mapped: dict[str, KeptTrace], going_on: set[str]) -> set[str]:
         """Read, map and write these conversations; the traces mapped here of those `going_on` go to `mapped`."""
         unread = {t for c in batch for t in conversations[c]} - kept.keys()
-        with id_table(self.con, unread) as ids:
-            # a span sent again inside another request is stored twice: the last copy received counts, once
-            rows = self.con.execute(
-                f"SELECT {_COLUMNS} FROM span_records WHERE received_at >= ? AND trace_id IN (SELECT id FROM {ids}) "
-                "QUALIFY row_number() OVER (PARTITION BY trace_id, span_id ORDER BY received_at DESC) = 1",
-                [_at(since_us)]).fetchall()
+        self.con.execute("BEGIN TRANSACTION")  # the spans and their resources from one snapshot: none pruned between
+        try:
+            with id_table(self.con, unread) as ids:
+                # a span sent again inside another request is stored twice: the last copy received counts, once
+                rows = self.con.execute(
+                    f"SELECT {_COLUMNS} FROM span_records WHERE received_at >= ? AND trace_id IN "
+                    f"(SELECT id FROM {ids}) "
+                    "QUALIFY row_number() OVER (PARTITION BY trace_id, span_id ORDER BY received_at DESC) = 1",
+                    [_at(since_us)]).fetchall()
+            scopes, resources = self._dictionaries({r[9] for r in rows}, {r[10] for r in rows})
+        finally:
+            with contextlib.suppress(duckdb.Error):  # read only: nothing to keep or lose
+                self.con.execute("ROLLBACK")
         by_trace: dict[str, list[tuple]] = {}
         for row in rows:
             by_trace.setdefault(row[0], []).append(row)
-        scopes, resources = self._dictionaries({r[9] for r in rows}, {r[10] for r in rows})
         failed: set[str] = set()
         built: dict[str, list[_Built]] = {}
         parts_of: dict[str, list[KeptTrace]] = {}

@@ -219,5 +219,6 @@ def _transaction(con: duckdb.DuckDBPyConnection, work: Callable[[], object]) -> 
         work()
         con.execute("COMMIT")
     except Exception:
-        con.execute("ROLLBACK")
+        with contextlib.suppress(duckdb.Error):  # a failed COMMIT has already ended the transaction
+            con.execute("ROLLBACK")
         raise

@@ -16,8 +16,10 @@ import httpx
 
 
 class CollectorProcess:
-    def __init__(self, db: Path, *, config: Path | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(self, db: Path, *, config: Path | None = None, env: dict[str, str] | None = None,
+                 cwd: Path | None = None) -> None:
         self.db = db
+        self.cwd = cwd  # the collector's working directory (None: the test's)
         self.config = config
         self.env = env or {}
         self.proc: subprocess.Popen[str] | None = None
@@ -32,7 +34,8 @@ class CollectorProcess:
                 "--admin-port", "0", "--db", str(self.db)]
         if self.config:
             args += ["--config", str(self.config)]
-        self.proc = subprocess.Popen(args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+        self.proc = subprocess.Popen(args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env,
+                                     cwd=self.cwd)
         assert self.proc.stderr is not None
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
