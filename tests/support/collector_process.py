@@ -17,8 +17,9 @@ import httpx
 
 class CollectorProcess:
     def __init__(self, db: Path, *, config: Path | None = None, env: dict[str, str] | None = None,
-                 cwd: Path | None = None) -> None:
+                 cwd: Path | None = None, command: list[str] | None = None) -> None:
         self.db = db
+        self.command = command or [sys.executable, "-m", "collector.cli"]  # or an installed `tracejudge`
         self.cwd = cwd  # the collector's working directory (None: the test's)
         self.config = config
         self.env = env or {}
@@ -30,7 +31,7 @@ class CollectorProcess:
         # only what the test passes: judge keys in the test's own environment must not leak into the collector
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TRACEJUDGE_", "OPENAI_", "TYPESAFE_"))}
         env.update(self.env)
-        args = [sys.executable, "-m", "collector.cli", "serve", "--grpc-port", "0", "--http-port", "0",
+        args = [*self.command, "serve", "--grpc-port", "0", "--http-port", "0",
                 "--admin-port", "0", "--db", str(self.db)]
         if self.config:
             args += ["--config", str(self.config)]
