@@ -12,8 +12,11 @@
    schema 10 vs a plain `INSERT` into the unkeyed one of schema 11, 4 digests per commit over 20,000 kept ones.
 5. The WAL's checkpoints (`--checkpoints`): commit latency of the same appends at each `checkpoint_threshold`
    (the commit that crosses it waits for the checkpoint), and with the checkpoint run by another thread instead.
+6. The largest commit (`--largest-commit`): one transaction appending 16 to 256 MB of JSON text into a table
+   under the collector's 96 MB `memory_limit` on one thread, each in a fresh file: which commit, which fail
+   (what `[limits] request_row_bytes` is sized by).
 Run: `python bench/span_append.py [--blocks 8] [--block-rows 204800] [--ids 60000] [--writer-settings]
-[--request-digests] [--checkpoints]`.
+[--request-digests] [--checkpoints] [--largest-commit]`.
 """
 
 from __future__ import annotations
@@ -202,6 +205,27 @@ def id_sets(count: int) -> tuple[float, float]:
     return as_list, time.process_time() - cpu
 
 
+def largest_commit(tmp: Path, memory_limit: str = "96MB") -> None:
+    """Part 6: a commit of N MB of JSON text (2,000 rows) within the buffer pool, or its error."""
+    for mb in (16, 32, 48, 64, 96, 128, 256):
+        with duckdb.connect(str(tmp / f"commit{mb}.duckdb")) as con:
+            con.execute(f"SET memory_limit = '{memory_limit}'")
+            con.execute("SET threads = 1")
+            con.execute("CREATE TABLE t (k VARCHAR, j JSON)")
+            text = '"' + "x" * (mb * 2**20 // 2000) + '"'
+            rows = pa.table({"k": pa.array(["k"] * 2000), "j": pa.array([text] * 2000, pa.json_(pa.string()))})
+            started = time.perf_counter()
+            try:
+                con.execute("BEGIN TRANSACTION")
+                con.register("rows", rows)
+                con.execute("INSERT INTO t SELECT * FROM rows")
+                con.execute("COMMIT")
+                outcome = f"committed in {time.perf_counter() - started:.2f} s"
+            except duckdb.Error as exc:
+                outcome = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:110]}"
+        print(f"{mb:4d} MB of JSON text in one commit under memory_limit {memory_limit}: {outcome}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--blocks", type=int, default=8)
@@ -211,7 +235,12 @@ def main() -> None:
     parser.add_argument("--request-digests", action="store_true", help="only compare the digest table (part 4)")
     parser.add_argument("--checkpoints", action="store_true", help="only compare checkpoint thresholds (part 5)")
     parser.add_argument("--commit-rows", type=int, default=2048, help="rows per commit in part 5")
+    parser.add_argument("--largest-commit", action="store_true", help="only the largest commit the pool holds (6)")
     args = parser.parse_args()
+    if args.largest_commit:
+        with tempfile.TemporaryDirectory() as tmp:
+            largest_commit(Path(tmp))
+        return
     if args.checkpoints:
         with tempfile.TemporaryDirectory() as tmp:
             checkpoints(Path(tmp), per_commit=args.commit_rows)

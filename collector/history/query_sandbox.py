@@ -84,9 +84,9 @@ def base_tables(con: duckdb.DuckDBPyConnection, sql: str) -> tuple[list[str], li
 
 
 def export_tables(con: duckdb.DuckDBPyConnection, tables: list[str], folder: Path,
-                  limits: SandboxLimits) -> dict[str, str]:
-    """Each table as an Arrow IPC file, all read in one transaction, streamed a batch at a time; QueryFailed when
-    the copies pass the disk budget or the time limit (checked after every batch)."""
+                  limits: SandboxLimits) -> tuple[dict[str, str], int]:
+    """Each table as an Arrow IPC file, all read in one transaction, streamed a batch at a time, and the bytes
+    written; QueryFailed when the copies pass the disk budget or the time limit (checked after every batch)."""
     files: dict[str, str] = {}
     written, deadline = 0, time.monotonic() + limits.timeout_s
     con.execute("BEGIN TRANSACTION")
@@ -111,7 +111,7 @@ def export_tables(con: duckdb.DuckDBPyConnection, tables: list[str], folder: Pat
             con.execute("ROLLBACK")
         raise
     con.execute("COMMIT")
-    return files
+    return files, written
 
 
 def run_sandboxed(con: duckdb.DuckDBPyConnection, sql: str, limit: int,
@@ -122,11 +122,11 @@ def run_sandboxed(con: duckdb.DuckDBPyConnection, sql: str, limit: int,
     tables, views = base_tables(con, sql)
     with tempfile.TemporaryDirectory(prefix="tracejudge-query-", dir=limits.folder) as folder:
         try:
-            files = export_tables(con, tables, Path(folder), limits)
+            files, copied = export_tables(con, tables, Path(folder), limits)
         except (duckdb.Error, OSError) as exc:
             raise QueryFailed(f"the tables this query reads could not be copied for it ({type(exc).__name__}: "
                               f"{str(exc)[:200]})") from exc
-        spill = max(2**20, limits.disk - sum(Path(f).stat().st_size for f in files.values()))
+        spill = max(2**20, limits.disk - copied)  # the copies and the query's own spill share one budget
         request = json.dumps({"sql": sql, "limit": limit, "timeout_s": limits.timeout_s, "tables": files,
                               "views": views, "memory": limits.memory, "spill": spill,
                               "spill_folder": folder}).encode()

@@ -59,6 +59,7 @@ _JOB_SCHEMA = pa.schema([
 _COLUMNS = ("trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, status_code, status_message, "
             "scope_id, resource_id, attributes, events, links, received_at")
 _Scopes = dict[int, tuple[str, str]]
+_NO_SCOPE = ("", "")
 _Resources = dict[int, dict]
 
 
@@ -579,7 +580,7 @@ class ConversationAssembler:
         spans = [Span.from_record({
             "trace_id": r[0], "span_id": r[1], "parent_span_id": r[2], "name": r[3], "kind": r[4],
             "start_ns": r[5], "end_ns": r[6], "status_code": r[7], "status_message": r[8],
-            "scope_name": scopes.get(r[9], ("", ""))[0], "scope_version": scopes.get(r[9], ("", ""))[1],
+            "scope_name": (scope := scopes.get(r[9], _NO_SCOPE))[0], "scope_version": scope[1],
             "attributes": json.loads(r[11]), "resource": resources.get(r[10], {}),
             "events": json.loads(r[12]), "links": json.loads(r[13]),
         }) for r in rows]

@@ -19,6 +19,7 @@ import duckdb
 import pyarrow as pa
 
 from collector.store.id_table import registered
+from collector.store.transaction import in_transaction
 
 MARGIN = dt.timedelta(seconds=60)  # a row stamped earlier may commit after a later one; read back this far
 # test-case bytes summarised in one transaction: parsed, they must fit the 96 MB buffer pool beside ingest
@@ -147,7 +148,7 @@ class SummaryTables:
             size += length or 0
         if batch:
             self._summarise(con, batch)
-        _transaction(con, lambda: con.execute(_SCORES, [self._scores_from]))
+        in_transaction(con, lambda: con.execute(_SCORES, [self._scores_from]))
         self._seen = (conversations_upto, scores_upto)
         if conversations_upto is not None:
             self._conversations_from = conversations_upto - self.margin
@@ -158,7 +159,7 @@ class SummaryTables:
         """Summarise these conversations in one transaction; when that fails, each alone, and one that fails alone
         without its calls, marked."""
         try:
-            _transaction(con, lambda: self._summarise_batch(con, batch))
+            in_transaction(con, lambda: self._summarise_batch(con, batch))
             return
         except duckdb.Error as exc:
             if len(batch) > 1:
@@ -170,7 +171,7 @@ class SummaryTables:
         if self.log is not None:
             self.log("warning", "conversation not summarised", conversation_id=conversation_id, version=version,
                      reason=note, advice="its page shows it whole; raise [store] memory_limit to list its calls")
-        _transaction(con, lambda: self._summarise_batch(con, batch, note))
+        in_transaction(con, lambda: self._summarise_batch(con, batch, note))
 
     @staticmethod
     def _summarise_batch(con: duckdb.DuckDBPyConnection, batch: list[tuple[str, int]],
@@ -211,14 +212,3 @@ class SummaryTables:
                 log("error", "summary refresh failed", reason=f"{type(exc).__name__}: {exc}")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), period_s)
-
-
-def _transaction(con: duckdb.DuckDBPyConnection, work: Callable[[], object]) -> None:
-    con.execute("BEGIN TRANSACTION")
-    try:
-        work()
-        con.execute("COMMIT")
-    except Exception:
-        with contextlib.suppress(duckdb.Error):  # a failed COMMIT has already ended the transaction
-            con.execute("ROLLBACK")
-        raise

@@ -967,7 +967,7 @@ static PyTypeObject OWNED_TYPE = {
 };
 
 /* The buffer's memory as a Python object, taken from the walk (the buffer is left empty). */
-static PyObject *bytes_of(Buf *b) {
+static PyObject *handed_over(Buf *b) {
     Owned *out = PyObject_New(Owned, &OWNED_TYPE);
     if (out == NULL) return NULL;
     if (b->data != NULL && b->cap - b->len > 4096) { /* grown by doubling: give the unused half back */
@@ -987,9 +987,9 @@ static PyObject *result(Decoder *d) {
     for (int i = 0; i < N_STRING_COLUMNS; i++) {
         Column *c = &d->strings[i];
         PyObject *item = c->nullable
-            ? Py_BuildValue("(NNNn)", bytes_of(&c->offsets), bytes_of(&c->data), bytes_of(&c->validity),
+            ? Py_BuildValue("(NNNn)", handed_over(&c->offsets), handed_over(&c->data), handed_over(&c->validity),
                             (Py_ssize_t)c->nulls)
-            : Py_BuildValue("(NNOn)", bytes_of(&c->offsets), bytes_of(&c->data), Py_None, (Py_ssize_t)0);
+            : Py_BuildValue("(NNOn)", handed_over(&c->offsets), handed_over(&c->data), Py_None, (Py_ssize_t)0);
         if (item == NULL) {
             Py_DECREF(strings);
             return NULL;
@@ -1015,9 +1015,9 @@ static PyObject *result(Decoder *d) {
         if (item == NULL) goto fail;
         PyList_SET_ITEM(scopes, (Py_ssize_t)i, item);
     }
-    return Py_BuildValue("(n(NNNNNN)NNN)", (Py_ssize_t)d->rows, bytes_of(&d->kind), bytes_of(&d->start),
-                         bytes_of(&d->end), bytes_of(&d->code), bytes_of(&d->resource_index),
-                         bytes_of(&d->scope_index), strings, resources, scopes);
+    return Py_BuildValue("(n(NNNNNN)NNN)", (Py_ssize_t)d->rows, handed_over(&d->kind), handed_over(&d->start),
+                         handed_over(&d->end), handed_over(&d->code), handed_over(&d->resource_index),
+                         handed_over(&d->scope_index), strings, resources, scopes);
 fail:
     Py_DECREF(strings);
     Py_XDECREF(resources);

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 # That is safe because `to_json` below only ever writes strict JSON.
 JSON_TEXT = pa.json_(pa.string())
 # The rows of `span_records`: each span with the ids of its resource and scope, which are stored once per content in
-# `span_resources` and `span_scopes` (collector/store/span_dictionaries.py); the `spans` view joins them back.
+# `span_resources` and `span_scopes` (collector/store/span_tables.py); the `spans` view joins them back.
 SPANS_SCHEMA = pa.schema([
     ("trace_id", pa.string()), ("span_id", pa.string()), ("parent_span_id", pa.string()), ("name", pa.string()),
     ("kind", pa.int8()), ("start_ns", pa.int64()), ("end_ns", pa.int64()), ("status_code", pa.int8()),
@@ -43,9 +43,6 @@ SPANS_SCHEMA = pa.schema([
 RESOURCES_SCHEMA = pa.schema([("resource_id", pa.int64()), ("service_name", pa.string()),
                               ("attributes", JSON_TEXT)])
 SCOPES_SCHEMA = pa.schema([("scope_id", pa.int64()), ("name", pa.string()), ("version", pa.string())])
-# The string columns of a row counted against `SpanLimits.request_row_bytes`, as the C walk counts its buffers.
-ROW_TEXT_COLUMNS = ("trace_id", "span_id", "parent_span_id", "name", "status_message", "attributes", "events",
-                    "links", "conversation_key", "conversation_key_source")
 MAX_INT64 = 2**63 - 1
 
 
@@ -151,7 +148,8 @@ def spans_to_arrow(spans: list[Span], received_at: datetime,
                    row_bytes: int = DEFAULT_LIMITS.request_row_bytes) -> SpanRows:
     """Rows of the spans and of their resources and scopes; one span row per (trace_id, span_id), the last
     delivery winning in a batch. OTLPDecodeError when the rows would hold more than `row_bytes` of text, counted
-    as the C walk counts its buffers (`ROW_TEXT_COLUMNS`, and each resource and scope) before any column is built."""
+    as the C walk counts its buffers (every string column of the rows, and each resource and scope) before any
+    column is built."""
     unique = {s.key: s for s in spans}
     columns: dict[str, list[Any]] = {name: [] for name in SPANS_SCHEMA.names}
     resources: dict[int, tuple[int, tuple[str, str] | None]] = {}  # spans of one request share their resource
@@ -211,12 +209,19 @@ def spans_to_arrow(spans: list[Span], received_at: datetime,
         c_key.append(key_text)
         c_source.append(key[0] if key else None)
     columns["received_at"] = [received_at] * len(unique)
+    return _span_rows(pa.table(columns, schema=SPANS_SCHEMA), resource_rows,
+                      {sid: scope for scope, sid in scopes.items()})
+
+
+def _span_rows(spans: pa.Table, resources: dict[int, tuple[str | None, str]],
+               scopes: dict[int, tuple[str, str]]) -> SpanRows:
+    """The spans with their resources (id -> service.name, attributes JSON) and scopes (id -> name, version)."""
     return SpanRows(
-        pa.table(columns, schema=SPANS_SCHEMA),
-        pa.table({"resource_id": list(resource_rows), "service_name": [r[0] for r in resource_rows.values()],
-                  "attributes": [r[1] for r in resource_rows.values()]}, schema=RESOURCES_SCHEMA),
-        pa.table({"scope_id": list(scopes.values()), "name": [k[0] for k in scopes],
-                  "version": [k[1] for k in scopes]}, schema=SCOPES_SCHEMA))
+        spans,
+        pa.table({"resource_id": list(resources), "service_name": [r[0] for r in resources.values()],
+                  "attributes": [r[1] for r in resources.values()]}, schema=RESOURCES_SCHEMA),
+        pa.table({"scope_id": list(scopes), "name": [s[0] for s in scopes.values()],
+                  "version": [s[1] for s in scopes.values()]}, schema=SCOPES_SCHEMA))
 
 
 def request_digest(table: pa.Table) -> bytes:
@@ -250,16 +255,11 @@ def columns_to_arrow(native: NativeColumns) -> SpanRows:
             pa.Array.from_buffers(pa.int32(), rows, [None, pa.py_buffer(fixed[index])]))
     arrays["received_at"] = pa.Array.from_buffers(SPANS_SCHEMA.field("received_at").type, rows,
                                                   [None, pa.py_buffer(array("q", [native.received_us]) * rows)])
-    resources = {rid: (service, attributes) for rid, (attributes, service) in zip(resource_ids, native.resources,
-                                                                                 strict=True)}
-    scopes = dict(zip(scope_ids, native.scopes, strict=True))
-    return SpanRows(
+    return _span_rows(
         pa.table([arrays[name] for name in SPANS_SCHEMA.names], schema=SPANS_SCHEMA),
-        pa.table({"resource_id": list(resources),
-                  "service_name": [None if s is None else s.decode() for s, _ in resources.values()],
-                  "attributes": [a.decode() for _, a in resources.values()]}, schema=RESOURCES_SCHEMA),
-        pa.table({"scope_id": list(scopes), "name": [n.decode() for n, _ in scopes.values()],
-                  "version": [v.decode() for _, v in scopes.values()]}, schema=SCOPES_SCHEMA))
+        {rid: (None if service is None else service.decode(), attributes.decode())
+         for rid, (attributes, service) in zip(resource_ids, native.resources, strict=True)},
+        {sid: (name.decode(), version.decode()) for sid, (name, version) in zip(scope_ids, native.scopes, strict=True)})
 
 
 def decode_to_arrow(payload: bytes, content_type: str, redactor: Redactor | None, signal: str,

@@ -354,7 +354,8 @@ class SpanStore:
         assert self._con is not None
         try:
             self._con.execute("BEGIN TRANSACTION")
-            self._append("span_resources", resources, "INSERT OR IGNORE")  # another replica's file may hold it
+            # the known ids are a bounded cache: a row may be stored already (OR IGNORE), never missing
+            self._append("span_resources", resources, "INSERT OR IGNORE")
             self._append("span_scopes", scopes, "INSERT OR IGNORE")
             self._append("span_records", table)
             if digests:

@@ -12,7 +12,6 @@ resource to another's spans.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -60,12 +59,6 @@ DELETE FROM span_scopes WHERE scope_id NOT IN (SELECT DISTINCT scope_id FROM spa
 
 def prune_unreferenced(con: duckdb.DuckDBPyConnection) -> None:
     """Delete the resources and scopes no stored span refers to, in one transaction."""
-    import duckdb  # noqa: F811 - only where the store runs: decode workers import this module for the ids
-    con.execute("BEGIN TRANSACTION")
-    try:
-        con.execute(PRUNE_UNREFERENCED)
-        con.execute("COMMIT")
-    except Exception:
-        with contextlib.suppress(duckdb.Error):  # a failed COMMIT has already ended the transaction
-            con.execute("ROLLBACK")
-        raise
+    from collector.store.transaction import in_transaction  # DuckDB only where the store runs, not in decode workers
+
+    in_transaction(con, lambda: con.execute(PRUNE_UNREFERENCED))
