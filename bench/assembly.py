@@ -29,12 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
 
 from bench.ingest import build_requests  # noqa: E402
-from collector.config import Settings  # noqa: E402
-from collector.log import Logger  # noqa: E402
-from collector.pipeline.conversation_assembler import MAX_PER_POLL, ConversationAssembler  # noqa: E402
-from collector.receivers.span_rows import spans_to_arrow  # noqa: E402
-from collector.store.span_store import SpanStore, mark_pandas_absent  # noqa: E402
-from mapping import decode_otlp  # noqa: E402
+from tracejudge.collector.config import Settings  # noqa: E402
+from tracejudge.collector.log import Logger  # noqa: E402
+from tracejudge.collector.pipeline.conversation_assembler import MAX_PER_POLL, ConversationAssembler  # noqa: E402
+from tracejudge.collector.receivers.span_rows import spans_to_arrow  # noqa: E402
+from tracejudge.collector.store.span_store import SpanStore, mark_pandas_absent  # noqa: E402
+from tracejudge.mapping import decode_otlp  # noqa: E402
 
 
 def random_trace_ids(requests: list[bytes], seed: int) -> list[bytes]:

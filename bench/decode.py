@@ -23,12 +23,12 @@ import duckdb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.ingest import build_requests  # noqa: E402
-from collector.receivers.decode_worker import decode_request  # noqa: E402
-from collector.receivers.span_rows import spans_to_arrow  # noqa: E402
-from collector.store.schema import migrate  # noqa: E402
-from mapping import decode_otlp  # noqa: E402
-from mapping.otlp import DEFAULT_LIMITS  # noqa: E402
-from mapping.redaction import BUILTIN_RULES, Redactor  # noqa: E402
+from tracejudge.collector.receivers.decode_worker import decode_request  # noqa: E402
+from tracejudge.collector.receivers.span_rows import spans_to_arrow  # noqa: E402
+from tracejudge.collector.store.schema import migrate  # noqa: E402
+from tracejudge.mapping import decode_otlp  # noqa: E402
+from tracejudge.mapping.otlp import DEFAULT_LIMITS  # noqa: E402
+from tracejudge.mapping.redaction import BUILTIN_RULES, Redactor  # noqa: E402
 
 
 def import_footprint_mb(modules: str) -> float:
@@ -90,11 +90,11 @@ def main() -> None:
         con.execute("INSERT INTO spans SELECT * FROM incoming")
         print(f"DuckDB INSERT of the Arrow table: {n / (time.perf_counter() - started):,.0f} rows/s")
         con.close()
-    worker = import_footprint_mb("collector.receivers.decode_worker")
-    fallback = import_footprint_mb("collector.receivers.decode_worker, collector.receivers.span_rows")
+    worker = import_footprint_mb("tracejudge.collector.receivers.decode_worker")
+    fallback = import_footprint_mb("tracejudge.collector.receivers.decode_worker, collector.receivers.span_rows")
     print(f"decode worker imports (collector.receivers.decode_worker): {worker:.0f} MB; {fallback:.0f} MB once a "
           f"request needs the Python decoder; the store and the scoring package, which workers imported before: "
-          f"{import_footprint_mb('collector.store.span_store, collector.pipeline.scoring_stage'):.0f} MB")
+          f"{import_footprint_mb('tracejudge.collector.store.span_store, collector.pipeline.scoring_stage'):.0f} MB")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ the first score, and a `query` against the running collector.
 
 Run: `python bench/first_session.py [--checkout DIR] [--quiet-period 5s]`. `--checkout` times another checkout
 of tracejudge (e.g. a `git worktree` of an older commit) with this interpreter; `--quiet-period ''` leaves the
-collector's default. Every command runs as a user would start it: `python -m collector.cli ...`.
+collector's default. Every command runs as a user would start it: `python -m tracejudge.collector.cli ...`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def _cli(checkout: Path, *args: str, timeout: float = 120) -> tuple[float, subpr
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     env = {k: v for k, v in env.items() if not k.startswith(("OPENAI_", "TRACEJUDGE_", "TYPESAFE_"))}
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "collector.cli", *args], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "tracejudge.collector.cli", *args], capture_output=True, text=True,
                           cwd=checkout, env={**env, "PYTHONPATH": str(checkout)}, timeout=timeout)
     return time.perf_counter() - started, proc
 
@@ -41,7 +41,7 @@ def main() -> None:
     seconds, _ = _cli(checkout, "--help")
     print(f"tracejudge --help: {seconds:.2f} s")
     with tempfile.TemporaryDirectory() as tmp:
-        serve = [sys.executable, "-m", "collector.cli", "serve", "--grpc-port", "0", "--http-port", "0",
+        serve = [sys.executable, "-m", "tracejudge.collector.cli", "serve", "--grpc-port", "0", "--http-port", "0",
                  "--admin-port", "0", "--db", str(Path(tmp) / "t.duckdb")]
         if args.quiet_period:
             serve += ["--quiet-period", args.quiet_period]

@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from scoring import LLMJudge, MCPTaskCompletionMetric, MultiTurnMCPUseMetric, evaluate  # noqa: E402
-from scoring.judges.batch import BatchOptions  # noqa: E402
-from scoring.judges.tokens import BpeCounter  # noqa: E402
-from scoring.prompts import DATA_CLOSE, DATA_OPEN, encode_data  # noqa: E402
 from tests.support.batch_server import BatchServer  # noqa: E402
 from tests.support.cases import two_turn_case, wide_case  # noqa: E402
 from tests.support.scripted_server import Reply, Request, ScriptedServer, completion  # noqa: E402
+from tracejudge import LLMJudge, MCPTaskCompletionMetric, MultiTurnMCPUseMetric, evaluate  # noqa: E402
+from tracejudge.judges.batch import BatchOptions  # noqa: E402
+from tracejudge.judges.tokens import BpeCounter  # noqa: E402
+from tracejudge.prompts import DATA_CLOSE, DATA_OPEN, encode_data  # noqa: E402
 
 MODEL = "gpt-5.4"
 COUNTER = BpeCounter("o200k_base")

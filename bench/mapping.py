@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from mapping import build_conversations, decode_otlp  # noqa: E402
+from tracejudge.mapping import build_conversations, decode_otlp  # noqa: E402
 
 REAL = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "real"
 

@@ -44,8 +44,8 @@ def call_validity(repeat: int) -> None:
     measure (a server's schemas checked against the meta-schema) and the rest."""
     import time
 
-    from scoring import MCPCallValidityMetric
     from tests.support.cases import three_task_case
+    from tracejudge import MCPCallValidityMetric
 
     case = three_task_case()
     times = []

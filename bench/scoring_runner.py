@@ -62,8 +62,8 @@ def deepeval_side(base_url: str) -> tuple[Any, Any]:
 
 def tracejudge_side(base_url: str) -> tuple[Any, Any]:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from scoring import LLMJudge, MCPTaskCompletionMetric, MultiTurnMCPUseMetric
-    from scoring.test_case import load_test_case
+    from tracejudge import LLMJudge, MCPTaskCompletionMetric, MultiTurnMCPUseMetric
+    from tracejudge.test_case import load_test_case
 
     judge = LLMJudge("gpt-4o-mini", base_url=base_url, api_key="sk-bench", max_concurrency=256)
     metrics = {"mcp_use": lambda: MultiTurnMCPUseMetric(model=judge),

@@ -35,13 +35,13 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.ingest import build_requests  # noqa: E402
-from collector.receivers.span_rows import (
+from tracejudge.collector.receivers.span_rows import (
     decode_to_arrow,  # noqa: E402
     plain_strings,  # noqa: E402
 )
-from collector.store.id_table import id_table  # noqa: E402
-from collector.store.schema import SPANS_COLUMNS  # noqa: E402
-from mapping.otlp import DEFAULT_LIMITS  # noqa: E402
+from tracejudge.collector.store.id_table import id_table  # noqa: E402
+from tracejudge.collector.store.schema import SPANS_COLUMNS  # noqa: E402
+from tracejudge.mapping.otlp import DEFAULT_LIMITS  # noqa: E402
 
 BATCH = 4096
 

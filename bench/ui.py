@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from collector.config import StoreSettings  # noqa: E402
-from collector.pipeline.summary_tables import SummaryTables  # noqa: E402
-from collector.store.span_store import SpanStore  # noqa: E402
-from collector.ui import views  # noqa: E402
+from tracejudge.collector.config import StoreSettings  # noqa: E402
+from tracejudge.collector.pipeline.summary_tables import SummaryTables  # noqa: E402
+from tracejudge.collector.store.span_store import SpanStore  # noqa: E402
+from tracejudge.collector.ui import views  # noqa: E402
 
 
 def populate(con, n: int) -> None:  # noqa: ANN001

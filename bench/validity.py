@@ -32,8 +32,8 @@ from jinja2 import Environment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.validity.generate import CORPUS, FAULTS  # noqa: E402
-from scoring import METRICS, BaseMetric, LLMJudge, evaluate  # noqa: E402
 from tests.support.scripted_server import Reply, Request, ScriptedServer, completion  # noqa: E402
+from tracejudge import METRICS, BaseMetric, LLMJudge, evaluate  # noqa: E402
 
 
 def roc_auc(faulty: list[float], clean: list[float]) -> float | None:

@@ -22,9 +22,9 @@ import duckdb
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from collector.config import Settings  # noqa: E402
-from collector.log import Logger  # noqa: E402
-from collector.pipeline.conversation_assembler import ConversationAssembler  # noqa: E402
+from tracejudge.collector.config import Settings  # noqa: E402
+from tracejudge.collector.log import Logger  # noqa: E402
+from tracejudge.collector.pipeline.conversation_assembler import ConversationAssembler  # noqa: E402
 
 COMMIT = 4096
 

@@ -14,19 +14,19 @@ import duckdb
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from collector.admin_guard import AdminGuard
-from collector.history.query import DEFAULT_LIMIT, QueryFailed, QueryRefused
-from collector.history.query_sandbox import SandboxLimits, run_sandboxed
-from collector.metrics import CollectorMetrics
-from collector.pipeline.scoring_stage import ScoringStage
-from collector.pipeline.summary_tables import SummaryTables
-from collector.receivers.http_guard import GuardedSite
-from collector.receivers.ingest import bearer_matches
-from collector.store.memory_release import release_duckdb_memory
-from collector.store.span_store import SpanStore
-from collector.ui.export import ReportError, export_views
-from collector.ui.rendering import STATIC_CSP
-from collector.ui.routes import WebUI
+from tracejudge.collector.admin_guard import AdminGuard
+from tracejudge.collector.history.query import DEFAULT_LIMIT, QueryFailed, QueryRefused
+from tracejudge.collector.history.query_sandbox import SandboxLimits, run_sandboxed
+from tracejudge.collector.metrics import CollectorMetrics
+from tracejudge.collector.pipeline.scoring_stage import ScoringStage
+from tracejudge.collector.pipeline.summary_tables import SummaryTables
+from tracejudge.collector.receivers.http_guard import GuardedSite
+from tracejudge.collector.receivers.ingest import bearer_matches
+from tracejudge.collector.store.memory_release import release_duckdb_memory
+from tracejudge.collector.store.span_store import SpanStore
+from tracejudge.collector.ui.export import ReportError, export_views
+from tracejudge.collector.ui.rendering import STATIC_CSP
+from tracejudge.collector.ui.routes import WebUI
 
 MAX_QUERIES = 4  # queries and reports in flight (they run one at a time); more get 429
 JOB_STATES = ("pending", "running", "done", "failed", "budget", "waiting_for_judge")

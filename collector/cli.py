@@ -9,8 +9,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from collector.commands import EXIT_PASS
-from scoring.metric_ids import METRIC_IDS
+from tracejudge.collector.commands import EXIT_PASS
+from tracejudge.metric_ids import METRIC_IDS
 
 EVAL_MODES = ("llm", "hybrid", "system_one")
 
@@ -20,7 +20,7 @@ class _ServeHelp(argparse.RawDescriptionHelpFormatter):
 
     def _format_text(self, text: str) -> str:
         if text == SETTINGS_PLACEHOLDER:
-            from collector.config import settings_help
+            from tracejudge.collector.config import settings_help
 
             text = settings_help()
         return super()._format_text(text)
@@ -271,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra and not getattr(args, "takes_extra_arguments", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.pytest_args = extra
-    command = importlib.import_module(f"collector.commands.{args.command_module}")
+    command = importlib.import_module(f"tracejudge.collector.commands.{args.command_module}")
     try:
         return int(command.run(args))
     except BrokenPipeError:  # `tracejudge inspect ... | head`: the reader has what it wanted

@@ -14,18 +14,18 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-from collector.durations import parse_duration
-from collector.sizes import parse_size
-from mapping.otlp import SpanLimits
-from mapping.redaction import BUILTIN_RULES, RedactionRuleError, Redactor
-from scoring.errors import TracejudgeError
+from tracejudge.collector.durations import parse_duration
+from tracejudge.collector.sizes import parse_size
+from tracejudge.errors import TracejudgeError
+from tracejudge.mapping.otlp import SpanLimits
+from tracejudge.mapping.redaction import BUILTIN_RULES, RedactionRuleError, Redactor
 
 if TYPE_CHECKING:
-    from scoring.judges.resolve import JudgeOptions
-from scoring.metric_ids import METRIC_IDS
+    from tracejudge.judges.resolve import JudgeOptions
+from tracejudge.metric_ids import METRIC_IDS
 
 if TYPE_CHECKING:
-    from collector.history.lake import LakeConfig
+    from tracejudge.collector.history.lake import LakeConfig
 
 MiB = 1024 * 1024
 
@@ -339,7 +339,9 @@ class LakeSettings(_Section):
         """The lake to publish to and query, or None when none is configured."""
         if not self.catalog:
             return None
-        from collector.history.lake import LakeConfig  # DuckDB and pyarrow: only for a collector that publishes
+        from tracejudge.collector.history.lake import (
+            LakeConfig,  # DuckDB and pyarrow: only for a collector that publishes
+        )
 
         return LakeConfig(self.catalog, self.data_path, self.replica or "")
 
@@ -449,7 +451,7 @@ ENV_AND_FLAGS: tuple[tuple[str, str, str | None, str | None], ...] = (
 
 def judge_options(sc: ScoringSettings) -> JudgeOptions:
     """The LLM judge's connection settings from [scoring] (the judge modules load only when asked for)."""
-    from scoring.judges.resolve import JudgeOptions
+    from tracejudge.judges.resolve import JudgeOptions
 
     temperature = None if sc.judge_temperature == "server-default" else sc.judge_temperature
     return JudgeOptions(sc.judge_timeout_s, sc.judge_concurrency, sc.judge_context_tokens, temperature,

@@ -8,7 +8,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from scoring.errors import TracejudgeError
+from tracejudge.errors import TracejudgeError
 
 
 class ConfigFileError(TracejudgeError):

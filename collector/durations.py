@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 
-from scoring.errors import TracejudgeError
+from tracejudge.errors import TracejudgeError
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*")

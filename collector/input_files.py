@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from mapping import OTLPDecodeError, Span, build_conversations, decode_otlp
-from mapping.redaction import Redactor
-from scoring.errors import InvalidTestCaseError, TracejudgeError
-from scoring.test_case import ConversationalTestCase, load_test_case
+from tracejudge.errors import InvalidTestCaseError, TracejudgeError
+from tracejudge.mapping import OTLPDecodeError, Span, build_conversations, decode_otlp
+from tracejudge.mapping.redaction import Redactor
+from tracejudge.test_case import ConversationalTestCase, load_test_case
 
 FileKind = Literal["otlp", "test_cases", "inspect", "unknown"]
 PROTOBUF_SUFFIXES = (".pb", ".bin", ".protobuf")

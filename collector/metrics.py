@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 if TYPE_CHECKING:
-    from collector.pipeline.retention import StorageReport
-    from collector.pipeline.scoring_stage import ScoredEvent
+    from tracejudge.collector.pipeline.retention import StorageReport
+    from tracejudge.collector.pipeline.scoring_stage import ScoredEvent
 
 MAX_LABEL_VALUES = 50  # distinct services (and agents) labelled apart; the rest are "other"
 

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from scoring.evaluation import TestResult
-    from scoring.test_case import ConversationalTestCase
+    from tracejudge.evaluation import TestResult
+    from tracejudge.test_case import ConversationalTestCase
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -51,7 +51,7 @@ class Recorder:
         self.outcome = ""
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
-        from scoring import assertions
+        from tracejudge import assertions
 
         assertions.listeners.append(self._record)
 
@@ -69,8 +69,8 @@ class Recorder:
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
         """A pytest-xdist worker finished: take over the results it recorded."""
-        from scoring.evaluation import TestResult
-        from scoring.test_case import ConversationalTestCase
+        from tracejudge.evaluation import TestResult
+        from tracejudge.test_case import ConversationalTestCase
 
         output = getattr(node, "workeroutput", None) or {}
         if WORKER_OUTPUT not in output:
@@ -85,7 +85,7 @@ class Recorder:
                 self.lost.append(f"{test}: {exc}")
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        from scoring import assertions
+        from tracejudge import assertions
 
         if self._record in assertions.listeners:
             assertions.listeners.remove(self._record)
@@ -115,7 +115,7 @@ class Recorder:
     def _write(self) -> None:
         import duckdb
 
-        from collector.store.schema import migrate
+        from tracejudge.collector.store.schema import migrate
 
         now = dt.datetime.now(dt.UTC)
         seen: dict[str, int] = {}

@@ -22,8 +22,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from collector.input_files import InputFileError, trace_requests
-from scoring.errors import TracejudgeError
+from tracejudge.collector.input_files import InputFileError, trace_requests
+from tracejudge.errors import TracejudgeError
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 ID_KEYS = ("traceId", "spanId", "parentSpanId")

@@ -13,26 +13,26 @@ import gc
 import signal
 import time
 
-from collector.admin import AdminServer
-from collector.config import Settings, judge_options
-from collector.exporters.score_events import ScoreEventExporter, otlp_log_exporter
-from collector.history.lake import LakePublisher, publish_periodically
-from collector.history.query_sandbox import DEFAULT_DISK, SandboxLimits
-from collector.log import Logger
-from collector.metrics import CollectorMetrics
-from collector.pipeline.conversation_assembler import ConversationAssembler
-from collector.pipeline.retention import Retention, StorageReport
-from collector.pipeline.scoring_stage import ScoringStage, StageConfig
-from collector.receivers.decode_pool import DecodePool, default_workers
-from collector.receivers.http_guard import raise_open_file_limit
-from collector.receivers.ingest import Ingest
-from collector.receivers.otlp_columns import native_decode_built, native_decode_enabled
-from collector.receivers.otlp_grpc import GrpcReceiver
-from collector.receivers.otlp_http import HttpReceiver
-from collector.sizes import parse_size
-from collector.store.memory_release import arrow_on_the_system_allocator, fewer_malloc_arenas
-from collector.store.span_store import SpanStore, mark_pandas_absent
-from collector.store.span_tables import prune_unreferenced
+from tracejudge.collector.admin import AdminServer
+from tracejudge.collector.config import Settings, judge_options
+from tracejudge.collector.exporters.score_events import ScoreEventExporter, otlp_log_exporter
+from tracejudge.collector.history.lake import LakePublisher, publish_periodically
+from tracejudge.collector.history.query_sandbox import DEFAULT_DISK, SandboxLimits
+from tracejudge.collector.log import Logger
+from tracejudge.collector.metrics import CollectorMetrics
+from tracejudge.collector.pipeline.conversation_assembler import ConversationAssembler
+from tracejudge.collector.pipeline.retention import Retention, StorageReport
+from tracejudge.collector.pipeline.scoring_stage import ScoringStage, StageConfig
+from tracejudge.collector.receivers.decode_pool import DecodePool, default_workers
+from tracejudge.collector.receivers.http_guard import raise_open_file_limit
+from tracejudge.collector.receivers.ingest import Ingest
+from tracejudge.collector.receivers.otlp_columns import native_decode_built, native_decode_enabled
+from tracejudge.collector.receivers.otlp_grpc import GrpcReceiver
+from tracejudge.collector.receivers.otlp_http import HttpReceiver
+from tracejudge.collector.sizes import parse_size
+from tracejudge.collector.store.memory_release import arrow_on_the_system_allocator, fewer_malloc_arenas
+from tracejudge.collector.store.span_store import SpanStore, mark_pandas_absent
+from tracejudge.collector.store.span_tables import prune_unreferenced
 
 JUDGE_ADVICE = ("export OPENAI_API_KEY=... (or OPENAI_BASE_URL=http://127.0.0.1:8000/v1 for a local OpenAI-compatible "
                 "server, with --judge-model NAME) and restart `tracejudge serve`: waiting jobs then run. Or run "

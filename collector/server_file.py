@@ -9,8 +9,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from scoring.errors import TracejudgeError
-from scoring.test_case import MCPServer
+from tracejudge.errors import TracejudgeError
+from tracejudge.test_case import MCPServer
 
 
 class ServerFileError(TracejudgeError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from scoring.errors import TracejudgeError
+from tracejudge.errors import TracejudgeError
 
 _UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
           "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}

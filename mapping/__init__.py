@@ -8,39 +8,40 @@ The names are imported on first use (PEP 562): decoding alone does not load the 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from tracejudge.lazy_names import lazy_getattr
 
 if TYPE_CHECKING:
-    from mapping.conversation import (
+    from tracejudge.mapping.conversation import (
         Conversation,
         MappedTrace,
         build_conversations,
         compose_conversation,
         map_traces,
     )
-    from mapping.otlp import DecodedRequest, OTLPDecodeError, SpanProblem, UnsupportedContentTypeError, decode_otlp
-    from mapping.otlp_logs import decode_otlp_logs
-    from mapping.spans import Span, SpanEvent, SpanLink
+    from tracejudge.mapping.otlp import (
+        DecodedRequest,
+        OTLPDecodeError,
+        SpanProblem,
+        UnsupportedContentTypeError,
+        decode_otlp,
+    )
+    from tracejudge.mapping.otlp_logs import decode_otlp_logs
+    from tracejudge.mapping.spans import Span, SpanEvent, SpanLink
 
-_WHERE = {
-    "Conversation": "mapping.conversation", "build_conversations": "mapping.conversation",
-    "MappedTrace": "mapping.conversation", "compose_conversation": "mapping.conversation",
-    "map_traces": "mapping.conversation",
-    "DecodedRequest": "mapping.otlp", "OTLPDecodeError": "mapping.otlp", "SpanProblem": "mapping.otlp",
-    "UnsupportedContentTypeError": "mapping.otlp", "decode_otlp": "mapping.otlp",
-    "decode_otlp_logs": "mapping.otlp_logs",
-    "Span": "mapping.spans", "SpanEvent": "mapping.spans", "SpanLink": "mapping.spans",
+_NAMES = {
+    "tracejudge.mapping.conversation": (
+        "Conversation", "MappedTrace", "build_conversations", "compose_conversation", "map_traces"),
+    "tracejudge.mapping.otlp": (
+        "DecodedRequest", "OTLPDecodeError", "SpanProblem", "UnsupportedContentTypeError", "decode_otlp"),
+    "tracejudge.mapping.otlp_logs": ("decode_otlp_logs",),
+    "tracejudge.mapping.spans": ("Span", "SpanEvent", "SpanLink"),
 }
+_WHERE = {name: module for module, names in _NAMES.items() for name in names}
 
 
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        value = getattr(importlib.import_module(_WHERE[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'mapping' has no attribute {name!r}")
-
+__getattr__ = lazy_getattr(globals(), _WHERE)
 
 __all__ = [
     "Conversation",

@@ -18,14 +18,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from mapping.conversation_key import trace_conversation_key
-from mapping.dialects import DIALECTS, AgentRun, LLMCall, MCPOperation, ToolDefinition, ToolExecution
-from mapping.envelopes import unwrap_tool_result
-from mapping.messages import Message, final_assistant_text, last_user_text
-from mapping.otlp_logs import fold_log_events
-from mapping.results import prompt_result, resource_result, tool_result
-from mapping.spans import Span
-from scoring.test_case import (
+from tracejudge.mapping.conversation_key import trace_conversation_key
+from tracejudge.mapping.dialects import DIALECTS, AgentRun, LLMCall, MCPOperation, ToolDefinition, ToolExecution
+from tracejudge.mapping.envelopes import unwrap_tool_result
+from tracejudge.mapping.messages import Message, final_assistant_text, last_user_text
+from tracejudge.mapping.otlp_logs import fold_log_events
+from tracejudge.mapping.results import prompt_result, resource_result, tool_result
+from tracejudge.mapping.spans import Span
+from tracejudge.test_case import (
     OWNED_TURNS,
     ConversationalTestCase,
     MCPPromptCall,

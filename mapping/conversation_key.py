@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mapping.spans import Span
+from tracejudge.mapping.spans import Span
 
 KEY_PRECEDENCE = (
     "gen_ai.conversation.id",

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mapping.spans import parse_json_value
+from tracejudge.mapping.spans import parse_json_value
 
 _LANGCHAIN_TOOL_MESSAGE = ("langchain", "schema", "messages", "ToolMessage")
 _LANGCHAIN_TOOL_MESSAGE_CORE = ("langchain_core", "messages", "tool", "ToolMessage")

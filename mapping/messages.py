@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from mapping.spans import as_list, parse_json_value
+from tracejudge.mapping.spans import as_list, parse_json_value
 
 ROLE_ALIASES = {"model": "assistant", "ai": "assistant", "human": "user", "developer": "system",
                 "function": "tool"}

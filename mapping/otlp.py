@@ -20,8 +20,8 @@ from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
-from mapping.content_types import JSON_TYPES, PROTOBUF_TYPES, media_type
-from mapping.spans import Span, SpanEvent, SpanLink
+from tracejudge.mapping.content_types import JSON_TYPES, PROTOBUF_TYPES, media_type
+from tracejudge.mapping.spans import Span, SpanEvent, SpanLink
 
 MAX_ANY_VALUE_DEPTH = 64
 

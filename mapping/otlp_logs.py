@@ -22,8 +22,8 @@ from typing import Any
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
-from mapping.content_types import JSON_TYPES, PROTOBUF_TYPES, media_type
-from mapping.otlp import (
+from tracejudge.mapping.content_types import JSON_TYPES, PROTOBUF_TYPES, media_type
+from tracejudge.mapping.otlp import (
     DEFAULT_LIMITS,
     DecodedRequest,
     OTLPDecodeError,
@@ -39,7 +39,7 @@ from mapping.otlp import (
     _pb_attrs,
     _time,
 )
-from mapping.spans import Span, SpanEvent
+from tracejudge.mapping.spans import Span, SpanEvent
 
 LOG_EVENT_SCOPE = "tracejudge.log_event"
 EVENT_PREFIX = "gen_ai."

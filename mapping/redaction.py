@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from mapping.spans import Span, SpanEvent, SpanLink
+from tracejudge.mapping.spans import Span, SpanEvent, SpanLink
 
 
 def _luhn_valid(digits: str) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from scoring.test_case import CallToolResult, GetPromptResult, ReadResourceResult
+from tracejudge.test_case import CallToolResult, GetPromptResult, ReadResourceResult
 
 CONTENT_TYPES = frozenset({"text", "image", "audio", "resource", "resource_link"})
 

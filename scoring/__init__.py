@@ -1,19 +1,22 @@
-"""tracejudge's evaluation library: the MCP metrics, their judges and `evaluate()`.
+"""tracejudge: the evaluation library (the MCP metrics, their judges and `evaluate()`), at DeepEval's module paths
+(`tracejudge.test_case`, `tracejudge.metrics`, `tracejudge.dataset`, `tracejudge.evaluate.configs`), with the
+collector in `tracejudge.collector` and the span-to-test-case mapping in `tracejudge.mapping`.
 
-The names below are imported on first use (PEP 562), so a process that needs one module (a decode worker
-needs only `scoring.errors`) does not load the judges, the OpenAI client and the metrics.
+The names below are imported on first use (PEP 562), so a process that needs one module (a decode worker needs
+only `tracejudge.errors`) does not load the judges, the OpenAI client and the metrics.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
+from tracejudge.lazy_names import lazy_getattr
+
 if TYPE_CHECKING:
-    from scoring.assertions import assert_test
-    from scoring.call_validity import MCPCallValidityMetric
-    from scoring.dataset import ConversationalGolden, DatasetError, EvaluationDataset
-    from scoring.errors import (
+    from tracejudge.assertions import assert_test
+    from tracejudge.call_validity import MCPCallValidityMetric
+    from tracejudge.dataset import ConversationalGolden, DatasetError, EvaluationDataset
+    from tracejudge.errors import (
         EvalModeError,
         EvaluationError,
         InvalidTestCaseError,
@@ -27,46 +30,43 @@ if TYPE_CHECKING:
         NoTaskError,
         TracejudgeError,
     )
-    from scoring.evaluate_config import AsyncConfig, CacheConfig, DisplayConfig, ErrorConfig
-    from scoring.evaluation import EvaluationResult, MetricResult, TestResult, a_evaluate, evaluate
-    from scoring.evaluation_template import MCPTaskCompletionTemplate
-    from scoring.judges import LLMJudge, RetryPolicy
-    from scoring.mcp_use import MultiTurnMCPUseMetric
-    from scoring.metric import BaseMetric
-    from scoring.task_completion import MCPTaskCompletionMetric
+    from tracejudge.evaluate.configs import AsyncConfig, CacheConfig, DisplayConfig, ErrorConfig
+    from tracejudge.evaluation import EvaluationResult, MetricResult, TestResult, a_evaluate, evaluate
+    from tracejudge.evaluation_template import MCPTaskCompletionTemplate
+    from tracejudge.judges import LLMJudge, RetryPolicy
+    from tracejudge.mcp_use import MultiTurnMCPUseMetric
+    from tracejudge.metric import BaseMetric
+    from tracejudge.task_completion import MCPTaskCompletionMetric
 
-_WHERE = {
-    "assert_test": "scoring.assertions",
-    "AsyncConfig": "scoring.evaluate_config", "CacheConfig": "scoring.evaluate_config",
-    "DisplayConfig": "scoring.evaluate_config", "ErrorConfig": "scoring.evaluate_config",
-    "MCPCallValidityMetric": "scoring.call_validity",
-    "ConversationalGolden": "scoring.dataset", "DatasetError": "scoring.dataset",
-    "EvaluationDataset": "scoring.dataset",
-    "EvaluationResult": "scoring.evaluation", "MetricResult": "scoring.evaluation", "TestResult": "scoring.evaluation",
-    "a_evaluate": "scoring.evaluation", "evaluate": "scoring.evaluation",
-    "LLMJudge": "scoring.judges", "RetryPolicy": "scoring.judges",
-    "MultiTurnMCPUseMetric": "scoring.mcp_use", "BaseMetric": "scoring.metric",
-    "MCPTaskCompletionMetric": "scoring.task_completion",
-    "MCPTaskCompletionTemplate": "scoring.evaluation_template",
-    **{name: "scoring.errors" for name in (
+_NAMES = {
+    "tracejudge.assertions": ("assert_test",),
+    "tracejudge.evaluate.configs": ("AsyncConfig", "CacheConfig", "DisplayConfig", "ErrorConfig"),
+    "tracejudge.call_validity": ("MCPCallValidityMetric",),
+    "tracejudge.dataset": ("ConversationalGolden", "DatasetError", "EvaluationDataset"),
+    "tracejudge.evaluation": ("EvaluationResult", "MetricResult", "TestResult", "a_evaluate", "evaluate"),
+    "tracejudge.judges": ("LLMJudge", "RetryPolicy"),
+    "tracejudge.mcp_use": ("MultiTurnMCPUseMetric",),
+    "tracejudge.metric": ("BaseMetric",),
+    "tracejudge.task_completion": ("MCPTaskCompletionMetric",),
+    "tracejudge.evaluation_template": ("MCPTaskCompletionTemplate",),
+    "tracejudge.errors": (
         "EvalModeError", "InvalidTestCaseError", "JudgeAuthenticationError", "JudgeConfigurationError",
-        "JudgeContextOverflowError", "JudgeError",
-        "JudgeOutputError", "JudgeRequestError", "JudgeUnavailableError", "NoTaskError", "TracejudgeError",
-        "EvaluationError")},
+        "JudgeContextOverflowError", "JudgeError", "JudgeOutputError", "JudgeRequestError", "JudgeUnavailableError",
+        "NoTaskError", "TracejudgeError", "EvaluationError"),
 }
+_WHERE = {name: module for module, names in _NAMES.items() for name in names}
+
+
+_lazy = lazy_getattr(globals(), _WHERE)
 
 
 def __getattr__(name: str) -> Any:
-    if name == "METRICS":
-        metrics = {m.metric_id: m for m in (__getattr__("MultiTurnMCPUseMetric"), __getattr__(
-            "MCPTaskCompletionMetric"), __getattr__("MCPCallValidityMetric"))}
+    if name == "METRICS":  # every metric by its id: the collector's config names metrics by id
+        metrics = {m.metric_id: m for m in (_lazy("MultiTurnMCPUseMetric"), _lazy("MCPTaskCompletionMetric"),
+                                            _lazy("MCPCallValidityMetric"))}
         globals()["METRICS"] = metrics
         return metrics
-    if name in _WHERE:
-        value = getattr(importlib.import_module(_WHERE[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'scoring' has no attribute {name!r}")
+    return _lazy(name)
 
 
 __all__ = [

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from scoring.evaluation import MetricResult, TestResult, evaluate
-from scoring.metric import BaseMetric
-from scoring.test_case import ConversationalTestCase, load_test_case
+from tracejudge.evaluation import MetricResult, TestResult, evaluate
+from tracejudge.metric import BaseMetric
+from tracejudge.test_case import ConversationalTestCase, load_test_case
 
 Listener = Callable[[ConversationalTestCase, TestResult], None]
 listeners: list[Listener] = []  # told of every assert_test result (the pytest plugin records them to DuckDB)

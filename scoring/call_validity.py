@@ -18,9 +18,9 @@ from typing import Any
 from jsonschema import Draft202012Validator, SchemaError
 from jsonschema.validators import validator_for
 
-from scoring.interactions import unit_indices
-from scoring.metric import BaseMetric, Scored, Usage
-from scoring.test_case import CallToolResult, ConversationalTestCase, MCPServer, Prompt, Tool
+from tracejudge.interactions import unit_indices
+from tracejudge.metric import BaseMetric, Scored, Usage
+from tracejudge.test_case import CallToolResult, ConversationalTestCase, MCPServer, Prompt, Tool
 
 MAX_SCHEMA_ERRORS = 3
 

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import AliasChoices, Field, ValidationError
 
-from scoring.errors import TracejudgeError
-from scoring.test_case import ConversationalTestCase, Turn, _AdditionalMetadata, _CaseModel, load_test_case
+from tracejudge.errors import TracejudgeError
+from tracejudge.test_case import ConversationalTestCase, Turn, _AdditionalMetadata, _CaseModel, load_test_case
 
 if TYPE_CHECKING:  # the library imports DuckDB only to read a collector's history
     import duckdb

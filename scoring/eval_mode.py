@@ -7,7 +7,7 @@ import tomllib
 from enum import StrEnum
 from pathlib import Path
 
-from scoring.errors import EvalModeError
+from tracejudge.errors import EvalModeError
 
 
 class EvalMode(StrEnum):

@@ -10,13 +10,13 @@ from typing import Any, TextIO
 
 from pydantic import BaseModel
 
-from scoring.dataset import EvaluationDataset
-from scoring.errors import EvaluationError, NoTaskError
-from scoring.evaluate_config import AsyncConfig, CacheConfig, DisplayConfig, ErrorConfig, RunSettings, run_settings
-from scoring.loop_bridge import run_sync
-from scoring.metric import BaseMetric
-from scoring.system_one_batch import decide_together
-from scoring.test_case import ConversationalTestCase, load_test_case
+from tracejudge.dataset import EvaluationDataset
+from tracejudge.errors import EvaluationError, NoTaskError
+from tracejudge.evaluate.configs import AsyncConfig, CacheConfig, DisplayConfig, ErrorConfig, RunSettings, run_settings
+from tracejudge.loop_bridge import run_sync
+from tracejudge.metric import BaseMetric
+from tracejudge.system_one_batch import decide_together
+from tracejudge.test_case import ConversationalTestCase, load_test_case
 
 
 class MetricResult(BaseModel):
@@ -136,7 +136,7 @@ async def a_evaluate(
     cache_config: CacheConfig | None = None,
 ) -> EvaluationResult:
     """Every metric on every test case, at most `max_concurrency` measures at once. DeepEval's configs are
-    accepted too (`scoring.evaluate_config`); with `error_config` a metric error raises unless ignored."""
+    accepted too (`tracejudge.evaluate.configs`); with `error_config` a metric error raises unless ignored."""
     if not metrics:
         raise ValueError("evaluate() needs at least one metric")
     settings = run_settings(async_config, display_config, error_config, cache_config,

@@ -17,8 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from scoring.interactions import step_text
-from scoring.prompts import FINAL_REASON, TASK_COMPLETION
+from tracejudge.interactions import step_text
+from tracejudge.prompts import FINAL_REASON, TASK_COMPLETION
 
 
 class TemplateTask(BaseModel):

@@ -13,8 +13,8 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from scoring.errors import NoTaskError
-from scoring.test_case import (
+from tracejudge.errors import NoTaskError
+from tracejudge.test_case import (
     CallToolResult,
     ConversationalTestCase,
     GetPromptResult,

@@ -15,7 +15,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from scoring.errors import (
+from tracejudge.errors import (
     ContextBudgetError,
     JudgeAuthenticationError,
     JudgeConfigurationError,
@@ -24,21 +24,21 @@ from scoring.errors import (
     JudgeUnavailableError,
     NoTaskError,
 )
-from scoring.eval_mode import EvalMode, resolve_eval_mode
-from scoring.interactions import UNITS, Task, Units, conversation_data, render_tasks_text, split_tasks
-from scoring.judges.budget import DEFAULT_BUDGET, estimate_tokens
-from scoring.judges.llm import LLMJudge
-from scoring.judges.questions import Question, ScoreLevels
-from scoring.judges.resolve import resolve_llm_judge, resolve_system_one_judge
-from scoring.judges.structured_output import ReasonVerdict, ScoreVerdict
-from scoring.judges.system_one import Decision
-from scoring.judges.tokens import CharCounter
-from scoring.metric import BaseMetric, Scored, Usage
-from scoring.prompt_reduction import Reduction, reduce_to_fit
-from scoring.prompts import FINAL_REASON, REASON_OUTPUT, SCORE_OUTPUT, fit_messages
-from scoring.system_one_mode import WeightedQuestion, deterministic_reason, equation, weighted_score
-from scoring.task_group import gather_all
-from scoring.test_case import ConversationalTestCase
+from tracejudge.eval_mode import EvalMode, resolve_eval_mode
+from tracejudge.interactions import UNITS, Task, Units, conversation_data, render_tasks_text, split_tasks
+from tracejudge.judges.budget import DEFAULT_BUDGET, estimate_tokens
+from tracejudge.judges.llm import LLMJudge
+from tracejudge.judges.questions import Question, ScoreLevels
+from tracejudge.judges.resolve import resolve_llm_judge, resolve_system_one_judge
+from tracejudge.judges.structured_output import ReasonVerdict, ScoreVerdict
+from tracejudge.judges.system_one import Decision
+from tracejudge.judges.tokens import CharCounter
+from tracejudge.metric import BaseMetric, Scored, Usage
+from tracejudge.prompt_reduction import Reduction, reduce_to_fit
+from tracejudge.prompts import FINAL_REASON, REASON_OUTPUT, SCORE_OUTPUT, fit_messages
+from tracejudge.system_one_mode import WeightedQuestion, deterministic_reason, equation, weighted_score
+from tracejudge.task_group import gather_all
+from tracejudge.test_case import ConversationalTestCase
 
 T = TypeVar("T")
 NO_DEEPEVAL_UNIT = ("Score 0: the conversation has no unit interaction of more than two turns (a user message "

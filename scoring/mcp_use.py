@@ -10,14 +10,14 @@ from __future__ import annotations
 from statistics import fmean
 from typing import Any, Literal
 
-from scoring.errors import NoTaskError
-from scoring.interactions import Task, inventory_data, render_tasks_text, split_tasks
-from scoring.judged_metric import Ask, JudgedMetric, Verdict
-from scoring.judges.questions import ScoreLevels, YesNo
-from scoring.metric import Scored, Usage
-from scoring.prompts import ARGUMENT_CORRECTNESS, PRIMITIVE_SELECTION
-from scoring.system_one_mode import WeightedQuestion
-from scoring.test_case import ConversationalTestCase
+from tracejudge.errors import NoTaskError
+from tracejudge.interactions import Task, inventory_data, render_tasks_text, split_tasks
+from tracejudge.judged_metric import Ask, JudgedMetric, Verdict
+from tracejudge.judges.questions import ScoreLevels, YesNo
+from tracejudge.metric import Scored, Usage
+from tracejudge.prompts import ARGUMENT_CORRECTNESS, PRIMITIVE_SELECTION
+from tracejudge.system_one_mode import WeightedQuestion
+from tracejudge.test_case import ConversationalTestCase
 
 NO_CALL = Verdict(1.0, "No MCP call was made, so no argument could be wrong.", "rule: no MCP call")
 

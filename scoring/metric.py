@@ -11,8 +11,8 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from scoring.loop_bridge import run_sync
-from scoring.test_case import ConversationalTestCase, load_test_case
+from tracejudge.loop_bridge import run_sync
+from tracejudge.test_case import ConversationalTestCase, load_test_case
 
 
 @dataclass

@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from scoring.prompt_reduction import Reduction, reduce_to_fit
+from tracejudge.prompt_reduction import Reduction, reduce_to_fit
 
 if TYPE_CHECKING:
-    from scoring.judges.tokens import TokenCounter
+    from tracejudge.judges.tokens import TokenCounter
 
 DATA_OPEN = "<data>"
 DATA_CLOSE = "</data>"

@@ -9,13 +9,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from scoring.errors import ContextBudgetError
-from scoring.eval_mode import EvalMode
-from scoring.judged_metric import JudgedMetric
-from scoring.judges.budget import DEFAULT_BUDGET
-from scoring.judges.questions import Question
-from scoring.metric import BaseMetric
-from scoring.test_case import ConversationalTestCase
+from tracejudge.errors import ContextBudgetError
+from tracejudge.eval_mode import EvalMode
+from tracejudge.judged_metric import JudgedMetric
+from tracejudge.judges.budget import DEFAULT_BUDGET
+from tracejudge.judges.questions import Question
+from tracejudge.metric import BaseMetric
+from tracejudge.test_case import ConversationalTestCase
 
 
 def _merge(states: list[dict[str, Any]]) -> dict[str, Any] | None:

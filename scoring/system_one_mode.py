@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from scoring.judges.questions import Answer, Question
+from tracejudge.judges.questions import Answer, Question
 
 
 @dataclass(frozen=True)

@@ -10,14 +10,14 @@ from collections.abc import Callable
 from statistics import fmean
 from typing import Any
 
-from scoring.evaluation_template import final_reason_prompt, overridden, task_prompt
-from scoring.interactions import render_tasks_text, split_tasks
-from scoring.judged_metric import Ask, JudgedMetric, Verdict
-from scoring.judges.questions import ScoreLevels, YesNo
-from scoring.metric import Scored, Usage
-from scoring.prompts import TASK_COMPLETION
-from scoring.system_one_mode import WeightedQuestion
-from scoring.test_case import ConversationalTestCase
+from tracejudge.evaluation_template import final_reason_prompt, overridden, task_prompt
+from tracejudge.interactions import render_tasks_text, split_tasks
+from tracejudge.judged_metric import Ask, JudgedMetric, Verdict
+from tracejudge.judges.questions import ScoreLevels, YesNo
+from tracejudge.metric import Scored, Usage
+from tracejudge.prompts import TASK_COMPLETION
+from tracejudge.system_one_mode import WeightedQuestion
+from tracejudge.test_case import ConversationalTestCase
 
 NO_RESPONSE = Verdict(0.0, "The agent never responded to this task (no response).", "rule: no response")
 COMPLETION_LEVELS = ("Not completed", "Partly completed", "Mostly completed", "Fully completed")
@@ -40,7 +40,7 @@ class MCPTaskCompletionMetric(JudgedMetric):
 
     def __init__(self, *args: Any, evaluation_template: type | None = None, **kwargs: Any) -> None:
         """`evaluation_template`: DeepEval's template class; a method it overrides is sent as the prompt (see
-        `scoring.evaluation_template`), the others keep tracejudge's prompts."""
+        `tracejudge.evaluation_template`), the others keep tracejudge's prompts."""
         super().__init__(*args, **kwargs)
         self.evaluation_template = evaluation_template
         overridden(evaluation_template, "get_task_completion_score")  # a bad template fails here, not mid-run

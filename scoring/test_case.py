@@ -37,7 +37,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from scoring.errors import InvalidTestCaseError
+from tracejudge.errors import InvalidTestCaseError
 
 __all__ = [
     "CallToolResult",

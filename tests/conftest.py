@@ -4,9 +4,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from scoring import LLMJudge, RetryPolicy
-from scoring.judges import TypeSafeJudge
 from tests.support.scripted_server import SYSTEM_ONE_PATH, ScriptedServer
+from tracejudge import LLMJudge, RetryPolicy
+from tracejudge.judges import TypeSafeJudge
 
 
 class SleepRecorder:

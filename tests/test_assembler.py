@@ -14,13 +14,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collector.config import Settings
-from collector.log import Logger
-from collector.pipeline.conversation_assembler import MAX_PER_POLL, ConversationAssembler
-from collector.receivers.span_rows import spans_to_arrow
-from collector.store.span_store import SpanStore
-from mapping import build_conversations, decode_otlp
 from tests.support.otlp_json import request, span, tid
+from tracejudge.collector.config import Settings
+from tracejudge.collector.log import Logger
+from tracejudge.collector.pipeline.conversation_assembler import MAX_PER_POLL, ConversationAssembler
+from tracejudge.collector.receivers.span_rows import spans_to_arrow
+from tracejudge.collector.store.span_store import SpanStore
+from tracejudge.mapping import build_conversations, decode_otlp
 
 
 def _spans(trace: int, first_id: int, *, session: str | None, turn: str | None = None,
@@ -265,10 +265,9 @@ def test_deterministic_jobs_are_scored_in_batches_not_a_lease_per_poll(tmp_path:
     """Forty call-validity jobs, two judge slots, a 60 s poll: every one is scored long before a second poll, and
     a job whose conversation version is gone fails with that reason instead of holding up the batch; a batch whose
     test cases are larger than the memory it may use is read in parts, with the same outcome."""
-    import collector.pipeline.scoring_stage
-    from collector.pipeline.scoring_stage import ScoringStage, StageConfig
+    from tracejudge.collector.pipeline.scoring_stage import ScoringStage, StageConfig
 
-    monkeypatch.setattr(collector.pipeline.scoring_stage, "BATCH_CASE_BYTES", case_bytes)
+    monkeypatch.setattr("tracejudge.collector.pipeline.scoring_stage.BATCH_CASE_BYTES", case_bytes)
 
     store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=0.1)
     assembler.settings.scoring.metrics = ["mcp_call_validity"]
@@ -300,7 +299,7 @@ def test_deterministic_jobs_are_scored_in_batches_not_a_lease_per_poll(tmp_path:
 def test_a_batch_that_cannot_be_written_is_logged_and_its_jobs_scored_on_a_later_round(tmp_path: Path) -> None:
     """The scores table is away while the first batch commits: the batch's jobs are released with the reason,
     not left leased for `lease_s`, and once the table is back every job is scored exactly once."""
-    from collector.pipeline.scoring_stage import ScoringStage, StageConfig
+    from tracejudge.collector.pipeline.scoring_stage import ScoringStage, StageConfig
 
     store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=0.1)
     assembler.settings.scoring.metrics = ["mcp_call_validity"]
@@ -335,7 +334,7 @@ def test_a_batch_that_cannot_be_written_is_logged_and_its_jobs_scored_on_a_later
 
 def test_score_pending_waits_for_the_deterministic_batch_it_started(tmp_path: Path) -> None:
     """`tracejudge score --pending` counts what it scored and returns only when nothing it leased still runs."""
-    from collector.pipeline.scoring_stage import ScoringStage, StageConfig
+    from tracejudge.collector.pipeline.scoring_stage import ScoringStage, StageConfig
 
     store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=0.1)
     assembler.settings.scoring.metrics = ["mcp_call_validity"]
@@ -355,8 +354,8 @@ def test_expired_leases_go_back_except_the_jobs_this_process_still_measures(tmp_
     lease however long it takes."""
     import duckdb
 
-    from collector.pipeline.scoring_stage import ScoringStage, StageConfig
-    from collector.store.schema import migrate
+    from tracejudge.collector.pipeline.scoring_stage import ScoringStage, StageConfig
+    from tracejudge.collector.store.schema import migrate
 
     con = duckdb.connect(str(tmp_path / "t.duckdb"))
     migrate(con)

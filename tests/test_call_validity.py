@@ -4,9 +4,9 @@ import copy
 
 import pytest
 
-from scoring import MCPCallValidityMetric
-from scoring.test_case import ConversationalTestCase
 from tests.support.cases import FLIGHTS_SERVER, search_call, three_task_case, two_turn_case
+from tracejudge import MCPCallValidityMetric
+from tracejudge.test_case import ConversationalTestCase
 
 
 def _case(*assistant_turns: dict, servers: list | None = None) -> dict:
@@ -130,7 +130,7 @@ def test_a_kind_whose_list_was_never_seen_cannot_make_a_call_not_advertised() ->
     and the only invalid call is the one the server failed."""
     from pathlib import Path
 
-    from mapping import build_conversations, decode_otlp
+    from tracejudge.mapping import build_conversations, decode_otlp
 
     trace = Path(__file__).parent / "fixtures" / "real" / "pydantic_ai_mcp.otlp.json"
     [conversation] = [c for c in build_conversations(decode_otlp(trace.read_bytes(), "application/json").spans)
@@ -158,7 +158,7 @@ def test_a_resource_matching_an_advertised_template_is_advertised() -> None:
 
 
 def test_a_hostile_uri_template_is_not_matched_rather_than_backtracked() -> None:
-    from scoring.call_validity import _template_pattern
+    from tracejudge.call_validity import _template_pattern
 
     assert _template_pattern("{+a}x" * 8) is None  # eight `.*` would backtrack for seconds on "x" * 40
     merged = _template_pattern("{+a}" * 8 + "x")  # adjacent wildcards merge into one, so it stays linear

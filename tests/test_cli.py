@@ -17,7 +17,7 @@ from tests.test_metrics_llm import scripted
 def run(args: list[str], env_extra: dict[str, str] | None = None, cwd: Path | None = None):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "TRACEJUDGE_"))}
     env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-m", "collector.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "tracejudge.collector.cli", *args], capture_output=True, text=True,
                           env=env, cwd=cwd, timeout=120)
 
 
@@ -133,7 +133,7 @@ def test_trace_commands_say_what_a_test_case_file_is(tmp_path) -> None:
 
 def test_inspect_into_a_closed_pipe_exits_quietly() -> None:
     trace = Path(__file__).parent / "fixtures" / "real" / "strands.otlp.json"
-    inspect = subprocess.Popen([sys.executable, "-m", "collector.cli", "inspect", str(trace), "--explain"],
+    inspect = subprocess.Popen([sys.executable, "-m", "tracejudge.collector.cli", "inspect", str(trace), "--explain"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert inspect.stdout is not None
     inspect.stdout.readline()
@@ -287,7 +287,7 @@ def test_bad_numbers_and_config_sections_are_clear_errors(tmp_path) -> None:
 
 def test_mcp_calls_over_several_replica_files(tmp_path) -> None:
     """The mcp_calls view reads the same over one file and over several replicas' files (--db a --db b)."""
-    from collector.store.span_store import SpanStore
+    from tracejudge.collector.store.span_store import SpanStore
 
     for name, tool, failed in (("a", "get_weather", False), ("b", "book_umbrella", True)):
         store = SpanStore(tmp_path / f"{name}.duckdb")

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from collector.store.span_store import SpanStore
-from scoring import ConversationalGolden, DatasetError, EvaluationDataset, MCPCallValidityMetric, evaluate
-from scoring.test_case import ConversationalTestCase, load_test_case
 from tests.support.cases import three_task_case, two_turn_case
+from tracejudge import ConversationalGolden, DatasetError, EvaluationDataset, MCPCallValidityMetric, evaluate
+from tracejudge.collector.store.span_store import SpanStore
+from tracejudge.test_case import ConversationalTestCase, load_test_case
 
 
 def _goldens() -> list[ConversationalGolden]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -12,7 +13,9 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from scoring import (
+from tests.support.cases import two_turn_case
+from tests.support.scripted_server import completion
+from tracejudge import (
     AsyncConfig,
     CacheConfig,
     DisplayConfig,
@@ -23,10 +26,10 @@ from scoring import (
     assert_test,
     evaluate,
 )
-from scoring.errors import EvaluationError, InvalidTestCaseError
-from scoring.test_case import ConversationalTestCase, MCPServer, MCPToolCall, Turn, load_test_case
-from tests.support.cases import two_turn_case
-from tests.support.scripted_server import completion
+from tracejudge.errors import EvaluationError, InvalidTestCaseError
+from tracejudge.test_case import ConversationalTestCase, MCPServer, MCPToolCall, Turn, load_test_case
+
+DEEPEVAL_EXAMPLE = Path(__file__).parent / "fixtures" / "deepeval"
 
 
 def _turns() -> list[Turn]:
@@ -98,7 +101,7 @@ def test_a_pytest_run_with_assert_test_fails_with_the_reason(tmp_path: Path) -> 
     test_file = tmp_path / "test_agent.py"
     test_file.write_text(
         "import json\n"
-        "from scoring import MCPCallValidityMetric, assert_test\n"
+        "from tracejudge import MCPCallValidityMetric, assert_test\n"
         f"CASES = json.loads({json.dumps(json.dumps([two_turn_case(), _broken_case()]))})\n"
         "def test_good():\n    assert_test(CASES[0], [MCPCallValidityMetric(), MCPCallValidityMetric(threshold=0.9)])\n"
         "def test_bad():\n    assert_test(CASES[1], [MCPCallValidityMetric()])\n")
@@ -130,7 +133,7 @@ def test_tracejudge_test_run_runs_tests_in_parallel_workers_and_records_every_re
     test_file.write_text(
         "import json, os, pathlib, time\n"
         "import pytest\n"
-        "from scoring import MCPCallValidityMetric, assert_test\n"
+        "from tracejudge import MCPCallValidityMetric, assert_test\n"
         f"CASES = json.loads({json.dumps(json.dumps([two_turn_case(), _broken_case()]))})\n"
         "@pytest.mark.parametrize('n', range(4))\n"
         "def test_agent(n):\n"
@@ -138,7 +141,7 @@ def test_tracejudge_test_run_runs_tests_in_parallel_workers_and_records_every_re
         "    time.sleep(0.5)  # long enough that both workers take tests\n"
         "    assert_test(CASES[n % 2], [MCPCallValidityMetric()])\n")
     db = tmp_path / "ci.duckdb"
-    done = subprocess.run([sys.executable, "-m", "collector.cli", "test", "run", str(test_file), "-n", "2",
+    done = subprocess.run([sys.executable, "-m", "tracejudge.collector.cli", "test", "run", str(test_file), "-n", "2",
                            "--db", str(db), "-p", "no:cacheprovider", "-q"],
                           capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
@@ -151,7 +154,7 @@ def test_tracejudge_test_run_runs_tests_in_parallel_workers_and_records_every_re
     assert [(agent.split("::")[1], success) for agent, success in rows] == [
         ("test_agent[0]", True), ("test_agent[1]", False), ("test_agent[2]", True), ("test_agent[3]", False)]
 
-    bad = subprocess.run([sys.executable, "-m", "collector.cli", "test", "run", "-n", "zero"],
+    bad = subprocess.run([sys.executable, "-m", "tracejudge.collector.cli", "test", "run", "-n", "zero"],
                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert bad.returncode == 2 and "expected a number of workers or 'auto'" in bad.stderr
 
@@ -206,23 +209,12 @@ def test_servers_take_duck_typed_tools_and_the_mcp_sdks_types() -> None:
 
 
 def _sdk_flights_server():  # noqa: ANN202 - the MCP SDK's own server class
-    sdk = pytest.importorskip("mcp.server.mcpserver")
-    server = sdk.MCPServer("flights")
-
-    @server.tool()
-    def search_flights(to: str, date: str) -> str:
-        """Find flights to a city on a date."""
-        return f"{to}-{date}: AF123"
-
-    @server.resource("flights://airports")
-    def airports() -> str:
-        return "CDG, LHR"
-
-    @server.prompt()
-    def plan(city: str) -> str:
-        return f"Plan a trip to {city}"
-
-    return server
+    """The DeepEval example's server (tests/fixtures/deepeval/flights_server.py), built in memory."""
+    pytest.importorskip("mcp.server.mcpserver")
+    spec = importlib.util.spec_from_file_location("flights_server", DEEPEVAL_EXAMPLE / "flights_server.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.flights_server()
 
 
 def test_a_case_takes_the_mcp_sdks_server_object_and_refuses_what_cannot_be_a_server() -> None:
@@ -294,7 +286,7 @@ def test_a_kept_object_does_not_stop_scoring_a_case_with_other_python_objects_in
         server_name="flights", available_tools=[mcp_types.Tool(name="search_flights", input_schema={})])])
     normalized = case.normalized()
     assert normalized.metadata["at"] is when and type(normalized.mcp_servers[0].available_tools[0]).__module__ \
-        == "scoring.test_case"
+        == "tracejudge.test_case"
     assert MCPCallValidityMetric().measure(case) is None  # no calls: not applicable, and no error
     resource = mcp_types.Resource(name="r", uri="file:///r")  # fits a tool's JSON, but is not kept as a tool
     assert type(MCPServer(server_name="x", available_tools=[resource]).available_tools[0]).__name__ == "Tool"
@@ -335,13 +327,11 @@ async def test_live_mcp_objects_are_kept_as_given_scored_and_round_trip_to_the_s
     assert isinstance(case.turns[1].mcp_tools_called[0].result, mcp_types.CallToolResult)  # scoring read a copy
 
 
-async def test_deepevals_mcp_docs_walkthrough_runs_with_only_the_imports_changed(judge_server, capsys) -> None:
-    """DeepEval's MCP evaluation guide, step by step, against a real MCP SDK server: list the server's
-    primitives, call a tool, read a resource, get a prompt, build the servers, turns and case from the SDK's
-    own objects, then `evaluate()` and `measure()` both MCP metrics (judge: a scripted server on loopback)."""
-    mcp = pytest.importorskip("mcp")
-    from scoring import MCPTaskCompletionMetric, MultiTurnMCPUseMetric, evaluate
-    from scoring.test_case import MCPPromptCall, MCPResourceCall
+def test_deepevals_mcp_example_runs_after_replacing_deepeval_with_tracejudge(judge_server, tmp_path: Path) -> None:
+    """DeepEval's MCP walkthrough (tests/fixtures/deepeval/mcp_multi_turn.py, in DeepEval's API) run after `sed
+    s/deepeval/tracejudge/g` and nothing else: a real MCP server over stdio, both MCP metrics through `evaluate()`
+    and one `measure()`d standalone (judge: a scripted server on loopback)."""
+    pytest.importorskip("mcp")
 
     def script(request):  # noqa: ANN001, ANN202
         if request.judge == "final_reason":
@@ -349,42 +339,18 @@ async def test_deepevals_mcp_docs_walkthrough_runs_with_only_the_imports_changed
         return completion({"reason": f"{request.judge} ok", "score": 0.8})
 
     judge_server.script = script
-    async with mcp.Client(_sdk_flights_server()) as session:
-        tool_list = await session.list_tools()
-        resource_list = await session.list_resources()
-        prompt_list = await session.list_prompts()
-        mcp_server = MCPServer(
-            server_name="flights",
-            transport="stdio",
-            available_tools=tool_list.tools,
-            available_resources=resource_list.resources,
-            available_prompts=prompt_list.prompts,
-        )
-        tool_name, tool_args = "search_flights", {"to": "Paris", "date": "2026-12-24"}
-        mcp_tool_called = MCPToolCall(name=tool_name, args=tool_args,
-                                      result=await session.call_tool(tool_name, tool_args))
-        uri = "flights://airports"
-        mcp_resource_called = MCPResourceCall(uri=uri, result=await session.read_resource(uri))
-        mcp_prompt_called = MCPPromptCall(name="plan", result=await session.get_prompt("plan", {"city": "Paris"}))
+    for name in ("mcp_multi_turn.py", "flights_server.py"):
+        (tmp_path / name).write_bytes((DEEPEVAL_EXAMPLE / name).read_bytes())
+    subprocess.run(["sed", "-i", "s/deepeval/tracejudge/g", "mcp_multi_turn.py"], cwd=tmp_path, check=True)
+    assert "deepeval" in (DEEPEVAL_EXAMPLE / "mcp_multi_turn.py").read_text()  # the original is DeepEval's
+    done = subprocess.run([sys.executable, "mcp_multi_turn.py"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary, standalone = done.stdout, done.stdout.rstrip().splitlines()[-1]
+    assert "1/1 test cases passed" in summary and "mcp_use " in summary and "mcp_task_completion " in summary
+    assert standalone == "0.8 final 0.80"
 
-    turns = [
-        Turn(role="user", content="Flights to Paris on Christmas Eve, and which airports are there?"),
-        Turn(role="assistant", content="AF123 flies then; Paris has CDG.",
-             mcp_tools_called=[mcp_tool_called], mcp_resources_called=[mcp_resource_called],
-             mcp_prompts_called=[mcp_prompt_called]),
-    ]
-    convo_test_case = ConversationalTestCase(turns=turns, mcp_servers=[mcp_server])
-
-    result = evaluate(test_cases=[convo_test_case],
-                      metrics=[MultiTurnMCPUseMetric(threshold=0.5), MCPTaskCompletionMetric(threshold=0.5)])
-    assert [(m.name, m.score, m.success) for m in result.test_results[0].metrics_data] == [
-        ("Multi-Turn MCP Use", 0.8, True), ("MCP Task Completion", 0.8, True)]
-    metric = MCPTaskCompletionMetric(threshold=0.5)
-    metric.measure(convo_test_case)
-    print(metric.score, metric.reason)
-    assert capsys.readouterr().out.rstrip().endswith("0.8 final 0.80")
-
-    # the judge saw the live results' contents, read through the kept SDK objects
+    # the judge saw the live results' contents, read through the MCP SDK's own objects
     steps = [r.data for r in judge_server.calls("mcp_argument_correctness")][0]["steps"][0]["mcp_calls"]
     assert [c["kind"] for c in steps] == ["tool", "resource", "prompt"]
     assert "AF123" in steps[0]["result"]["text"] and "CDG" in steps[1]["result"]["text"]
@@ -399,7 +365,7 @@ async def test_deepevals_mcp_docs_walkthrough_runs_with_only_the_imports_changed
     (lambda task, **rest: ",".join(sorted(rest)), "multimodal,steps_taken,strict"),
 ])
 def test_template_overrides_get_deepevals_variables_whatever_they_call_them(override, expected) -> None:
-    from scoring.evaluation_template import TemplateTask, call_declared
+    from tracejudge.evaluation_template import TemplateTask, call_declared
 
     context = {"task": TemplateTask(task="T"), "steps_taken": "S", "multimodal": False, "strict": True}
     assert call_declared(override, "get_task_completion_score", context) == expected
@@ -407,18 +373,22 @@ def test_template_overrides_get_deepevals_variables_whatever_they_call_them(over
 
 def test_the_evaluation_library_imports_none_of_the_collector() -> None:
     """A DeepEval user importing the library gets no database, no gRPC server and no web server with it: every
-    module of `scoring` imports without DuckDB, gRPC, aiohttp, pyarrow or the collector's packages."""
-    code = ("import importlib, pkgutil, sys, scoring\n"
-            "for m in pkgutil.walk_packages(scoring.__path__, 'scoring.'): importlib.import_module(m.name)\n"
-            "print(sorted(k for k in ('duckdb', 'grpc', 'aiohttp', 'pyarrow', 'collector', 'mapping') "
-            "if k in sys.modules))")
+    module of `tracejudge` outside its collector and mapping imports without DuckDB, gRPC, aiohttp, pyarrow or
+    them."""
+    code = ("import importlib, pkgutil, sys, tracejudge\n"
+            "names = [m.name for m in pkgutil.walk_packages(tracejudge.__path__, 'tracejudge.')\n"
+            "         if not m.name.startswith(('tracejudge.collector', 'tracejudge.mapping'))]\n"
+            "for name in names: importlib.import_module(name)\n"
+            "print(len(names), sorted(k for k in ('duckdb', 'grpc', 'aiohttp', 'pyarrow', 'tracejudge.collector', "
+            "'tracejudge.mapping') if k in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "[]", done.stdout
+    count, imported = done.stdout.split(" ", 1)
+    assert int(count) > 20 and imported.strip() == "[]", done.stdout
 
 
 def test_tracejudge_test_run_without_pytest_says_what_to_install(tmp_path: Path) -> None:
     code = ("import sys; sys.modules['pytest'] = None; sys.argv = ['tracejudge', 'test', 'run', 'x.py']\n"
-            "from collector.cli import main; sys.exit(main())")
+            "from tracejudge.collector.cli import main; sys.exit(main())")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().count("\n") == 0 and "pip install pytest" in done.stderr

@@ -102,7 +102,8 @@ def test_a_read_only_database_directory_is_a_clear_error_at_start(small_fs: Path
     read-only case is checked where it happens in practice: at start, with the directory already read-only."""
     _remount(small_fs, "ro")
     db = small_fs / "t.duckdb"
-    done = subprocess.run([sys.executable, "-m", "collector.cli", "serve", "--db", str(db), "--grpc-port", "0",
-                           "--http-port", "0", "--admin-port", "0"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "tracejudge.collector.cli", "serve", "--db", str(db),
+                           "--grpc-port", "0", "--http-port", "0", "--admin-port", "0"],
+                          capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done.stderr
     assert str(db) in done.stderr and "Read-only file system" in done.stderr

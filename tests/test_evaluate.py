@@ -4,9 +4,9 @@ import io
 
 import pytest
 
-from scoring import MCPCallValidityMetric, MCPTaskCompletionMetric, MultiTurnMCPUseMetric, evaluate
 from tests.support.cases import three_task_case, two_turn_case
 from tests.test_metrics_llm import scripted
+from tracejudge import MCPCallValidityMetric, MCPTaskCompletionMetric, MultiTurnMCPUseMetric, evaluate
 
 
 @pytest.fixture

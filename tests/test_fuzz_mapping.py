@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mapping import OTLPDecodeError, build_conversations, compose_conversation, decode_otlp, map_traces
-from mapping.spans import Span
-from scoring.test_case import ConversationalTestCase
 from tests.fixtures import semconv_scenarios
+from tracejudge.mapping import OTLPDecodeError, build_conversations, compose_conversation, decode_otlp, map_traces
+from tracejudge.mapping.spans import Span
+from tracejudge.test_case import ConversationalTestCase
 
 KEYS = ["gen_ai.operation.name", "gen_ai.conversation.id", "gen_ai.input.messages", "gen_ai.output.messages",
         "gen_ai.tool.name", "gen_ai.tool.call.id", "gen_ai.tool.call.arguments", "gen_ai.tool.call.result",
@@ -152,7 +152,7 @@ def test_attribute_json_is_strict_and_says_what_the_standard_library_path_says(v
     """Span attributes go to DuckDB as JSON without a re-parse, so `to_json` must always write strict JSON; its
     fast path (orjson) must mean what the standard library writes; and the path for what orjson cannot write must
     write the text orjson writes wherever orjson can, so equal values are equal text (as the C walk writes them)."""
-    from collector.receivers.span_rows import _finite, _scrub, _written, to_json
+    from tracejudge.collector.receivers.span_rows import _finite, _scrub, _written, to_json
 
     text = to_json(value)
     parsed = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c} in {text}"))

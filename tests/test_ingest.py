@@ -33,9 +33,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from bench.ingest import process_tree
-from mapping import decode_otlp
 from tests.support.collector_process import CollectorProcess
 from tests.support.otlp_json import request, span
+from tracejudge.mapping import decode_otlp
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
@@ -120,8 +120,8 @@ def test_redelivered_spans_are_stored_once(db: Path) -> None:
 
 
 def test_a_database_from_before_schema_7_keeps_its_spans_and_loses_the_span_index(tmp_path: Path) -> None:
-    from collector.store.schema import MIGRATIONS, SCHEMA_VERSION
-    from collector.store.span_store import SpanStore
+    from tracejudge.collector.store.schema import MIGRATIONS, SCHEMA_VERSION
+    from tracejudge.collector.store.span_store import SpanStore
 
     db = tmp_path / "old.duckdb"
     with duckdb.connect(str(db)) as con:  # the file a collector of schema 6 left
@@ -146,8 +146,8 @@ def test_request_digests_of_a_schema_10_file_are_kept_without_their_index_and_st
     the upgrade, or stored twice since, still marks its request as already stored."""
     import datetime as dt
 
-    from collector.store.schema import MIGRATIONS
-    from collector.store.span_store import SpanStore
+    from tracejudge.collector.store.schema import MIGRATIONS
+    from tracejudge.collector.store.span_store import SpanStore
 
     db = tmp_path / "v10.duckdb"
     with duckdb.connect(str(db)) as con:
@@ -174,9 +174,9 @@ async def test_a_failing_commit_listener_is_counted_and_reported_and_the_spans_s
     told (the collector logs it as an error), never swallowed."""
     import datetime as dt
 
-    from collector.config import Settings
-    from collector.receivers.span_rows import spans_to_arrow
-    from collector.store.span_store import SpanStore
+    from tracejudge.collector.config import Settings
+    from tracejudge.collector.receivers.span_rows import spans_to_arrow
+    from tracejudge.collector.store.span_store import SpanStore
 
     store = SpanStore(tmp_path / "t.duckdb", threads=Settings().store.threads)
     store.open()
@@ -211,8 +211,8 @@ async def test_a_commit_that_meets_a_query_holding_duckdbs_memory_waits_for_it_i
     import datetime as dt
     import threading
 
-    from collector.receivers.span_rows import spans_to_arrow
-    from collector.store.span_store import SpanStore
+    from tracejudge.collector.receivers.span_rows import spans_to_arrow
+    from tracejudge.collector.store.span_store import SpanStore
 
     store = SpanStore(tmp_path / "t.duckdb", memory_limit="64MB", temp_limit="0KB", threads=1)
     store.open()
@@ -250,9 +250,9 @@ async def test_the_wal_is_checkpointed_at_the_configured_size_and_a_size_duckdb_
     start with the setting's name rather than run with DuckDB's own, and "none" is refused, not an endless WAL."""
     import datetime as dt
 
-    from collector.config import StoreSettings
-    from collector.receivers.span_rows import spans_to_arrow
-    from collector.store.span_store import SpanStore, StoreOpenError
+    from tracejudge.collector.config import StoreSettings
+    from tracejudge.collector.receivers.span_rows import spans_to_arrow
+    from tracejudge.collector.store.span_store import SpanStore, StoreOpenError
 
     body = json.dumps(request(({"service.name": "agent"}, [span(1, i + 1, "x" * 3000) for i in range(500)])))
     wal_sizes = {}
@@ -472,7 +472,7 @@ def test_replay_sends_saved_traces_over_http_and_grpc(db: Path, tmp_path: Path) 
     clean_body = request(({"service.name": "replayed"}, [span(77, 1, "replayed root"), span(77, 2, "child", 1)]))
     clean.write_text(json.dumps(clean_body))
     with CollectorProcess(db) as collector:
-        cli = [sys.executable, "-m", "collector.cli", "replay"]
+        cli = [sys.executable, "-m", "tracejudge.collector.cli", "replay"]
         proc = subprocess.run([*cli, str(trace), "--endpoint", collector.http_url], capture_output=True, text=True)
         assert proc.returncode == 1 and "sent 2 request(s)" in proc.stdout and "2 span(s) rejected" in proc.stdout
         proc = subprocess.run([*cli, str(clean), "--protocol", "grpc", "--endpoint", collector.grpc_endpoint],

@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import pytest
 
-from scoring.errors import NoTaskError
-from scoring.interactions import HIDDEN, split_tasks
-from scoring.test_case import load_test_case
 from tests.support.cases import three_task_case, two_turn_case
+from tracejudge.errors import NoTaskError
+from tracejudge.interactions import HIDDEN, split_tasks
+from tracejudge.test_case import load_test_case
 
 
 def test_two_turn_conversation_is_one_task_with_its_reply_text_kept() -> None:

@@ -11,17 +11,17 @@ from datetime import UTC, datetime
 import duckdb
 import pytest
 
-from collector.pipeline.scoring_stage import ScoringStage, StageConfig
-from collector.store.schema import migrate
-from scoring import JudgeUnavailableError, LLMJudge, MCPTaskCompletionMetric, MultiTurnMCPUseMetric, evaluate
-from scoring.judges.batch import BatchOptions
-from scoring.judges.resolve import JudgeOptions
 from tests.support.batch_server import BatchServer
 from tests.support.cases import three_task_case, two_turn_case
 from tests.support.collector_process import CollectorProcess
 from tests.support.scripted_server import Reply, Request, error
 from tests.test_metrics_llm import scripted
 from tests.test_pipeline import SCORES, config, conversations, export, judge_script, query, wait_for
+from tracejudge import JudgeUnavailableError, LLMJudge, MCPTaskCompletionMetric, MultiTurnMCPUseMetric, evaluate
+from tracejudge.collector.pipeline.scoring_stage import ScoringStage, StageConfig
+from tracejudge.collector.store.schema import migrate
+from tracejudge.judges.batch import BatchOptions
+from tracejudge.judges.resolve import JudgeOptions
 
 PER_CALL = (100 * 0.15 + 20 * 0.60) / 1e6  # gpt-4o-mini list price of one scripted answer (100 in, 20 out)
 

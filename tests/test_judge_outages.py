@@ -152,7 +152,7 @@ def test_a_job_the_judge_always_fails_while_others_score_still_fails(tmp_path: P
 def test_jobs_failing_together_count_as_one_step_of_an_outage() -> None:
     from datetime import UTC, datetime, timedelta
 
-    from scoring.outage import JudgeOutage
+    from tracejudge.outage import JudgeOutage
 
     outage, now = JudgeOutage(base_s=1.0, max_s=8.0), datetime(2026, 12, 2, tzinfo=UTC)
     first = outage.failed(now)

@@ -11,11 +11,11 @@ from collections.abc import Callable
 import bpe_openai
 import pytest
 
-from scoring import LLMJudge, MCPTaskCompletionMetric, MultiTurnMCPUseMetric, RetryPolicy
-from scoring.prompts import REASON_OUTPUT, SCORE_OUTPUT
 from tests.support.cases import two_turn_case, wide_case
 from tests.support.scripted_server import Reply, Request, ScriptedServer, completion, error, in_flight_tracker
 from tests.test_cli import run
+from tracejudge import LLMJudge, MCPTaskCompletionMetric, MultiTurnMCPUseMetric, RetryPolicy
+from tracejudge.prompts import REASON_OUTPUT, SCORE_OUTPUT
 
 _O200K = bpe_openai.get_encoding("o200k_base")
 

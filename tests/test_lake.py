@@ -22,12 +22,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from collector.history.lake import LakeConfig, LakePublisher, open_lake_for_query
-from collector.store.span_store import SpanStore
 from tests.support.collector_process import CollectorProcess
 from tests.support.postgres import PostgresServer
 from tests.support.scripted_server import completion
 from tests.test_pipeline import export, query, turn
+from tracejudge.collector.history.lake import LakeConfig, LakePublisher, open_lake_for_query
+from tracejudge.collector.store.span_store import SpanStore
 
 CONVERSATIONS = 3
 METRICS = 3
@@ -71,7 +71,7 @@ def _config(tmp_path: Path, name: str, lake: LakeConfig) -> Path:
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "collector.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "tracejudge.collector.cli", *args], capture_output=True, text=True,
                           timeout=120, env=env)
 
 
@@ -189,7 +189,7 @@ def test_a_publishing_collector_needs_a_stable_replica_name(tmp_path: Path) -> N
 
 
 def test_lake_errors_never_show_the_catalog_password(tmp_path: Path, postgres: PostgresServer) -> None:
-    from collector.history.lake import LakeError, open_lake
+    from tracejudge.collector.history.lake import LakeError, open_lake
 
     catalog = f"postgres:dbname=nosuchdb host=127.0.0.1 port={postgres.port} user=nobody password=hunter2-secret"
     with pytest.raises(LakeError) as caught:

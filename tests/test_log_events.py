@@ -17,9 +17,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import set_span_in_context
 
-from mapping import build_conversations, decode_otlp_logs
 from tests.support.collector_process import CollectorProcess
 from tests.test_pipeline import config, export, query, wait_for
+from tracejudge.mapping import build_conversations, decode_otlp_logs
 
 QUESTION, ANSWER = "What's the weather in Oslo?", "Snow in Oslo, -3°C."
 

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from mapping import build_conversations, compose_conversation, decode_otlp, map_traces
-from mapping.spans import Span
-from scoring.test_case import ConversationalTestCase
 from tests.fixtures import semconv_scenarios as scenarios
 from tests.support.otlp_json import request, span, tid
+from tracejudge.mapping import build_conversations, compose_conversation, decode_otlp, map_traces
+from tracejudge.mapping.spans import Span
+from tracejudge.test_case import ConversationalTestCase
 
 
 def spans_of(body: dict[str, Any]) -> list[Span]:
@@ -318,7 +318,7 @@ def test_a_requested_call_that_never_ran_is_kept_apart_and_never_scored() -> Non
     assert assistant.mcp_tools_called is None and assistant.tools_called is None
     assert assistant.metadata["calls_not_executed"] == [{"name": "delete_repo", "args": {"name": "x"},
                                                          "call_id": "c9"}]
-    from scoring import MCPCallValidityMetric
+    from tracejudge import MCPCallValidityMetric
     metric = MCPCallValidityMetric()
     metric.measure(conversation.test_case)
     assert metric.applicable is False  # no MCP call was made, so there is nothing to judge

@@ -11,9 +11,9 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Status
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
-from mapping import OTLPDecodeError, UnsupportedContentTypeError, decode_otlp
-from mapping.otlp import SpanLimits
 from tests.support.otlp_json import T0, request, sid, span, tid
+from tracejudge.mapping import OTLPDecodeError, UnsupportedContentTypeError, decode_otlp
+from tracejudge.mapping.otlp import SpanLimits
 
 
 def _pb_request(spans: list[PbSpan]) -> bytes:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from mapping import build_conversations, decode_otlp
+from tracejudge.mapping import build_conversations, decode_otlp
 
 REAL = Path(__file__).parent / "fixtures" / "real"
 FRAMEWORKS = sorted(p.name.removesuffix(".expected.json") for p in REAL.glob("*.expected.json")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mapping import build_conversations, decode_otlp
+from tracejudge.mapping import build_conversations, decode_otlp
 
 REAL = Path(__file__).parent / "fixtures" / "real"
 # The weather scenario of _scenario.py; the agent-framework fixtures (_frameworks.py) have their own test.

@@ -8,7 +8,9 @@ import threading
 
 import pytest
 
-from scoring import (
+from tests.support.cases import three_task_case, two_turn_case
+from tests.support.scripted_server import Reply, Request, completion, error, in_flight_tracker
+from tracejudge import (
     EvalModeError,
     JudgeAuthenticationError,
     JudgeConfigurationError,
@@ -21,9 +23,7 @@ from scoring import (
     NoTaskError,
     RetryPolicy,
 )
-from scoring.prompts import REASON_OUTPUT
-from tests.support.cases import three_task_case, two_turn_case
-from tests.support.scripted_server import Reply, Request, completion, error, in_flight_tracker
+from tracejudge.prompts import REASON_OUTPUT
 
 FLIGHTS = "Find flights from SFO to JFK on 2026-12-24."
 WEATHER = "What's the weather in New York?"
@@ -88,7 +88,7 @@ def test_deepeval_units_judge_only_units_of_more_than_two_turns_as_deepeval_does
 def test_an_evaluation_template_override_is_the_prompt_and_the_rest_stay_tracejudges(judge_server, judge) -> None:
     """DeepEval's `evaluation_template`: a subclass's own method is sent as the prompt, with only the
     variables it declares; a method it leaves alone keeps the built-in prompt (system + data block)."""
-    from scoring import MCPTaskCompletionTemplate
+    from tracejudge import MCPTaskCompletionTemplate
 
     class Strict(MCPTaskCompletionTemplate):
         @staticmethod
@@ -484,7 +484,7 @@ def test_the_concurrency_cap_holds_across_threads_and_event_loops(server) -> Non
 
 
 def test_null_content_args_and_is_error_from_traces_are_accepted() -> None:
-    from scoring.test_case import load_test_case
+    from tracejudge.test_case import load_test_case
 
     case = load_test_case({"turns": [
         {"role": "user", "content": "q"},

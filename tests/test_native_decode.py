@@ -23,13 +23,13 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
 from bench.ingest import build_requests
-from collector.receivers.decode_worker import decode_request
-from collector.receivers.otlp_columns import native_columns, native_decode_enabled
-from collector.receivers.span_rows import columns_to_arrow, request_digest, rows_from_ipc, spans_to_arrow
-from collector.store.span_tables import SpanRows
-from mapping.conversation_key import KEY_PRECEDENCE
-from mapping.otlp import DEFAULT_LIMITS, OTLPDecodeError, SpanLimits, decode_otlp
 from tests.support.collector_process import CollectorProcess
+from tracejudge.collector.receivers.decode_worker import decode_request
+from tracejudge.collector.receivers.otlp_columns import native_columns, native_decode_enabled
+from tracejudge.collector.receivers.span_rows import columns_to_arrow, request_digest, rows_from_ipc, spans_to_arrow
+from tracejudge.collector.store.span_tables import SpanRows
+from tracejudge.mapping.conversation_key import KEY_PRECEDENCE
+from tracejudge.mapping.otlp import DEFAULT_LIMITS, OTLPDecodeError, SpanLimits, decode_otlp
 
 PROTOBUF = "application/x-protobuf"
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,9 +143,9 @@ def test_a_decode_worker_answers_as_the_python_decoder_would() -> None:
     the Python decoder gives, and a worker that only met such requests never imported it or pyarrow."""
     code = f"""if True:
         import pickle, sys
-        from collector.receivers.decode_worker import decode_request
+        from tracejudge.collector.receivers.decode_worker import decode_request
         answer = decode_request(sys.stdin.buffer.read(), "{PROTOBUF}", {astuple(DEFAULT_LIMITS)!r})
-        print(sorted(m for m in ("pyarrow", "mapping.otlp", "duckdb") if m in sys.modules))
+        print(sorted(m for m in ("pyarrow", "tracejudge.mapping.otlp", "duckdb") if m in sys.modules))
         sys.stdout.buffer.write(pickle.dumps(answer))
     """
     payload = _agent_request()

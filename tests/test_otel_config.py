@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from collector.config import ServerSettings
-from collector.receivers.otlp_http import TRACES_PATH
+from tracejudge.collector.config import ServerSettings
+from tracejudge.collector.receivers.otlp_http import TRACES_PATH
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "otel-config"
 YAMLS = sorted(CONFIG_DIR.glob("*.yaml"))

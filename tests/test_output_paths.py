@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from collector.history.output_paths import OutputPathError, confined
-from collector.store.span_store import SpanStore
+from tracejudge.collector.history.output_paths import OutputPathError, confined
+from tracejudge.collector.store.span_store import SpanStore
 
 
 @pytest.mark.parametrize("name", ["../escape.parquet", "a/b.parquet", "..", "", "x\0y"])
@@ -34,7 +34,8 @@ def test_export_does_not_follow_a_planted_symlink(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     (out / "conversations.parquet").symlink_to(victim)
-    proc = subprocess.run([sys.executable, "-m", "collector.cli", "export", "--since", "2020-01-01", "--to", str(out),
-                           "--db", str(tmp_path / "t.duckdb")], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "tracejudge.collector.cli", "export", "--since", "2020-01-01",
+                           "--to", str(out), "--db", str(tmp_path / "t.duckdb")],
+                          capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "outside" in proc.stderr, proc.stderr
     assert victim.read_text() == "keep me" and not (out / "scores.parquet").exists()

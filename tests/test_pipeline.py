@@ -21,10 +21,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode
 
-from collector.config import SamplingSettings
-from collector.pipeline.sampling import decide, sample_value
 from tests.support.collector_process import CollectorProcess
 from tests.support.scripted_server import Reply, Request, completion, error, system_one_answers
+from tracejudge.collector.config import SamplingSettings
+from tracejudge.collector.pipeline.sampling import decide, sample_value
 
 PARIS, ROME, UMBRELLA = "What's the weather in Paris?", "And in Rome?", "Book an umbrella for me."
 JUDGED = {PARIS: 0.8, ROME: 0.6, UMBRELLA: 0.4}
@@ -216,7 +216,7 @@ def test_without_a_judge_judged_jobs_wait_and_score_pending_scores_them(tmp_path
             ["done", 2], ["waiting_for_judge", 4]]
         collector.stop()
     env = {k: v for k, v in judge_env.items()}
-    proc = subprocess.run([sys.executable, "-m", "collector.cli", "score", "--pending", "--db", str(db),
+    proc = subprocess.run([sys.executable, "-m", "tracejudge.collector.cli", "score", "--pending", "--db", str(db),
                            "--config", str(cfg)], capture_output=True, text=True, env={**_clean_env(), **env},
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -296,7 +296,7 @@ def test_query_while_serving_and_writes_refused(tmp_path, judge_env) -> None:
                           ) as collector:
         export(collector, conversations(end=True))
         wait_for(collector, SCORES, 6)
-        cli = [sys.executable, "-m", "collector.cli", "query", "--url", collector.admin_url]
+        cli = [sys.executable, "-m", "tracejudge.collector.cli", "query", "--url", collector.admin_url]
         proc = subprocess.run([*cli, "SELECT metric, count(*) AS n FROM scores GROUP BY 1 ORDER BY 1",
                                "--format", "csv"], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
@@ -307,11 +307,11 @@ def test_query_while_serving_and_writes_refused(tmp_path, judge_env) -> None:
         assert refused.status_code == 403 and "reads files" in refused.json()["error"]
         assert query(collector, "SELECT count(*) FROM scores") == [[6]]
         collector.stop()
-    proc = subprocess.run([sys.executable, "-m", "collector.cli", "query", "--url", "http://127.0.0.1:9",
+    proc = subprocess.run([sys.executable, "-m", "tracejudge.collector.cli", "query", "--url", "http://127.0.0.1:9",
                            "--db", str(tmp_path / "t.duckdb"), "SELECT count(*) AS n FROM conversations"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.splitlines()[1].strip() == "2"
-    proc = subprocess.run([sys.executable, "-m", "collector.cli", "export", "--since", "7d", "--to",
+    proc = subprocess.run([sys.executable, "-m", "tracejudge.collector.cli", "export", "--since", "7d", "--to",
                            str(tmp_path / "out"), "--db", str(tmp_path / "t.duckdb")],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -415,7 +415,7 @@ def test_score_pending_runs_on_a_running_collector(tmp_path, judge_server, judge
         export(collector, conversations(end=True))
         wait_for(collector, "SELECT 1 FROM eval_jobs WHERE status = 'failed'", 4)
         judge_server.script = judge_script
-        proc = subprocess.run([sys.executable, "-m", "collector.cli", "score", "--pending", "--url",
+        proc = subprocess.run([sys.executable, "-m", "tracejudge.collector.cli", "score", "--pending", "--url",
                                collector.admin_url, "--wait", "60"], capture_output=True, text=True,
                               env=_clean_env(), timeout=120)
         assert proc.returncode == 0, proc.stderr
@@ -472,7 +472,7 @@ def test_the_log_shows_each_conversation_score_and_progress(tmp_path) -> None:
 
 def test_set_eval_mode_tells_a_running_collector_to_restart(tmp_path) -> None:
     with CollectorProcess(tmp_path / "t.duckdb", config=config(tmp_path)) as collector:
-        proc = subprocess.run([sys.executable, "-m", "collector.cli", "set-eval-mode", "hybrid", "--url",
+        proc = subprocess.run([sys.executable, "-m", "tracejudge.collector.cli", "set-eval-mode", "hybrid", "--url",
                                collector.admin_url], capture_output=True, text=True, timeout=60, cwd=tmp_path,
                               env=_clean_env())
         assert proc.returncode == 0, proc.stderr

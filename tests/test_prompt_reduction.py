@@ -5,8 +5,8 @@ from __future__ import annotations
 import copy
 import json
 
-from scoring.judges.tokens import BpeCounter, counter_for_model
-from scoring.prompt_reduction import cut_middle, reduce_to_fit
+from tracejudge.judges.tokens import BpeCounter, counter_for_model
+from tracejudge.prompt_reduction import cut_middle, reduce_to_fit
 
 
 def measure(data: dict) -> int:

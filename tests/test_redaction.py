@@ -14,11 +14,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from collector.config import ConfigError, load_settings
-from mapping.redaction import RedactionRuleError, Redactor
 from tests.support.collector_process import CollectorProcess
 from tests.support.scripted_server import Reply, Request, completion
 from tests.test_pipeline import config, export, turn, wait_for
+from tracejudge.collector.config import ConfigError, load_settings
+from tracejudge.mapping.redaction import RedactionRuleError, Redactor
 
 EMAIL, OTHER_EMAIL = "jane.doe@example.com", "bob@example.org"
 KEY, CARD, EMPLOYEE = "sk-proj-Abcdefghijklmnop0123456789", "4111 1111 1111 1111", "EMP-204981"
@@ -124,8 +124,8 @@ def test_evaluate_redacts_test_case_files_when_configured(tmp_path: Path, judge_
     (tmp_path / "tracejudge.toml").write_text("[redaction]\nenabled = true\n")
     env = {"PATH": "", "OPENAI_BASE_URL": judge_server.base_url, "OPENAI_API_KEY": "sk-test-not-a-secret",
            "TRACEJUDGE_CONFIG": str(tmp_path / "tracejudge.toml")}
-    done = subprocess.run([sys.executable, "-m", "collector.cli", "evaluate", "case.json", "--metric", "mcp_use",
-                           "--model", "gpt-4o-mini", "--format", "json"], cwd=tmp_path, env=env,
+    done = subprocess.run([sys.executable, "-m", "tracejudge.collector.cli", "evaluate", "case.json",
+                           "--metric", "mcp_use", "--model", "gpt-4o-mini", "--format", "json"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     sent = json.dumps([r.body for r in judge_server.requests])

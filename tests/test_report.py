@@ -14,12 +14,12 @@ import duckdb
 import httpx
 import pytest
 
-from collector.store.span_store import SpanStore
-from collector.ui.export import IN_FULL, ReportError, parse_since
 from tests.support.browser import chromium_path, visit
 from tests.support.cases import two_turn_case
 from tests.support.collector_process import CollectorProcess
 from tests.test_pipeline import config, conversations, export, judge_script, wait_for
+from tracejudge.collector.store.span_store import SpanStore
+from tracejudge.collector.ui.export import IN_FULL, ReportError, parse_since
 
 PAYLOAD = "<script>window.__pwned = 1</script><img src=x onerror='window.__pwned = 2'>"
 DAYS = 5
@@ -52,7 +52,8 @@ def _history(path: Path) -> None:
 
 
 def _report(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "collector.cli", "report", "--url", "http://127.0.0.1:9", *args],
+    return subprocess.run([sys.executable, "-m", "tracejudge.collector.cli", "report", "--url", "http://127.0.0.1:9",
+                           *args],
                           capture_output=True, text=True, timeout=120)
 
 
@@ -120,7 +121,7 @@ def test_collector_serves_the_report_and_the_cli_saves_it(tmp_path: Path, judge_
         bad = httpx.get(f"{collector.admin_url}/report", params={"since": "last tuesday"}, headers=headers)
         assert bad.status_code == 400 and "--since must be like 7d" in bad.json()["error"]
         out = tmp_path / "saved.html"
-        done = subprocess.run([sys.executable, "-m", "collector.cli", "report", "--url", collector.admin_url,
+        done = subprocess.run([sys.executable, "-m", "tracejudge.collector.cli", "report", "--url", collector.admin_url,
                                "--out", str(out)], capture_output=True, text=True, timeout=120,
                               env={**os.environ, "TRACEJUDGE_QUERY_TOKEN": "report-token-123"})
         assert done.returncode == 0, done.stderr

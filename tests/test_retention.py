@@ -20,10 +20,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from collector.config import RetentionSettings
-from collector.pipeline.retention import Retention
 from tests.support.collector_process import CollectorProcess
 from tests.test_pipeline import SCORES, UMBRELLA, config, conversations, export, judge_script, query, turn, wait_for
+from tracejudge.collector.config import RetentionSettings
+from tracejudge.collector.pipeline.retention import Retention
 
 
 @pytest.fixture
@@ -97,7 +97,7 @@ def test_spans_go_after_their_retention_archived_first_and_scores_stay(tmp_path,
             time.sleep(0.2)
         assert len(archived(archive, "spans")) == 8  # the first batch's file was not overwritten
         collector.stop()
-    proc = subprocess.run([sys.executable, "-m", "collector.cli", "query", "--db", str(db), "--archive",
+    proc = subprocess.run([sys.executable, "-m", "tracejudge.collector.cli", "query", "--db", str(db), "--archive",
                            str(archive), "--format", "csv",
                            "SELECT count(*) FROM archived_spans"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -189,7 +189,7 @@ def test_compact_gives_the_freed_space_back_and_keeps_every_row(tmp_path) -> Non
     con.execute("DELETE FROM t WHERE id > 1000")
     con.close()
     before = db.stat().st_size
-    proc = subprocess.run([sys.executable, "-m", "collector.cli", "compact", "--db", str(db)],
+    proc = subprocess.run([sys.executable, "-m", "tracejudge.collector.cli", "compact", "--db", str(db)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert db.stat().st_size < before / 5 and not Path(str(db) + ".bak").exists()

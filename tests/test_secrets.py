@@ -52,9 +52,9 @@ def test_secrets_stay_out_of_logs_errors_and_metrics(tmp_path: Path, judge_serve
 def test_credentials_in_a_judge_url_are_masked_in_errors(judge_server) -> None:
     import pytest
 
-    from scoring import LLMJudge, MCPTaskCompletionMetric
-    from scoring.errors import JudgeRequestError
     from tests.support.cases import two_turn_case
+    from tracejudge import LLMJudge, MCPTaskCompletionMetric
+    from tracejudge.errors import JudgeRequestError
 
     judge_server.script = lambda r: error(404, "no such model")
     url = judge_server.base_url.replace("http://", "http://alice:s3cr3t-pass@")  # a proxy with basic auth

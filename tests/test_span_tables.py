@@ -11,14 +11,14 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from collector.config import RetentionSettings
-from collector.pipeline.retention import Retention
-from collector.receivers.span_rows import spans_to_arrow
-from collector.store.schema import MIGRATIONS, migrate
-from collector.store.span_store import SpanStore
-from collector.store.span_tables import prune_unreferenced
-from mapping.otlp import decode_otlp
 from tests.support.otlp_json import request, span
+from tracejudge.collector.config import RetentionSettings
+from tracejudge.collector.pipeline.retention import Retention
+from tracejudge.collector.receivers.span_rows import spans_to_arrow
+from tracejudge.collector.store.schema import MIGRATIONS, migrate
+from tracejudge.collector.store.span_store import SpanStore
+from tracejudge.collector.store.span_tables import prune_unreferenced
+from tracejudge.mapping.otlp import decode_otlp
 
 OLD_COLUMNS = ("trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, status_code, status_message, "
                "service_name, scope_name, scope_version, attributes, resource_attributes, events, links, "

@@ -11,9 +11,9 @@ import duckdb
 import httpx
 import pytest
 
-from collector.pipeline.summary_tables import SummaryTables
-from collector.store.span_store import SpanStore
-from collector.ui import views
+from tracejudge.collector.pipeline.summary_tables import SummaryTables
+from tracejudge.collector.store.span_store import SpanStore
+from tracejudge.collector.ui import views
 
 
 def _case(error: bool, extra_call: bool = False, server: str = "weather") -> str:

@@ -9,23 +9,23 @@ import threading
 
 import pytest
 
-from scoring import (
+from tests.support.cases import three_task_case, two_turn_case
+from tests.support.scripted_server import Reply, Request, completion, error, system_one_answers
+from tests.test_metrics_llm import scripted
+from tracejudge import (
     MCPTaskCompletionMetric,
     MultiTurnMCPUseMetric,
     RetryPolicy,
     evaluate,
 )
-from scoring.errors import (
+from tracejudge.errors import (
     ContextBudgetError,
     JudgeAuthenticationError,
     JudgeConfigurationError,
     JudgeOutputError,
     JudgeRequestError,
 )
-from scoring.judges import Budget, LLMJudge, LogprobJudge, TypeSafeJudge
-from tests.support.cases import three_task_case, two_turn_case
-from tests.support.scripted_server import Reply, Request, completion, error, system_one_answers
-from tests.test_metrics_llm import scripted
+from tracejudge.judges import Budget, LLMJudge, LogprobJudge, TypeSafeJudge
 
 # P0 = 0.9, P1 = 0.6, expected level 2 of 3  ->  (1.8 + 0.6 + 0.667) / 4
 GIVEN = {"q_0": 0.9, "q_1": 0.6, "q_2": [0.0, 0.2, 0.6, 0.2]}

@@ -5,9 +5,9 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from scoring.errors import InvalidTestCaseError
-from scoring.test_case import ConversationalTestCase, MCPToolCall, load_test_case
 from tests.support.cases import FLIGHTS_SERVER, three_task_case, two_turn_case
+from tracejudge.errors import InvalidTestCaseError
+from tracejudge.test_case import ConversationalTestCase, MCPToolCall, load_test_case
 
 
 def test_camel_case_mcp_json_validates_and_dumps_back_losslessly() -> None:

@@ -9,9 +9,9 @@ from collections import Counter
 import pytest
 
 from bench.validity.generate import CALL_FAULTS, CORPUS, FAULTS, corpus
-from scoring import MCPCallValidityMetric
-from scoring.interactions import split_tasks
-from scoring.test_case import load_test_case
+from tracejudge import MCPCallValidityMetric
+from tracejudge.interactions import split_tasks
+from tracejudge.test_case import load_test_case
 
 
 @pytest.fixture(scope="module")

@@ -4,12 +4,15 @@ environment and run from outside the repository, once with a C compiler (the C w
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 import subprocess
 import sys
 import sysconfig
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -41,13 +44,24 @@ def test_the_wheel_installs_and_serves_outside_the_repository(tmp_path: Path, co
     # the dependencies from this environment's site-packages (its .pth files, the editable install, are not read)
     Path(site, "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     _run([str(python), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)])
+    tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
+    assert tops == {"tracejudge", "-".join(wheel.name.split("-")[:2]) + ".dist-info"}, tops  # nothing else on top
     imported = _run([str(python), "-c", (
-        "import collector, collector.receivers.otlp_columns as c, json; "
-        "from scoring import MultiTurnMCPUseMetric, MCPTaskCompletionMetric, evaluate, assert_test; "
-        "from scoring.test_case import ConversationalTestCase, Turn, MCPServer, MCPToolCall; "
-        "print(json.dumps([collector.__file__, c.native_decode_built()]))")], cwd=work).stdout
-    where, built = json.loads(imported)
-    assert where.startswith(site) and built == compiler
+        "import importlib, json, pkgutil, tracejudge, tracejudge.collector.receivers.otlp_columns as c\n"
+        "from tracejudge.test_case import ConversationalTestCase, Turn, MCPServer, MCPToolCall, MCPPromptCall\n"
+        "from tracejudge.metrics import MultiTurnMCPUseMetric, MCPTaskCompletionMetric, BaseConversationalMetric\n"
+        "from tracejudge.dataset import EvaluationDataset, ConversationalGolden\n"
+        "from tracejudge.evaluate.configs import AsyncConfig, CacheConfig, DisplayConfig, ErrorConfig\n"
+        "from tracejudge import evaluate, assert_test\n"
+        "names = [m.name for m in pkgutil.walk_packages(tracejudge.__path__, 'tracejudge.')]\n"
+        "for name in names: importlib.import_module(name)\n"
+        "print(json.dumps([tracejudge.collector.__file__, c.native_decode_built(), len(names)]))")],
+        cwd=work).stdout
+    where, built, modules = json.loads(imported)
+    assert where.startswith(site) and built == compiler and modules > 100
+    for old in ("collector", "mapping", "scoring"):  # the generic names are not ours to take
+        refused = subprocess.run([str(python), "-c", f"import {old}"], capture_output=True, text=True, cwd=work)
+        assert refused.returncode == 1 and f"No module named '{old}'" in refused.stderr
     config = tmp_path / "tracejudge.toml"
     config.write_text("[conversations]\nquiet_period_s = 1\npoll_s = 0.1\n")
     with CollectorProcess(tmp_path / "t.duckdb", config=config, cwd=work,
@@ -64,3 +78,23 @@ def test_the_wheel_installs_and_serves_outside_the_repository(tmp_path: Path, co
         assert rows, "no score from the installed collector"
         page = _run([sys.executable, "-c", f"import httpx; print(httpx.get('{url}/').status_code)"]).stdout
         assert page.strip() == "200"  # the UI's templates are in the wheel
+
+
+def test_every_import_uses_the_installed_names_not_the_repository_folders() -> None:
+    """The folders are importable from the repository root only by accident of sys.path: `collector.x` next to
+    `tracejudge.collector.x` would be two copies of one module (two stores, classes that are not each other). So
+    no module, test or benchmark imports them or names them in a string (`-m`, mock targets, lazy maps)."""
+    folder = re.compile(r"^(collector|mapping|scoring)(\.[a-z_]+)*$")
+    files = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()
+    found = []
+    for name in files:
+        for node in ast.walk(ast.parse((ROOT / name).read_text(), name)):
+            if isinstance(node, ast.Import):
+                found += [f"{name}: import {a.name}" for a in node.names if folder.match(a.name)]
+            elif isinstance(node, ast.ImportFrom) and not node.level and folder.match(node.module or ""):
+                found.append(f"{name}: from {node.module}")
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and folder.match(node.value) \
+                    and "." in node.value:
+                found.append(f"{name}: {node.value!r}")
+    assert len(files) > 150 and not found, found

@@ -191,9 +191,9 @@ def wrong_typed(call: dict[str, Any], servers: list[dict[str, Any]]) -> dict[str
 
 def from_recorded() -> list[dict[str, Any]]:
     """Conversations mapped from the recorded framework traces, clean and with call-level faults seeded."""
-    from collector.input_files import read_test_cases
-    from scoring.interactions import unit_indices
-    from scoring.test_case import Turn
+    from tracejudge.collector.input_files import read_test_cases
+    from tracejudge.interactions import unit_indices
+    from tracejudge.test_case import Turn
 
     out = []
     for path in sorted((ROOT / "tests" / "fixtures" / "real").glob("*.otlp.json")):

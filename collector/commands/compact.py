@@ -9,8 +9,8 @@ from pathlib import Path
 
 import duckdb
 
-from collector.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS
-from collector.store.durable_files import fsync_path
+from tracejudge.collector.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS
+from tracejudge.collector.store.durable_files import fsync_path
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,9 +8,9 @@ import sys
 
 import httpx
 
-from collector.commands import EXIT_BAD_INPUT, EXIT_PASS
-from collector.config_file import ConfigFileError, set_value
-from scoring.eval_mode import config_path
+from tracejudge.collector.commands import EXIT_BAD_INPUT, EXIT_PASS
+from tracejudge.collector.config_file import ConfigFileError, set_value
+from tracejudge.eval_mode import config_path
 
 
 def run(args: argparse.Namespace) -> int:

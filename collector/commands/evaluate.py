@@ -8,13 +8,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from collector.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS
-from collector.config import Settings, judge_flags, judge_options, load_settings
-from collector.input_files import InputFileError, read_test_cases
-from scoring import METRICS, BaseMetric, TracejudgeError, evaluate
-from scoring.errors import JudgeConfigurationError
-from scoring.eval_mode import EvalMode, resolve_eval_mode
-from scoring.judges.llm import LLMJudge
+from tracejudge import METRICS, BaseMetric, TracejudgeError, evaluate
+from tracejudge.collector.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS
+from tracejudge.collector.config import Settings, judge_flags, judge_options, load_settings
+from tracejudge.collector.input_files import InputFileError, read_test_cases
+from tracejudge.errors import JudgeConfigurationError
+from tracejudge.eval_mode import EvalMode, resolve_eval_mode
+from tracejudge.judges.llm import LLMJudge
 
 NO_JUDGE_ADVICE = ("set OPENAI_API_KEY, or OPENAI_BASE_URL for a local OpenAI-compatible server (then --model "
                    "NAME), to score it")

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import duckdb
 
-from collector.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS
-from collector.durations import DurationError, parse_since
-from collector.history.output_paths import OutputPathError, confined
+from tracejudge.collector.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS
+from tracejudge.collector.durations import DurationError, parse_since
+from tracejudge.collector.history.output_paths import OutputPathError, confined
 
 
 def run(args: argparse.Namespace) -> int:

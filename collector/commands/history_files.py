@@ -8,10 +8,10 @@ from pathlib import Path
 
 import duckdb
 
-from collector.config import ConfigError
-from collector.history.history_sources import open_history
-from collector.history.lake import LakeError
-from collector.history.replica_files import ReplicaFileError
+from tracejudge.collector.config import ConfigError
+from tracejudge.collector.history.history_sources import open_history
+from tracejudge.collector.history.lake import LakeError
+from tracejudge.collector.history.replica_files import ReplicaFileError
 
 
 def history(args: argparse.Namespace, command: str) -> tuple[duckdb.DuckDBPyConnection, str] | None:

@@ -7,11 +7,11 @@ import json
 import sys
 from pathlib import Path
 
-from collector.commands import EXIT_BAD_INPUT, EXIT_PASS
-from collector.config import ConfigError, load_settings
-from collector.input_files import InputFileError, read_trace_file
-from collector.server_file import ServerFileError, read_server_file
-from mapping import Conversation, build_conversations
+from tracejudge.collector.commands import EXIT_BAD_INPUT, EXIT_PASS
+from tracejudge.collector.config import ConfigError, load_settings
+from tracejudge.collector.input_files import InputFileError, read_trace_file
+from tracejudge.collector.server_file import ServerFileError, read_server_file
+from tracejudge.mapping import Conversation, build_conversations
 
 
 def _describe(conversation: Conversation) -> str:

@@ -7,10 +7,10 @@ import sys
 
 import httpx
 
-from collector.commands import EXIT_BAD_INPUT, EXIT_PASS
-from collector.commands.admin_client import from_collector
-from collector.commands.table_output import print_result
-from collector.history.query_result import QueryResult
+from tracejudge.collector.commands import EXIT_BAD_INPUT, EXIT_PASS
+from tracejudge.collector.commands.admin_client import from_collector
+from tracejudge.collector.commands.table_output import print_result
+from tracejudge.collector.history.query_result import QueryResult
 
 
 def run(args: argparse.Namespace) -> int:
@@ -23,8 +23,8 @@ def run(args: argparse.Namespace) -> int:
         body = reply.json()
         print_result(QueryResult(body["columns"], body["rows"], body["truncated"]), args.format)
         return EXIT_PASS
-    from collector.commands.history_files import history  # DuckDB: only when no collector answered
-    from collector.history.query import QueryFailed, QueryRefused, run_read_query
+    from tracejudge.collector.commands.history_files import history  # DuckDB: only when no collector answered
+    from tracejudge.collector.history.query import QueryFailed, QueryRefused, run_read_query
 
     opened = history(args, "query")
     if opened is None:

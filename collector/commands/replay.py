@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 
-from collector.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS
-from collector.replay import ReplayError, grpc_target, http_traces_url, replay
+from tracejudge.collector.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS
+from tracejudge.collector.replay import ReplayError, grpc_target, http_traces_url, replay
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import httpx
 
-from collector.commands import EXIT_BAD_INPUT, EXIT_PASS
-from collector.commands.admin_client import from_collector
-from collector.history.output_paths import OutputPathError, confined
-from collector.ui.export import ReportError, export_views
+from tracejudge.collector.commands import EXIT_BAD_INPUT, EXIT_PASS
+from tracejudge.collector.commands.admin_client import from_collector
+from tracejudge.collector.history.output_paths import OutputPathError, confined
+from tracejudge.collector.ui.export import ReportError, export_views
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_BAD_INPUT
         page = reply.text
     else:
-        from collector.commands.history_files import history  # DuckDB: only when no collector answered
+        from tracejudge.collector.commands.history_files import history  # DuckDB: only when no collector answered
 
         opened = history(args, "report")
         if opened is None:

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import httpx
 
-from collector.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS
-from collector.commands.admin_client import admin_headers
-from collector.config import ConfigError, judge_flags, load_settings
-from collector.log import Logger
-from collector.pipeline.scoring_stage import ScoringStage
-from collector.server import stage_config
-from collector.store.span_store import SpanStore, StoreOpenError
+from tracejudge.collector.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS
+from tracejudge.collector.commands.admin_client import admin_headers
+from tracejudge.collector.config import ConfigError, judge_flags, load_settings
+from tracejudge.collector.log import Logger
+from tracejudge.collector.pipeline.scoring_stage import ScoringStage
+from tracejudge.collector.server import stage_config
+from tracejudge.collector.store.span_store import SpanStore, StoreOpenError
 
 
 def _score_on_collector(args: argparse.Namespace) -> int | None:

@@ -7,11 +7,11 @@ import asyncio
 import sys
 from pathlib import Path
 
-from collector.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS
-from collector.config import ConfigError, judge_flags, load_settings
-from collector.log import Logger
-from collector.server import serve
-from collector.store.span_store import StoreOpenError
+from tracejudge.collector.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS
+from tracejudge.collector.config import ConfigError, judge_flags, load_settings
+from tracejudge.collector.log import Logger
+from tracejudge.collector.server import serve
+from tracejudge.collector.store.span_store import StoreOpenError
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from collector.history.query_result import QueryResult
+from tracejudge.collector.history.query_result import QueryResult
 
 
 def print_result(result: QueryResult, fmt: str) -> None:

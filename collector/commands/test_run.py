@@ -7,7 +7,7 @@ import argparse
 import importlib.util
 import sys
 
-from collector.commands import EXIT_BAD_INPUT
+from tracejudge.collector.commands import EXIT_BAD_INPUT
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import duckdb
 
-from collector.config import load_settings
-from collector.history.lake import LakeError, open_lake_for_query
-from collector.history.replica_files import ReplicaFileError, open_replica_files
-from collector.store.span_store import lock_down
+from tracejudge.collector.config import load_settings
+from tracejudge.collector.history.lake import LakeError, open_lake_for_query
+from tracejudge.collector.history.replica_files import ReplicaFileError, open_replica_files
+from tracejudge.collector.store.span_store import lock_down
 
 ARCHIVED = ("spans", "conversations", "scores", "failed_jobs")
 LIVE = {"spans": "spans", "conversations": "conversations", "scores": "scores", "failed_jobs": "eval_jobs"}

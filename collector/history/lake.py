@@ -25,8 +25,8 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collector.store.schema import history_views, mcp_calls_view
-from scoring.errors import TracejudgeError
+from tracejudge.collector.store.schema import history_views, mcp_calls_view
+from tracejudge.errors import TracejudgeError
 
 LAKE_ALIAS = "lake"
 # table -> (the time column rows are published by, the columns that identify a row)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from scoring.errors import TracejudgeError
+from tracejudge.errors import TracejudgeError
 
 
 class OutputPathError(TracejudgeError):

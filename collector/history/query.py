@@ -14,8 +14,8 @@ from typing import Any
 
 import duckdb
 
-from collector.history.query_result import QueryResult
-from scoring.errors import TracejudgeError
+from tracejudge.collector.history.query_result import QueryResult
+from tracejudge.errors import TracejudgeError
 
 DEFAULT_LIMIT = 10_000
 DEFAULT_TIMEOUT_S = 30.0

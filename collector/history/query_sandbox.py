@@ -29,7 +29,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from collector.history.query import (
+from tracejudge.collector.history.query import (
     DEFAULT_TIMEOUT_S,
     QueryFailed,
     QueryRefused,
@@ -131,8 +131,8 @@ def run_sandboxed(con: duckdb.DuckDBPyConnection, sql: str, limit: int,
                               "views": views, "memory": limits.memory, "spill": spill,
                               "spill_folder": folder}).encode()
         env = {k: v for k, v in os.environ.items() if k in CHILD_ENVIRONMENT} | {"PYTHONUNBUFFERED": "1"}
-        child = subprocess.Popen([sys.executable, "-m", "collector.history.query_sandbox"], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        child = subprocess.Popen([sys.executable, "-m", "tracejudge.collector.history.query_sandbox"],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         try:
             answer, errors = child.communicate(request, timeout=limits.timeout_s + 30)
         except subprocess.TimeoutExpired as exc:
@@ -164,7 +164,7 @@ def _child() -> int:
     """The child's whole job: the tables mapped, the views made, the query run, its JSON answer on stdout."""
     import orjson
 
-    from collector.history.query import run_read_query
+    from tracejudge.collector.history.query import run_read_query
 
     request: dict[str, Any] = json.loads(sys.stdin.buffer.read())
     memory = int(request["memory"])

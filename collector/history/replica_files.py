@@ -11,9 +11,9 @@ from pathlib import Path
 
 import duckdb
 
-from collector.store.schema import history_views, mcp_calls_view
-from collector.store.span_store import lock_down
-from scoring.errors import TracejudgeError
+from tracejudge.collector.store.schema import history_views, mcp_calls_view
+from tracejudge.collector.store.span_store import lock_down
+from tracejudge.errors import TracejudgeError
 
 UNION_TABLES = ("conversations", "scores")
 

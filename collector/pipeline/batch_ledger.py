@@ -10,7 +10,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from scoring.judges.batch import BatchAnswer
+from tracejudge.judges.batch import BatchAnswer
 
 Sql = Callable[[str, list[Any]], Awaitable[list[tuple[Any, ...]]]]
 

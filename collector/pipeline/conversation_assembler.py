@@ -3,7 +3,7 @@
 The span writer tells the assembler which traces each commit touched. A conversation is complete when
 none of its traces has had a new span for `quiet_period_s`, or at once when a span carries
 `tracejudge.conversation.end = true`. Its spans are then read back, mapped with
-`mapping.build_conversations`, and written as a new version of the conversation when the content hash
+`tracejudge.mapping.build_conversations`, and written as a new version of the conversation when the content hash
 changed (late spans re-score; old versions and their scores stay), together with one job per sampled metric.
 
 `spans` has no index on trace_id, so a read by trace ids scans the table. Every read is bounded by `received_at`
@@ -28,14 +28,14 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collector.config import Settings
-from collector.log import Logger
-from collector.pipeline.mapped_traces import ENTRY_OVERHEAD, TEXT_FACTOR, KeptTrace, MappedTraceCache
-from collector.pipeline.sampling import attribute_values, decide
-from collector.receivers.span_rows import plain_strings
-from collector.store.id_table import id_table, registered
-from mapping import Conversation, Span, compose_conversation, map_traces
-from mapping.conversation_key import KEY_PRECEDENCE
+from tracejudge.collector.config import Settings
+from tracejudge.collector.log import Logger
+from tracejudge.collector.pipeline.mapped_traces import ENTRY_OVERHEAD, TEXT_FACTOR, KeptTrace, MappedTraceCache
+from tracejudge.collector.pipeline.sampling import attribute_values, decide
+from tracejudge.collector.receivers.span_rows import plain_strings
+from tracejudge.collector.store.id_table import id_table, registered
+from tracejudge.mapping import Conversation, Span, compose_conversation, map_traces
+from tracejudge.mapping.conversation_key import KEY_PRECEDENCE
 
 MAX_PER_POLL = 256  # conversations assembled per poll: a backlog never hides a newly end-marked one for long
 SPANS_PER_READ = 50_000  # spans read back in one query while assembling; bounds the assembler's memory

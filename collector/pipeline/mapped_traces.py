@@ -14,7 +14,7 @@ import random
 from datetime import datetime
 from typing import NamedTuple
 
-from mapping import MappedTrace
+from tracejudge.mapping import MappedTrace
 
 # An entry's estimated bytes: TEXT_FACTOR times the text of its spans' attributes and events, plus ENTRY_OVERHEAD.
 # What the kept traces hold (parsed JSON as Python objects, and the built Turns, about half) is 1.27x this estimate

@@ -27,10 +27,10 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from collector.config import RetentionSettings
-from collector.store.durable_files import write_durably
-from collector.store.id_table import id_table
-from collector.store.span_tables import prune_unreferenced
+from tracejudge.collector.config import RetentionSettings
+from tracejudge.collector.store.durable_files import write_durably
+from tracejudge.collector.store.id_table import id_table
+from tracejudge.collector.store.span_tables import prune_unreferenced
 
 Log = Callable[..., None]
 DISK_HIGH, DISK_LOW = 0.9, 0.8  # share of max_disk where the budget starts pruning, and where it stops

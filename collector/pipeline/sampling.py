@@ -11,8 +11,8 @@ import hashlib
 from collections.abc import Iterable
 from typing import Any
 
-from collector.config import SamplingSettings
-from mapping.spans import Span
+from tracejudge.collector.config import SamplingSettings
+from tracejudge.mapping.spans import Span
 
 ALWAYS = "mcp_call_validity"
 

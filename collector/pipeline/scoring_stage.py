@@ -22,27 +22,27 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from collector.pipeline.batch_ledger import DuckDBBatchLedger
-from collector.store.id_table import id_table, registered
-from scoring.call_validity import MCPCallValidityMetric
-from scoring.errors import (
+from tracejudge.call_validity import MCPCallValidityMetric
+from tracejudge.collector.pipeline.batch_ledger import DuckDBBatchLedger
+from tracejudge.collector.store.id_table import id_table, registered
+from tracejudge.errors import (
     EvalModeError,
     InvalidTestCaseError,
     JudgeConfigurationError,
     JudgeUnavailableError,
     NoTaskError,
 )
-from scoring.eval_mode import EvalMode, resolve_eval_mode
-from scoring.interactions import conversation_data
-from scoring.judged_metric import JudgedMetric
-from scoring.judges.llm import LLMJudge, load_client_library
-from scoring.judges.resolve import JudgeOptions
-from scoring.judges.secret_mask import mask_url
-from scoring.mcp_use import MultiTurnMCPUseMetric
-from scoring.metric import BaseMetric
-from scoring.outage import JudgeOutage
-from scoring.task_completion import MCPTaskCompletionMetric
-from scoring.test_case import load_test_case
+from tracejudge.eval_mode import EvalMode, resolve_eval_mode
+from tracejudge.interactions import conversation_data
+from tracejudge.judged_metric import JudgedMetric
+from tracejudge.judges.llm import LLMJudge, load_client_library
+from tracejudge.judges.resolve import JudgeOptions
+from tracejudge.judges.secret_mask import mask_url
+from tracejudge.mcp_use import MultiTurnMCPUseMetric
+from tracejudge.metric import BaseMetric
+from tracejudge.outage import JudgeOutage
+from tracejudge.task_completion import MCPTaskCompletionMetric
+from tracejudge.test_case import load_test_case
 
 JUDGED = {"mcp_use": MultiTurnMCPUseMetric, "mcp_task_completion": MCPTaskCompletionMetric}
 OUTAGE_GIVE_UP_STREAK = 4  # `score --pending` stops waiting for a judge after this many failures in a row

@@ -18,8 +18,8 @@ from collections.abc import Callable
 import duckdb
 import pyarrow as pa
 
-from collector.store.id_table import registered
-from collector.store.transaction import in_transaction
+from tracejudge.collector.store.id_table import registered
+from tracejudge.collector.store.transaction import in_transaction
 
 MARGIN = dt.timedelta(seconds=60)  # a row stamped earlier may commit after a later one; read back this far
 # test-case bytes summarised in one transaction: parsed, they must fit the 96 MB buffer pool beside ingest

@@ -19,8 +19,8 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import astuple, dataclass
 
-from collector.log import Logger
-from collector.receivers.decode_worker import (
+from tracejudge.collector.log import Logger
+from tracejudge.collector.receivers.decode_worker import (
     Signal,
     WorkerResult,
     decode_native,
@@ -28,12 +28,12 @@ from collector.receivers.decode_worker import (
     ready,
     worker_init,
 )
-from collector.receivers.otlp_columns import NativeColumns, native_decode_enabled
-from collector.receivers.span_rows import columns_to_arrow, rows_from_ipc
-from collector.store.span_tables import SpanRows
-from mapping.otlp import DEFAULT_LIMITS, SpanLimits, SpanProblem
-from mapping.redaction import Redactor
-from scoring.errors import TracejudgeError
+from tracejudge.collector.receivers.otlp_columns import NativeColumns, native_decode_enabled
+from tracejudge.collector.receivers.span_rows import columns_to_arrow, rows_from_ipc
+from tracejudge.collector.store.span_tables import SpanRows
+from tracejudge.errors import TracejudgeError
+from tracejudge.mapping.otlp import DEFAULT_LIMITS, SpanLimits, SpanProblem
+from tracejudge.mapping.redaction import Redactor
 
 MAX_TASKS_PER_WORKER = 5000
 

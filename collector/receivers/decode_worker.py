@@ -16,13 +16,13 @@ import time
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Literal
 
-from collector.receivers.otlp_columns import NativeColumns, native_columns
-from collector.receivers.request_digest import ids_digest
-from collector.store.memory_release import release_heap
+from tracejudge.collector.receivers.otlp_columns import NativeColumns, native_columns
+from tracejudge.collector.receivers.request_digest import ids_digest
+from tracejudge.collector.store.memory_release import release_heap
 
 if TYPE_CHECKING:
-    from mapping.otlp import SpanProblem
-    from mapping.redaction import Redactor
+    from tracejudge.mapping.otlp import SpanProblem
+    from tracejudge.mapping.redaction import Redactor
 
 Signal = Literal["traces", "logs"]  # logs: GenAI events, stored as carrier spans
 BIG_REQUEST = 4 * 1024 * 1024  # after one this large, a worker hands its freed memory back to the system
@@ -53,7 +53,9 @@ def decode_request(payload: bytes, content_type: str, limits: tuple[int, ...], r
         if result is not None:
             return result
     try:
-        from collector.receivers.span_rows import decode_to_ipc  # the Python decoder: pyarrow, protobuf classes
+        from tracejudge.collector.receivers.span_rows import (
+            decode_to_ipc,  # the Python decoder: pyarrow, protobuf classes
+        )
         return decode_to_ipc(payload, content_type, redactor, signal, limits, time.time_ns() // 1000)
     finally:
         if len(payload) >= BIG_REQUEST:

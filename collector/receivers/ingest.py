@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from enum import Enum
 
-from collector.metrics import CollectorMetrics
-from collector.receivers.decode_pool import DecodePool, DecoderUnavailable, Signal
-from collector.store.span_store import Backpressure, SpanStore, StoreError
-from mapping.otlp import OTLPDecodeError, UnsupportedContentTypeError
+from tracejudge.collector.metrics import CollectorMetrics
+from tracejudge.collector.receivers.decode_pool import DecodePool, DecoderUnavailable, Signal
+from tracejudge.collector.store.span_store import Backpressure, SpanStore, StoreError
+from tracejudge.mapping.otlp import OTLPDecodeError, UnsupportedContentTypeError
 
 MAX_PROBLEMS_NAMED = 5
 MAX_MESSAGE_CHARS = 2000

@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from mapping.content_types import PROTOBUF_TYPES, media_type
-from mapping.conversation_key import KEY_PRECEDENCE
+from tracejudge.mapping.content_types import PROTOBUF_TYPES, media_type
+from tracejudge.mapping.conversation_key import KEY_PRECEDENCE
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
 
 try:
-    from collector.receivers import _otlp_columns
+    from tracejudge.collector.receivers import _otlp_columns
 except ImportError:  # no C compiler where the package was installed: every request is decoded in Python
     _otlp_columns = None  # type: ignore[assignment]
 

@@ -23,9 +23,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from collector.config import ServerSettings
-from collector.receivers.decode_pool import Signal
-from collector.receivers.ingest import Answer, Ingest, Outcome
+from tracejudge.collector.config import ServerSettings
+from tracejudge.collector.receivers.decode_pool import Signal
+from tracejudge.collector.receivers.ingest import Answer, Ingest, Outcome
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 LOGS_SERVICE = "opentelemetry.proto.collector.logs.v1.LogsService"

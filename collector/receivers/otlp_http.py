@@ -26,11 +26,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from collector.config import ServerSettings
-from collector.receivers.decode_pool import Signal
-from collector.receivers.http_guard import GuardedSite, body_deadline_s
-from collector.receivers.ingest import Answer, Ingest, Outcome
-from collector.store.span_store import Backpressure
+from tracejudge.collector.config import ServerSettings
+from tracejudge.collector.receivers.decode_pool import Signal
+from tracejudge.collector.receivers.http_guard import GuardedSite, body_deadline_s
+from tracejudge.collector.receivers.ingest import Answer, Ingest, Outcome
+from tracejudge.collector.store.span_store import Backpressure
 
 TRACES_PATH = "/v1/traces"
 LOGS_PATH = "/v1/logs"

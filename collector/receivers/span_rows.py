@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import pyarrow as pa
 
-from collector.receivers.otlp_columns import FIXED_COLUMNS, STRING_COLUMNS, NativeColumns
-from collector.receivers.request_digest import ids_digest
-from collector.store.span_tables import SpanRows, resource_id, scope_id
-from mapping.conversation_key import resource_conversation_key, span_own_conversation_key
-from mapping.otlp import DEFAULT_LIMITS, OTLPDecodeError, SpanLimits, SpanProblem, decode_otlp
-from mapping.otlp_logs import decode_otlp_logs
-from mapping.spans import Span
+from tracejudge.collector.receivers.otlp_columns import FIXED_COLUMNS, STRING_COLUMNS, NativeColumns
+from tracejudge.collector.receivers.request_digest import ids_digest
+from tracejudge.collector.store.span_tables import SpanRows, resource_id, scope_id
+from tracejudge.mapping.conversation_key import resource_conversation_key, span_own_conversation_key
+from tracejudge.mapping.otlp import DEFAULT_LIMITS, OTLPDecodeError, SpanLimits, SpanProblem, decode_otlp
+from tracejudge.mapping.otlp_logs import decode_otlp_logs
+from tracejudge.mapping.spans import Span
 
 if TYPE_CHECKING:
-    from mapping.redaction import Redactor
+    from tracejudge.mapping.redaction import Redactor
 
 # The JSON columns carry Arrow's JSON extension type: DuckDB then takes them as JSON as they are instead of
 # parsing every value to check it (about 1 us per row of the writer's time; `python bench/span_append.py`).

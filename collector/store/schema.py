@@ -13,7 +13,7 @@ from collections.abc import Callable
 import duckdb
 import pyarrow as pa
 
-from collector.store.span_tables import resource_id, scope_id
+from tracejudge.collector.store.span_tables import resource_id, scope_id
 
 
 def history_views(scores: str, partition: str, temporary: bool = False) -> str:

@@ -33,9 +33,9 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from collector.store.schema import migrate
-from collector.store.span_tables import MAX_KNOWN_IDS, SpanRows
-from scoring.errors import TracejudgeError
+from tracejudge.collector.store.schema import migrate
+from tracejudge.collector.store.span_tables import MAX_KNOWN_IDS, SpanRows
+from tracejudge.errors import TracejudgeError
 
 MEMORY_RETRY_PAUSES_S = (0.02, 0.05, 0.1, 0.2, 0.3)  # 0.67 s in all, then the exporter is told to retry
 DEDUP_WINDOW_S = 900.0  # longer than the OTLP exporters' retry horizons (the Collector's: 300 s)

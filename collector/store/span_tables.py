@@ -59,6 +59,8 @@ DELETE FROM span_scopes WHERE scope_id NOT IN (SELECT DISTINCT scope_id FROM spa
 
 def prune_unreferenced(con: duckdb.DuckDBPyConnection) -> None:
     """Delete the resources and scopes no stored span refers to, in one transaction."""
-    from collector.store.transaction import in_transaction  # DuckDB only where the store runs, not in decode workers
+    from tracejudge.collector.store.transaction import (
+        in_transaction,  # DuckDB only where the store runs, not in decode workers
+    )
 
     in_transaction(con, lambda: con.execute(PRUNE_UNREFERENCED))

@@ -12,14 +12,14 @@ import datetime as dt
 
 import duckdb
 
-from collector import durations
-from collector.durations import DurationError
-from collector.pipeline.summary_tables import SummaryTables
-from collector.store.schema import summary_tables_ddl
-from collector.ui import views
-from collector.ui.charts import trend_chart
-from collector.ui.rendering import environment
-from scoring.errors import TracejudgeError
+from tracejudge.collector import durations
+from tracejudge.collector.durations import DurationError
+from tracejudge.collector.pipeline.summary_tables import SummaryTables
+from tracejudge.collector.store.schema import summary_tables_ddl
+from tracejudge.collector.ui import views
+from tracejudge.collector.ui.charts import trend_chart
+from tracejudge.collector.ui.rendering import environment
+from tracejudge.errors import TracejudgeError
 
 MAX_REPORT_DAYS = 731  # a report covers two years at most, whichever way --since is written
 IN_FULL = 25  # conversations shown turn by turn; the list above names the rest

@@ -22,15 +22,15 @@ from urllib.parse import urlencode, urlsplit
 import duckdb
 from aiohttp import web
 
-from collector.pipeline.summary_tables import SummaryTables
-from collector.receivers.ingest import bearer_matches
-from collector.ui import views
-from collector.ui.charts import trend_chart
-from collector.ui.rendering import environment
+from tracejudge.collector.pipeline.summary_tables import SummaryTables
+from tracejudge.collector.receivers.ingest import bearer_matches
+from tracejudge.collector.ui import views
+from tracejudge.collector.ui.charts import trend_chart
+from tracejudge.collector.ui.rendering import environment
 
 COOKIE = "tracejudge_session"
 if TYPE_CHECKING:
-    from collector.pipeline.retention import StorageReport
+    from tracejudge.collector.pipeline.retention import StorageReport
 
 Cursor = Callable[[], duckdb.DuckDBPyConnection]
 

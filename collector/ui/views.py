@@ -13,8 +13,8 @@ from typing import Any
 
 import duckdb
 
-from collector.durations import DurationError, parse_duration
-from collector.store.id_table import id_table
+from tracejudge.collector.durations import DurationError, parse_duration
+from tracejudge.collector.store.id_table import id_table
 
 WINDOWS = ("1h", "24h", "7d", "30d", "90d")
 PAGE_SIZE = 50

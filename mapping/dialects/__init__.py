@@ -1,12 +1,12 @@
 """Span dialects, richest first: the builder takes the first dialect's answer for each aspect of a span."""
 
-from mapping.dialects.adk import ADK
-from mapping.dialects.base import AgentRun, Dialect, LLMCall, MCPOperation, ToolDefinition, ToolExecution
-from mapping.dialects.mcp_semconv import MCPSemconv
-from mapping.dialects.openinference import OpenInference
-from mapping.dialects.openllmetry import OpenLLMetry
-from mapping.dialects.otel_genai import OTelGenAI
-from mapping.dialects.pydantic_ai import PydanticAI
+from tracejudge.mapping.dialects.adk import ADK
+from tracejudge.mapping.dialects.base import AgentRun, Dialect, LLMCall, MCPOperation, ToolDefinition, ToolExecution
+from tracejudge.mapping.dialects.mcp_semconv import MCPSemconv
+from tracejudge.mapping.dialects.openinference import OpenInference
+from tracejudge.mapping.dialects.openllmetry import OpenLLMetry
+from tracejudge.mapping.dialects.otel_genai import OTelGenAI
+from tracejudge.mapping.dialects.pydantic_ai import PydanticAI
 
 DIALECTS: tuple[Dialect, ...] = (PydanticAI(), ADK(), OpenInference(), OpenLLMetry(), OTelGenAI(), MCPSemconv())
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from mapping.dialects.base import AgentRun, Dialect, LLMCall, ToolExecution, span_error
-from mapping.messages import Message, Part, normalize_role
-from mapping.spans import Span, as_list
+from tracejudge.mapping.dialects.base import AgentRun, Dialect, LLMCall, ToolExecution, span_error
+from tracejudge.mapping.messages import Message, Part, normalize_role
+from tracejudge.mapping.spans import Span, as_list
 
 
 def _content_message(content: Any) -> Message | None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from mapping.messages import Message
-from mapping.spans import Span
+from tracejudge.mapping.messages import Message
+from tracejudge.mapping.spans import Span
 
 
 @dataclass

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from mapping.dialects.base import Dialect, MCPOperation, span_error
-from mapping.spans import Span
+from tracejudge.mapping.dialects.base import Dialect, MCPOperation, span_error
+from tracejudge.mapping.spans import Span
 
 SDK_CLIENT_PREFIX = "MCP send "
 SERVER, CLIENT = 2, 3

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mapping.dialects.base import (
+from tracejudge.mapping.dialects.base import (
     AgentRun,
     Dialect,
     LLMCall,
@@ -15,9 +15,9 @@ from mapping.dialects.base import (
     schema_like,
     span_error,
 )
-from mapping.flattened import group_indexed, sub
-from mapping.messages import Message, Part, last_user_text, newest_user_text, normalize_role, parse_messages
-from mapping.spans import Span, parse_json_value
+from tracejudge.mapping.flattened import group_indexed, sub
+from tracejudge.mapping.messages import Message, Part, last_user_text, newest_user_text, normalize_role, parse_messages
+from tracejudge.mapping.spans import Span, parse_json_value
 
 KIND = "openinference.span.kind"
 

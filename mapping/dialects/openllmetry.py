@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mapping.dialects.base import (
+from tracejudge.mapping.dialects.base import (
     AgentRun,
     Dialect,
     LLMCall,
@@ -14,9 +14,9 @@ from mapping.dialects.base import (
     ToolExecution,
     span_error,
 )
-from mapping.flattened import group_indexed, sub
-from mapping.messages import Message, Part, normalize_role
-from mapping.spans import Span, as_dict, as_list, parse_json_value
+from tracejudge.mapping.flattened import group_indexed, sub
+from tracejudge.mapping.messages import Message, Part, normalize_role
+from tracejudge.mapping.spans import Span, as_dict, as_list, parse_json_value
 
 KIND = "traceloop.span.kind"
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from mapping.dialects.base import AgentRun, Dialect, LLMCall, ToolDefinition, ToolExecution, span_error
-from mapping.messages import Message, Part, final_assistant_text, last_user_text, parse_messages
-from mapping.spans import Span, as_list, parse_json_value
+from tracejudge.mapping.dialects.base import AgentRun, Dialect, LLMCall, ToolDefinition, ToolExecution, span_error
+from tracejudge.mapping.messages import Message, Part, final_assistant_text, last_user_text, parse_messages
+from tracejudge.mapping.spans import Span, as_list, parse_json_value
 
 ADK_MERGED = "(merged tools)"  # ADK's span for merging parallel tool responses: no call of its own
 LLM_OPERATIONS = frozenset({"chat", "generate_content", "text_completion"})

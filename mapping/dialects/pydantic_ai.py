@@ -3,9 +3,9 @@ run's messages start (`pydantic_ai.new_message_index`)."""
 
 from __future__ import annotations
 
-from mapping.dialects.base import AgentRun, Dialect
-from mapping.messages import parse_messages
-from mapping.spans import Span
+from tracejudge.mapping.dialects.base import AgentRun, Dialect
+from tracejudge.mapping.messages import parse_messages
+from tracejudge.mapping.spans import Span
 
 
 class PydanticAI(Dialect):

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from scoring.errors import JudgeUnavailableError
+from tracejudge.errors import JudgeUnavailableError
 
 BATCH_DISCOUNT = 0.5  # OpenAI prices Batch API tokens at half the synchronous rate
 WAIT_LIMIT_S = 26 * 3600  # the provider's 24 h window and a margin: past it a batch's requests are asked again

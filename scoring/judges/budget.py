@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from scoring.errors import ContextBudgetError
-from scoring.judges.questions import Question
+from tracejudge.errors import ContextBudgetError
+from tracejudge.judges.questions import Question
 
 
 def estimate_tokens(value: Any) -> int:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import httpx
 from pydantic import BaseModel
 
-from scoring.errors import (
+from tracejudge.errors import (
     JudgeAuthenticationError,
     JudgeConfigurationError,
     JudgeContextOverflowError,
@@ -26,16 +26,21 @@ from scoring.errors import (
     JudgeRequestError,
     JudgeUnavailableError,
 )
-from scoring.judges.batch import BATCH_DISCOUNT, BatchOptions, BatchQueue
-from scoring.judges.context_windows import DEFAULT_CONTEXT_TOKENS, known_context_tokens, overflow_limit, prompt_budget
-from scoring.judges.loop_pool import LoopPool
-from scoring.judges.pricing import TokenPrice, known_price
-from scoring.judges.retry import Retry, RetryPolicy, call_with_retries, parse_retry_after, retryable_status
-from scoring.judges.secret_mask import mask_secret, mask_url
-from scoring.judges.ssl_context import shared_ssl_context
-from scoring.judges.structured_output import parse_output
-from scoring.judges.tokens import TokenCounter, counter_for_model
-from scoring.prompts import OutputSpec
+from tracejudge.judges.batch import BATCH_DISCOUNT, BatchOptions, BatchQueue
+from tracejudge.judges.context_windows import (
+    DEFAULT_CONTEXT_TOKENS,
+    known_context_tokens,
+    overflow_limit,
+    prompt_budget,
+)
+from tracejudge.judges.loop_pool import LoopPool
+from tracejudge.judges.pricing import TokenPrice, known_price
+from tracejudge.judges.retry import Retry, RetryPolicy, call_with_retries, parse_retry_after, retryable_status
+from tracejudge.judges.secret_mask import mask_secret, mask_url
+from tracejudge.judges.ssl_context import shared_ssl_context
+from tracejudge.judges.structured_output import parse_output
+from tracejudge.judges.tokens import TokenCounter, counter_for_model
+from tracejudge.prompts import OutputSpec
 
 if TYPE_CHECKING:
     import openai

@@ -14,13 +14,13 @@ from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, NamedTuple
 
-from scoring.errors import JudgeConfigurationError, JudgeOutputError
-from scoring.judges.budget import DEFAULT_BUDGET, Budget
-from scoring.judges.llm import LLMJudge
-from scoring.judges.questions import Answer, Question, answer_from_probabilities
-from scoring.judges.system_one import Decision
-from scoring.prompts import DATA_CLOSE, DATA_OPEN, GUARD, encode_data
-from scoring.task_group import gather_all
+from tracejudge.errors import JudgeConfigurationError, JudgeOutputError
+from tracejudge.judges.budget import DEFAULT_BUDGET, Budget
+from tracejudge.judges.llm import LLMJudge
+from tracejudge.judges.questions import Answer, Question, answer_from_probabilities
+from tracejudge.judges.system_one import Decision
+from tracejudge.prompts import DATA_CLOSE, DATA_OPEN, GUARD, encode_data
+from tracejudge.task_group import gather_all
 
 MISSING_FLOOR = math.exp(-5)
 

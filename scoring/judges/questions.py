@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from scoring.errors import JudgeOutputError
+from tracejudge.errors import JudgeOutputError
 
 Kind = Literal["yes_no", "choice", "score"]
 

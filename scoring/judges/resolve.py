@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from scoring.errors import JudgeConfigurationError
-from scoring.judges.batch import BatchLedger, BatchOptions
-from scoring.judges.llm import DEFAULT_MODEL, LLMJudge
-from scoring.judges.logprob import LogprobJudge
-from scoring.judges.system_one import SystemOneJudge
-from scoring.judges.typesafe import DEFAULT_MODEL as DEFAULT_SYSTEM_ONE_MODEL
-from scoring.judges.typesafe import TypeSafeJudge
+from tracejudge.errors import JudgeConfigurationError
+from tracejudge.judges.batch import BatchLedger, BatchOptions
+from tracejudge.judges.llm import DEFAULT_MODEL, LLMJudge
+from tracejudge.judges.logprob import LogprobJudge
+from tracejudge.judges.system_one import SystemOneJudge
+from tracejudge.judges.typesafe import DEFAULT_MODEL as DEFAULT_SYSTEM_ONE_MODEL
+from tracejudge.judges.typesafe import TypeSafeJudge
 
 
 def resolve_llm_judge(model: str | LLMJudge | None) -> LLMJudge:

@@ -12,7 +12,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from scoring.errors import JudgeOutputError
+from tracejudge.errors import JudgeOutputError
 
 _FENCE = re.compile(r"^```(?:json)?\s*\n(?P<body>.*)\n\s*```$", re.DOTALL)
 

@@ -11,7 +11,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
-from scoring.judges.questions import Answer, Question
+from tracejudge.judges.questions import Answer, Question
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from scoring.errors import (
+from tracejudge.errors import (
     ContextBudgetError,
     JudgeAuthenticationError,
     JudgeConfigurationError,
@@ -23,14 +23,14 @@ from scoring.errors import (
     JudgeRequestError,
     JudgeUnavailableError,
 )
-from scoring.judges.budget import DEFAULT_BUDGET, Budget
-from scoring.judges.loop_pool import LoopPool
-from scoring.judges.questions import Question, parse_wire_answer
-from scoring.judges.retry import Retry, RetryPolicy, call_with_retries, parse_retry_after, retryable_status
-from scoring.judges.secret_mask import mask_secret, mask_url
-from scoring.judges.ssl_context import shared_ssl_context
-from scoring.judges.system_one import Decision
-from scoring.task_group import gather_all
+from tracejudge.judges.budget import DEFAULT_BUDGET, Budget
+from tracejudge.judges.loop_pool import LoopPool
+from tracejudge.judges.questions import Question, parse_wire_answer
+from tracejudge.judges.retry import Retry, RetryPolicy, call_with_retries, parse_retry_after, retryable_status
+from tracejudge.judges.secret_mask import mask_secret, mask_url
+from tracejudge.judges.ssl_context import shared_ssl_context
+from tracejudge.judges.system_one import Decision
+from tracejudge.task_group import gather_all
 
 DEFAULT_BASE_URL = "https://api.typesafe.ai"
 DEFAULT_MODEL = "jev-latest"

@@ -19,7 +19,7 @@ class CollectorProcess:
     def __init__(self, db: Path, *, config: Path | None = None, env: dict[str, str] | None = None,
                  cwd: Path | None = None, command: list[str] | None = None) -> None:
         self.db = db
-        self.command = command or [sys.executable, "-m", "collector.cli"]  # or an installed `tracejudge`
+        self.command = command or [sys.executable, "-m", "tracejudge.collector.cli"]  # or an installed `tracejudge`
         self.cwd = cwd  # the collector's working directory (None: the test's)
         self.config = config
         self.env = env or {}

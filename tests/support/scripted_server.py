@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from scoring.prompts import DATA_CLOSE, DATA_OPEN
+from tracejudge.prompts import DATA_CLOSE, DATA_OPEN
 
 
 @dataclass
