@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tracejudge.mapping import build_conversations, decode_otlp  # noqa: E402
 
 REAL = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "real"
+INSTANCE = re.compile(r'("key":\s*"service\.instance\.id",\s*"value":\s*\{\s*"stringValue":\s*")([^"]*)"')
 
 
 def copies(text: str, n: int) -> list[bytes]:
@@ -32,6 +34,8 @@ def copies(text: str, n: int) -> list[bytes]:
         for t in traces:
             copy = copy.replace(t, f"{i:08x}{t[8:]}")
         copy = copy.replace("conv-weather-", f"conv-{i:06d}-").replace("conv-fw-", f"conv-fw-{i:06d}-")
+        copy = copy.replace("conv-shop-", f"conv-shop-{i:06d}-")
+        copy = INSTANCE.sub(lambda m, i=i: f'{m.group(1)}{m.group(2)}-{i}"', copy)  # each copy its own processes
         out.append(copy.encode())
     return out
 

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tracejudge.mapping.conversation_key import trace_conversation_key
+from tracejudge.mapping.conversation_key import TRACE_KEY, trace_conversation_key
 from tracejudge.mapping.dialects import DIALECTS, AgentRun, LLMCall, MCPOperation, ToolDefinition, ToolExecution
 from tracejudge.mapping.envelopes import unwrap_tool_result
 from tracejudge.mapping.messages import Message, final_assistant_text, last_user_text
@@ -37,6 +37,10 @@ from tracejudge.test_case import (
 )
 
 DEFAULT_SERVER = "mcp"
+UNKNOWN = "unknown"  # the name of a call no span named
+_BARE_SCHEMA_KEYS = frozenset({"type", "$schema"})
+OUTSIDE_RUN = ("MCP calls the app made outside any agent run (no agent or model span in the trace): context the "
+               "agent had, in time order")
 SERVER_KIND = 2  # OTLP SpanKind SERVER
 
 
@@ -52,6 +56,7 @@ class Conversation:
     last_span_ns: int
     content_hash: str
     explanation: tuple[dict[str, Any], ...] = ()  # with build_conversations(explain=True): where each turn came from
+    context_only: bool = False  # only MCP calls made outside any agent run: nothing to score (see MappedTrace)
 
 
 @dataclass
@@ -91,9 +96,30 @@ def _facts(span: Span) -> _Facts:
         facts.llm = facts.llm or dialect.llm_call(span)
         facts.tool = facts.tool or dialect.tool_execution(span)
         facts.op = facts.op or dialect.mcp_operation(span)
-        if not facts.definitions:
-            facts.definitions = dialect.tool_definitions(span)
+        if offered := dialect.tool_definitions(span):
+            facts.definitions = merge_definitions(facts.definitions, offered) if facts.definitions else offered
     return facts
+
+
+def merge_definitions(kept: list[ToolDefinition], more: list[ToolDefinition]) -> list[ToolDefinition]:
+    """One definition per tool name from several views of the offered tools: the first schema that says more than
+    `{"type": "object"}`, the first description and server, MCP if any view says so."""
+    if not more:
+        return kept
+    by_name = {d.name: d for d in kept}
+    for definition in more:
+        seen = by_name.get(definition.name)
+        if seen is None:
+            by_name[definition.name] = definition
+            continue
+        better_schema = not _has_properties(seen.input_schema) and _has_properties(definition.input_schema)
+        if better_schema or (definition.description and not seen.description) or (definition.mcp and not seen.mcp) \
+                or (definition.server and not seen.server):  # most views repeat what is kept: no copy then
+            by_name[definition.name] = ToolDefinition(
+                seen.name, seen.description or definition.description,
+                definition.input_schema if better_schema else seen.input_schema,
+                seen.mcp or definition.mcp, seen.server or definition.server)
+    return list(by_name.values())
 
 
 @dataclass
@@ -127,6 +153,12 @@ class _Call:
         if isinstance(arguments, dict) and arguments and _positional(self.arguments) or self.arguments is None:
             self.arguments = arguments
 
+    def become(self, kind: str, name: str) -> _Call:
+        """An app-side tool that only wraps an MCP resource read or prompt get is that read or get: the tool span
+        has the URI or arguments and the contents, the MCP span below it only the method."""
+        self.kind, self.name = kind, name
+        return self
+
     def mark_mcp(self, rule: Where) -> None:
         self.mcp = True
         self.mcp_rule = self.mcp_rule or rule
@@ -151,6 +183,7 @@ class _Draft:
     service_name: str | None
     agent_name: str | None = None
     user_text: str | None = None
+    context_only: bool = False  # a trace with no agent run and no model call: MCP calls the app made itself
     reply: str | None = None
     calls: list[_Call] = field(default_factory=list)
     listed: list[tuple[str, str | None, dict[str, Any]]] = field(default_factory=list)  # (method, server, item)
@@ -198,6 +231,30 @@ class _Trace:
                 outer[member.span.span_id] = above
         return outer
 
+    def sessions(self) -> frozenset[str]:
+        """What ties this trace's MCP calls to one MCP session: its `mcp.session.id`s, and each pair of client and
+        server process (service name and instance) that its MCP spans show talking (a stdio server lives as long
+        as its client's session)."""
+        found: set[str] = set()
+        clients: set[str] = set()
+        servers: set[str] = set()
+        resources: set[tuple[bool, int]] = set()  # a request's spans share their resource's dict: read each once
+        for f in self.facts.values():
+            if f.op is None:
+                continue
+            span = f.span
+            session = span.attributes.get("mcp.session.id")
+            if session:
+                found.add(f"mcp.session.id {session}")
+            side = (span.kind == SERVER_KIND, id(span.resource))
+            if side not in resources:
+                resources.add(side)
+                instance = span.resource.get("service.instance.id")
+                if instance:
+                    (servers if side[0] else clients).add(f"{span.service_name}/{instance}")
+        found.update(f"{client} -> {server}" for client in clients for server in servers)
+        return frozenset(found)
+
     def drafts(self) -> list[_Draft]:
         all_facts = list(self.facts.values())
         outer = self.outermost_runs()
@@ -206,7 +263,9 @@ class _Trace:
             if all(f.span.kind == SERVER_KIND for f in all_facts) and not any(f.llm for f in all_facts):
                 return []  # an MCP server's own trace: its calls' client side (the conversation) is elsewhere
             root = next((f for f in all_facts if self.parent(f) is None), all_facts[0])
-            return [self._draft(root, AgentRun(), all_facts)]
+            draft = self._draft(root, AgentRun(), all_facts)
+            draft.context_only = draft.user_text is None and not any(f.llm for f in all_facts)
+            return [draft]
         members: dict[str, list[_Facts]] = {r.span.span_id: [] for r in runs}
         for f in all_facts:
             owner = outer.get(f.span.span_id)
@@ -251,7 +310,9 @@ class _Trace:
         for messages, may_add, where, asked_ns in message_sources:
             _pair_parts(draft.calls, messages, asked_ns, may_add, where)
         for f in members:
-            draft.definitions += f.definitions
+            if f.definitions:
+                draft.definitions = (merge_definitions(draft.definitions, f.definitions) if draft.definitions
+                                     else f.definitions)
             if f.op is not None and f.op.method.endswith("/list"):
                 draft.listed += [(f.op.method, f.op.server, item) for item in f.op.listed]
         draft.calls.sort(key=lambda c: c.order or (c.start_ns, 0))
@@ -271,12 +332,14 @@ class _Trace:
             kind = "tool" if tool is not None else _OP_KINDS.get(op.method) if op is not None else None
             if kind is None:
                 continue
-            name = tool.name if tool is not None else (op.target if op is not None else None) or "unknown"
+            name = tool.name if tool is not None else (op.target if op is not None else None) or UNKNOWN
             owner = next((by_span[a.span.span_id] for a in self.ancestors(f) if a.span.span_id in by_span), None)
             request_key = (op.method, op.request_id) if op is not None and op.request_id else None
             named = tool is not None or (op is not None and op.target is not None)
             same = owner if owner is not None and owner.kind == kind and (owner.name == name or not named) else None
             same = same or (by_request.get(request_key) if request_key else None)
+            if same is None and owner is not None and op is not None and kind != "tool" and _wraps(owner, f):
+                same = owner.become(kind, name if op.target else _named_in(owner.arguments, kind) or name)
             view = tool or op
             assert view is not None
             if same is not None:  # another view of a call already seen: the MCP server side, a nested span
@@ -296,6 +359,21 @@ class _Trace:
             by_span[span.span_id] = call
             if request_key:
                 by_request[request_key] = call
+
+
+def _wraps(owner: _Call, facts: _Facts) -> bool:
+    """The call above an MCP client span is a function tool of the app (not MCP itself, no other MCP call yet)."""
+    return owner.kind == "tool" and not owner.mcp and facts.span.kind != SERVER_KIND
+
+
+def _named_in(arguments: Any, kind: str) -> str | None:
+    """The resource URI or prompt name an app-side tool was called with, if it takes one by a usual name."""
+    if not isinstance(arguments, dict):
+        return None
+    for key in (("uri", "resource_uri", "url") if kind == "resource" else ("name", "prompt_name", "prompt")):
+        if isinstance(arguments.get(key), str) and arguments[key]:
+            return arguments[key]
+    return None
 
 
 _NOT_WORD = re.compile(r"[^0-9A-Za-z]+")
@@ -352,7 +430,7 @@ def _pair_parts(calls: list[_Call], messages: list[Message], asked_ns: int, may_
             if call is None:
                 if not may_add:
                     continue
-                call = _Call("tool", part.name or "unknown", asked_ns, part.id, executed=False)
+                call = _Call("tool", part.name or UNKNOWN, asked_ns, part.id, executed=False)
                 calls.append(call)
             if part.id:
                 by_id[part.id] = call
@@ -410,6 +488,15 @@ class _Inventory:
             if section == "tools":
                 self.origin.setdefault(item[key], f"listed by an MCP {method} span")
 
+    def add_called(self, kind: str, server: str, name: str, arguments: Any) -> None:
+        """A resource read or a prompt got proves the server has it, though no listing span says so."""
+        if kind == "resource" and name != UNKNOWN:
+            self._server(server)["resources"].setdefault(name, {"uri": name})
+        elif kind == "prompt" and name != UNKNOWN:
+            prompt = self._server(server)["prompts"].setdefault(name, {"name": name})
+            if isinstance(arguments, dict) and arguments and not prompt.get("arguments"):
+                prompt["arguments"] = [{"name": key} for key in sorted(arguments)]
+
     def server_of_tool(self, name: str) -> str | None:
         return next((s for s, entry in self.servers.items() if name in entry["tools"]), None)
 
@@ -447,7 +534,7 @@ class _Inventory:
 
 def _has_properties(schema: Any) -> bool:
     """A schema that says more than `{"type": "object"}` (the default a bare tool name gets)."""
-    return isinstance(schema, dict) and any(k not in ("type", "$schema") for k in schema)
+    return isinstance(schema, dict) and bool(schema.keys() - _BARE_SCHEMA_KEYS)
 
 
 def _args(value: Any, name: str, notes: list[str]) -> dict[str, Any]:
@@ -524,6 +611,8 @@ def _assistant_turn(draft: _Draft, inventory: _Inventory, names: Mapping[int, st
     if not (draft.reply or tools or resources or prompts or functions or not_executed):
         return None
     metadata: dict[str, Any] = {"trace_id": draft.trace_id, "span_id": draft.run_span_id}
+    if draft.context_only:
+        metadata["outside_run"] = OUTSIDE_RUN
     if notes:
         metadata["mapping_notes"] = notes
     if not_executed:
@@ -563,6 +652,10 @@ class MappedTrace:
     drafts: tuple[_Draft, ...]
     first_span_ns: int
     last_span_ns: int
+    sessions: frozenset[str] = frozenset()  # what ties its MCP calls to one MCP session (`_Trace.sessions`)
+    # no agent run, no model call: MCP calls the app made outside any run (context loaded at session start, say),
+    # which belong to the conversation of their MCP session, not to one of their own
+    context_only: bool = False
 
 
 def _slim(draft: _Draft) -> _Draft:
@@ -581,12 +674,14 @@ def map_traces(spans: Iterable[Span | dict[str, Any]], *, explain: bool = False)
     mapped = []
     for trace_id, trace_spans in by_trace.items():
         key, value = trace_conversation_key(trace_spans)
-        drafts = _Trace(trace_spans).drafts()
+        trace = _Trace(trace_spans)
+        drafts = trace.drafts()
         mapped.append(MappedTrace(
             trace_id=trace_id, conversation_id=value, key=key,
             drafts=tuple(drafts if explain else (_slim(d) for d in drafts)),
             first_span_ns=min(s.start_ns for s in trace_spans),
-            last_span_ns=max(max(s.end_ns, s.start_ns) for s in trace_spans)))
+            last_span_ns=max(max(s.end_ns, s.start_ns) for s in trace_spans), sessions=trace.sessions(),
+            context_only=bool(drafts) and all(d.context_only for d in drafts)))
     return mapped
 
 
@@ -604,12 +699,31 @@ def build_conversations(spans: Iterable[Span | dict[str, Any]],
     groups: dict[str, list[MappedTrace]] = {}
     for trace in map_traces(spans, explain=explain):
         groups.setdefault(trace.conversation_id, []).append(trace)
+    attach_context_traces(groups)
     conversations = []
     for traces in groups.values():
         conversation = compose_conversation(traces, servers, mcp_tools=mcp_tools, explain=explain)
         if conversation is not None:
             conversations.append(conversation)
     return sorted(conversations, key=lambda c: (c.first_span_ns, c.conversation_id))
+
+
+def attach_context_traces(groups: dict[str, list[MappedTrace]]) -> None:
+    """Move each group of only context traces with no conversation key of their own (MCP calls the app made outside
+    any agent run) into the one conversation that shares their MCP session; a group that matches none, or several,
+    stays as it is (composed, it is marked context-only and is not scored)."""
+    owners: dict[str, set[str]] = {}
+    for conversation_id, traces in groups.items():
+        if not all(t.context_only for t in traces):
+            for trace in traces:
+                for session in trace.sessions:
+                    owners.setdefault(session, set()).add(conversation_id)
+    for conversation_id, traces in list(groups.items()):
+        if all(t.context_only and t.key == TRACE_KEY for t in traces):
+            targets = {owner for t in traces for session in t.sessions for owner in owners.get(session, ())}
+            if len(targets) == 1:
+                groups[targets.pop()].extend(traces)
+                del groups[conversation_id]
 
 
 def compose_conversation(traces: Sequence[MappedTrace], servers: Sequence[MCPServer | dict[str, Any]] | None = None,
@@ -622,21 +736,23 @@ def compose_conversation(traces: Sequence[MappedTrace], servers: Sequence[MCPSer
     if not traces:
         return None
     traces = sorted(traces, key=lambda t: (t.first_span_ns, t.trace_id))
-    conversation_id, key = traces[0].conversation_id, traces[0].key
+    named_by = next((t for t in traces if not t.context_only), traces[0])  # context read before the first run
+    conversation_id, key = named_by.conversation_id, named_by.key
+    context_only = named_by.context_only
     given = [s if isinstance(s, MCPServer) else MCPServer.model_validate(s) for s in servers or []]
     drafts = sorted((d for t in traces for d in t.drafts), key=lambda d: d.start_ns)
     inventory = _Inventory(given, mcp_tools or {})
-    seen = {c.server for d in drafts for c in d.calls if c.server} | {srv for d in drafts for _, srv, _ in d.listed
-                                                                      if srv} | set(inventory.servers)
+    definitions = {d.name: d for d in merge_definitions([], [d for draft in drafts for d in draft.definitions])}
+    seen = ({c.server for d in drafts for c in d.calls if c.server} | {srv for d in drafts for _, srv, _ in d.listed
+                                                                       if srv}
+            | {d.server for d in definitions.values() if d.server} | set(inventory.servers))
     default_server = next(iter(seen)) if len(seen) == 1 else DEFAULT_SERVER
     for draft in drafts:
         for method, server, item in draft.listed:
             inventory.add_listed(method, server or default_server, item)
-    definitions: dict[str, ToolDefinition] = {}
-    for definition in (d for draft in drafts for d in draft.definitions):
-        kept = definitions.get(definition.name)
-        if kept is None or (not _has_properties(kept.input_schema) and _has_properties(definition.input_schema)):
-            definitions[definition.name] = definition
+    for definition in definitions.values():  # every MCP tool the model was offered, called or not
+        if definition.mcp:
+            inventory.add_definition(definition.server or default_server, definition)
     names: dict[int, str] = {}  # id(call) -> the inventory's name for a call the framework named otherwise
     for draft in drafts:
         for call in draft.calls:
@@ -651,6 +767,8 @@ def compose_conversation(traces: Sequence[MappedTrace], servers: Sequence[MCPSer
                 if definition is not None and definition.name != name:
                     definition = replace(definition, name=name)
                 inventory.add_definition(server, definition or ToolDefinition(name))
+            elif call.kind != "tool" and call.executed:  # a resource read or prompt got: the server offers it
+                inventory.add_called(call.kind, call.server or default_server, name, call.arguments)
     turns: list[Turn] = []
     explanation: list[dict[str, Any]] = []
     for draft in drafts:
@@ -691,4 +809,5 @@ def compose_conversation(traces: Sequence[MappedTrace], servers: Sequence[MCPSer
         last_span_ns=max(t.last_span_ns for t in traces),
         content_hash=digest,
         explanation=tuple(explanation),
+        context_only=context_only,
     )

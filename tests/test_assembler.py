@@ -451,3 +451,29 @@ def test_a_full_waiting_index_stores_new_traces_and_takes_them_in_when_it_has_ro
         assert assembler.pending_traces() == 0 and assembler.take_in() == 0
     finally:
         store.close()
+
+
+def test_mcp_calls_made_outside_any_run_are_kept_marked_and_never_scored(tmp_path: Path) -> None:
+    """The session-start resource read of a real pydantic-ai session (tests/fixtures/real/pydantic_ai_session),
+    arriving with no run to attach it to: stored as its own conversation with status context_only, no job
+    queued for any metric."""
+    decoded = decode_otlp((Path(__file__).parent / "fixtures" / "real" / "pydantic_ai_session.otlp.json")
+                          .read_bytes(), "application/json")
+    keyed = {s.trace_id for s in decoded.spans if s.attributes.get("gen_ai.conversation.id")}
+    [trace] = {s.trace_id for s in decoded.spans if s.name == "resources/read" and s.trace_id not in keyed}
+
+    async def go() -> None:
+        store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=0.1)
+        try:
+            await store.write(spans_to_arrow([s for s in decoded.spans if s.trace_id == trace],
+                                             dt.datetime.now(dt.UTC)))
+            await asyncio.sleep(0.2)
+            assert assembler.assemble_due() == 1
+            con = store.cursor()
+            assert con.execute("SELECT conversation_id, status, turns FROM conversations").fetchall() == [
+                (trace, "context_only", 1)]
+            assert con.execute("SELECT count(*) FROM eval_jobs").fetchone() == (0,)
+        finally:
+            store.close()
+
+    asyncio.run(go())

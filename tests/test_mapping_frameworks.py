@@ -128,4 +128,5 @@ def test_framework_inventory_has_the_servers_schemas(name: str) -> None:
 
 def test_every_framework_fixture_is_checked() -> None:
     generators = {p.name.removeprefix("generate_").removesuffix(".py") for p in REAL.glob("generate_*.py")}
-    assert generators - {"openinference", "openllmetry", "pydantic_ai"} <= set(FRAMEWORKS)
+    # pydantic_ai_session: a whole MCP session, checked by tests/test_mapping_sessions.py
+    assert generators - {"openinference", "openllmetry", "pydantic_ai", "pydantic_ai_session"} <= set(FRAMEWORKS)

@@ -40,6 +40,7 @@ from tracejudge.mapping.conversation_key import KEY_PRECEDENCE
 MAX_PER_POLL = 256  # conversations assembled per poll: a backlog never hides a newly end-marked one for long
 SPANS_PER_READ = 50_000  # spans read back in one query while assembling; bounds the assembler's memory
 END_MARKER = '"tracejudge.conversation.end":true'
+CONTEXT_ONLY = "context_only"  # conversations.status of MCP calls made outside any agent run, in no known session
 _RANK = "CASE conversation_key_source " + " ".join(
     f"WHEN '{key}' THEN {i}" for i, key in enumerate(KEY_PRECEDENCE)) + " END"
 _UNKEYED = len(KEY_PRECEDENCE)  # the rank of a trace that carries no conversation key (its own conversation)
@@ -658,8 +659,11 @@ class ConversationAssembler:
             latest[cid] = (version, conversation.content_hash)
             value, sampled = decide(self.settings.sampling, metrics, cid, conversation.service_name,
                                     conversation.agent_name, attributes)
+            if conversation.context_only:  # MCP calls outside any run, in no known session: kept, never scored
+                sampled = dict.fromkeys(sampled, False)
             rows.append({"conversation_id": cid, "version": version, "content_hash": conversation.content_hash,
-                         "status": "complete", "key_source": conversation.key,
+                         "status": CONTEXT_ONLY if conversation.context_only else "complete",
+                         "key_source": conversation.key,
                          "service_name": conversation.service_name, "agent_name": conversation.agent_name,
                          "turns": len(conversation.test_case.turns), "mcp_calls": _calls(conversation),
                          "trace_ids": list(conversation.trace_ids), "first_span_ns": conversation.first_span_ns,

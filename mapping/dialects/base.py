@@ -63,11 +63,16 @@ class MCPOperation:
     listed: list[dict[str, Any]] = field(default_factory=list)  # */list results
 
 
-@dataclass
+@dataclass(frozen=True)
 class ToolDefinition:
+    """A tool the model was offered; `mcp` when the span says it came from an MCP server (`server`, if named).
+    Frozen: one parsed listing serves every span that repeats it."""
+
     name: str
     description: str | None = None
     input_schema: dict[str, Any] | None = None
+    mcp: bool = False
+    server: str | None = None
 
 
 class Dialect:

@@ -1,21 +1,32 @@
 """pydantic-ai: the agent run span carries the whole history (`pydantic_ai.all_messages`) and where this
-run's messages start (`pydantic_ai.new_message_index`)."""
+run's messages start (`pydantic_ai.new_message_index`); its model-request spans list every tool the model was
+offered with the toolset it came from (`model_request_parameters`), which tells MCP tools from function tools."""
 
 from __future__ import annotations
 
-from tracejudge.mapping.dialects.base import AgentRun, Dialect
+import functools
+from typing import Any
+
+from tracejudge.mapping.dialects.base import AgentRun, Dialect, ToolDefinition
 from tracejudge.mapping.messages import parse_messages
-from tracejudge.mapping.spans import Span
+from tracejudge.mapping.spans import Span, as_list, parse_json_value
+
+ALL_MESSAGES, REQUEST_PARAMETERS = "pydantic_ai.all_messages", "model_request_parameters"
+# the metadata pydantic-ai's MCPToolset gives each tool it lists from an MCP server (the MCP tool's `_meta`
+# and annotations); function tools have none
+MCP_TOOL_METADATA = frozenset({"meta", "annotations"})
 
 
 class PydanticAI(Dialect):
     name = "pydantic_ai"
 
     def applies(self, span: Span) -> bool:
-        return "pydantic_ai.all_messages" in span.attributes
+        return ALL_MESSAGES in span.attributes or REQUEST_PARAMETERS in span.attributes
 
     def agent_run(self, span: Span) -> AgentRun | None:
-        history = parse_messages(span.json_attr("pydantic_ai.all_messages"))
+        if ALL_MESSAGES not in span.attributes:
+            return None
+        history = parse_messages(span.json_attr(ALL_MESSAGES))
         index = span.attr("pydantic_ai.new_message_index")
         final = span.json_attr("final_result")
         return AgentRun(
@@ -24,3 +35,32 @@ class PydanticAI(Dialect):
             history=history,
             new_from=index if isinstance(index, int) and 0 <= index <= len(history) else 0,
         )
+
+    def tool_definitions(self, span: Span) -> list[ToolDefinition]:
+        raw = span.attr(REQUEST_PARAMETERS)
+        if isinstance(raw, str):  # every model request of a run repeats the same tools: read each text once
+            return list(_offered(raw))
+        return list(_offered_in(span.json_attr(REQUEST_PARAMETERS)))
+
+
+@functools.lru_cache(maxsize=256)
+def _offered(text: str) -> tuple[ToolDefinition, ...]:
+    return _offered_in(parse_json_value(text))
+
+
+def _offered_in(parameters: Any) -> tuple[ToolDefinition, ...]:
+    if not isinstance(parameters, dict):
+        return ()
+    return tuple(_definition(tool) for tool in as_list(parameters.get("function_tools"))
+                 if isinstance(tool, dict) and isinstance(tool.get("name"), str))
+
+
+def _definition(tool: dict[str, Any]) -> ToolDefinition:
+    metadata, toolset = tool.get("metadata"), tool.get("toolset_id")
+    schema = tool.get("parameters_json_schema")
+    return ToolDefinition(
+        name=tool["name"], description=tool.get("description") if isinstance(tool.get("description"), str) else None,
+        input_schema=schema if isinstance(schema, dict) else None,
+        mcp=isinstance(metadata, dict) and bool(MCP_TOOL_METADATA & metadata.keys()),
+        # a toolset's own id (`MCPToolset(id=...)`) names its server; "<agent>" is the agent's function tools
+        server=toolset if isinstance(toolset, str) and toolset and not toolset.startswith("<") else None)
