@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tracejudge.mapping.content_capture import missing_content, switch_for
 from tracejudge.mapping.conversation_key import TRACE_KEY, trace_conversation_key
 from tracejudge.mapping.dialects import DIALECTS, AgentRun, LLMCall, MCPOperation, ToolDefinition, ToolExecution
 from tracejudge.mapping.envelopes import unwrap_tool_result
@@ -39,6 +40,7 @@ from tracejudge.test_case import (
 DEFAULT_SERVER = "mcp"
 UNKNOWN = "unknown"  # the name of a call no span named
 _BARE_SCHEMA_KEYS = frozenset({"type", "$schema"})
+CONTENT_MISSING = "content_missing"  # the test case's metadata key: what the spans recorded none of, and why
 OUTSIDE_RUN = ("MCP calls the app made outside any agent run (no agent or model span in the trace): context the "
                "agent had, in time order")
 SERVER_KIND = 2  # OTLP SpanKind SERVER
@@ -184,6 +186,7 @@ class _Draft:
     agent_name: str | None = None
     user_text: str | None = None
     context_only: bool = False  # a trace with no agent run and no model call: MCP calls the app made itself
+    scopes: frozenset[str] = frozenset()  # the instrumentation scopes of its spans (what to turn on, if empty)
     reply: str | None = None
     calls: list[_Call] = field(default_factory=list)
     listed: list[tuple[str, str | None, dict[str, Any]]] = field(default_factory=list)  # (method, server, item)
@@ -276,7 +279,8 @@ class _Trace:
 
     def _draft(self, root: _Facts, run: AgentRun, members: list[_Facts]) -> _Draft:
         draft = _Draft(start_ns=root.span.start_ns, trace_id=root.span.trace_id, run_span_id=root.span.span_id,
-                       service_name=root.span.service_name, agent_name=run.agent_name)
+                       service_name=root.span.service_name, agent_name=run.agent_name,
+                       scopes=frozenset({f.span.scope_name for f in members}))
         llm_facts = [f for f in members if f.llm is not None]
         llms = [f.llm for f in llm_facts if f.llm is not None]
         run_where = (root, "run", "")
@@ -708,6 +712,24 @@ def build_conversations(spans: Iterable[Span | dict[str, Any]],
     return sorted(conversations, key=lambda c: (c.first_span_ns, c.conversation_id))
 
 
+def _content_gaps(drafts: Sequence[_Draft]) -> dict[str, Any] | None:
+    """What the runs' spans recorded none of, and the switch that records it; None when nothing is missing."""
+    runs = [d for d in drafts if not d.context_only]
+    if not runs:  # MCP calls outside any run: no messages to expect (they are marked context-only instead)
+        return None
+    calls = [c for d in runs for c in d.calls if c.executed]
+    missing = missing_content(has_messages=any(d.user_text or d.reply for d in runs), calls=len(calls),
+                              with_arguments=sum(c.arguments is not None for c in calls),
+                              with_results=sum(c.result is not None or c.error for c in calls))
+    if not missing:
+        return None
+    return {"missing": missing, "how_to_record": switch_for(s for d in runs for s in d.scopes if s)}
+
+
+def _gap_text(gaps: dict[str, Any]) -> str:
+    return f"the spans hold no {', no '.join(gaps['missing'])}: {gaps['how_to_record']}"
+
+
 def attach_context_traces(groups: dict[str, list[MappedTrace]]) -> None:
     """Move each group of only context traces with no conversation key of their own (MCP calls the app made outside
     any agent run) into the one conversation that shares their MCP session; a group that matches none, or several,
@@ -794,8 +816,14 @@ def compose_conversation(traces: Sequence[MappedTrace], servers: Sequence[MCPSer
                                     "calls": calls})
     if not turns:
         return None
+    case: dict[str, Any] = {"turns": turns, "name": conversation_id, "mcp_servers": inventory.to_servers()}
+    gaps = _content_gaps(drafts)
+    if gaps is not None:
+        case["metadata"] = {CONTENT_MISSING: gaps}
+        if explain:
+            explanation.append({"turn": None, "role": "content missing", "source": _gap_text(gaps)})
     test_case = ConversationalTestCase.model_validate(  # the Turns hold only copies (`_owned`): no deep copy
-        {"turns": turns, "name": conversation_id, "mcp_servers": inventory.to_servers()}, context={OWNED_TURNS: True})
+        case, context={OWNED_TURNS: True})
     digest = hashlib.sha256(json.dumps(test_case.model_dump(mode="json"), sort_keys=True,
                                        ensure_ascii=False).encode()).hexdigest()
     return Conversation(

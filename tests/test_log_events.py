@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 
+import httpx
 import pytest
 from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter as GrpcLogExporter
 from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter as HttpLogExporter
@@ -83,3 +84,38 @@ def test_redelivered_log_records_are_stored_once_and_bad_ones_are_named() -> Non
     assert carrier.parent_span_id == "0" * 15 + "2" and carrier.events[0].attributes == {"content": "hi"}
     # a carrier whose span never arrived adds nothing to any conversation
     assert build_conversations(first.spans) == []
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_metrics_exports_are_accepted_and_dropped_without_an_error(tmp_path, protocol) -> None:
+    """An SDK set up to export every signal (logfire's default) sends metrics too: the real OTel metric exporter
+    gets success (no 404 or UNIMPLEMENTED in the agent's log), and nothing is stored."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricExportResult, PeriodicExportingMetricReader
+
+    with CollectorProcess(tmp_path / "t.duckdb") as collector:
+        if protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+            exporter = OTLPMetricExporter(endpoint=collector.grpc_endpoint, insecure=True)
+        else:
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+            exporter = OTLPMetricExporter(endpoint=collector.http_url.replace("/v1/traces", "/v1/metrics"))
+        results: list[MetricExportResult] = []
+        export_once = exporter.export
+
+        def recording(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - the exporter's own signature
+            results.append(export_once(*args, **kwargs))
+            return results[-1]
+
+        exporter.export = recording
+        reader = PeriodicExportingMetricReader(exporter, export_interval_millis=60_000)
+        provider = MeterProvider(metric_readers=[reader])
+        provider.get_meter("agent").create_counter("gen_ai.client.operations").add(3, {"model": "m"})
+        provider.force_flush()
+        provider.shutdown()
+        assert results and all(r is MetricExportResult.SUCCESS for r in results)
+        dropped = [line for line in httpx.get(f"{collector.admin_url}/metrics", timeout=5).text.splitlines()
+                   if line.startswith("tracejudge_export_requests_total{") and 'status="metrics_dropped"' in line
+                   and f'protocol="{protocol}"' in line]
+        assert dropped and float(dropped[0].rsplit(" ", 1)[1]) >= 1
+        assert query(collector, "SELECT count(*) FROM spans") == [[0]]

@@ -10,11 +10,16 @@ this mapping. What the instrumentation records nowhere is named in `NOT_RECORDED
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.collector_process import CollectorProcess
+from tests.test_pipeline import query
 from tracejudge.interactions import inventory_data, split_tasks
 from tracejudge.mapping import build_conversations, decode_otlp
 
@@ -111,3 +116,29 @@ def test_the_turns_and_calls_are_the_frameworks_history_with_data_one_span_away_
         expected = [{k: c[k] for k in ("tool", "args", "result", "error")} for c in want["calls"]]
         assert sorted(calls, key=json.dumps) == sorted(expected, key=json.dumps)
         assert not got.tools_called  # the wrapper is the resource read, not a function tool besides it
+
+
+def test_the_collector_puts_the_session_start_calls_into_their_conversation(tmp_path: Path, truth) -> None:
+    """Problem 2 in `tracejudge serve`: the recorded session replayed to a real collector ends as one conversation
+    whose first turns are the session-start read and prompt get; no context-only conversation is left over."""
+    config = tmp_path / "tracejudge.toml"
+    config.write_text('[conversations]\nquiet_period_s = 1\npoll_s = 0.1\n[scoring]\nmetrics = ["mcp_call_validity"]\n')
+    with CollectorProcess(tmp_path / "t.duckdb", config=config) as collector:
+        done = subprocess.run([sys.executable, "-m", "tracejudge.collector.cli", "replay",
+                               str(REAL / f"{NAME}.otlp.json"), "--endpoint", collector.http_url],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        sql = ("SELECT conversation_id, status, test_case FROM conversations QUALIFY version = "
+               "max(version) OVER (PARTITION BY conversation_id)")
+        deadline, rows = time.monotonic() + 60, []
+        while time.monotonic() < deadline:
+            rows = query(collector, sql)
+            if [r[0] for r in rows] == [truth["conversation_id"]] and "outside_run" in rows[0][2]:
+                break
+            time.sleep(0.3)
+        assert [(r[0], r[1]) for r in rows] == [(truth["conversation_id"], "complete")]
+        turns = json.loads(rows[0][2])["turns"]
+        context = [t for t in turns[:2] if "outside_run" in t.get("metadata", {})]
+        assert [c["uri"] for t in context for c in t.get("mcp_resources_called", [])] == ["shop://catalog"]
+        assert [c["name"] for t in context for c in t.get("mcp_prompts_called", [])] == ["shopping_help"]
+        assert turns[2]["role"] == "user"

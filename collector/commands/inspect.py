@@ -45,7 +45,8 @@ def _explain(conversation: Conversation) -> str:
     """Where each turn and call came from: the span, the dialect that read it, and the MCP rule that decided."""
     lines = [f"conversation {conversation.conversation_id}: where each turn and call came from"]
     for entry in conversation.explanation:
-        lines.append(f"  [{entry['turn']}] {entry['role']}: {entry.get('source') or '(no text)'}")
+        turn = '-' if entry['turn'] is None else entry['turn']
+        lines.append(f"  [{turn}] {entry['role']}: {entry.get('source') or '(no text)'}")
         for call in entry.get("calls") or []:
             lines.append(f"      {call['kind']} {call['name']} (call id {call.get('call_id') or '-'}): "
                          f"{call['counted_as']}")

@@ -34,8 +34,9 @@ from tracejudge.collector.pipeline.mapped_traces import ENTRY_OVERHEAD, TEXT_FAC
 from tracejudge.collector.pipeline.sampling import attribute_values, decide
 from tracejudge.collector.receivers.span_rows import plain_strings
 from tracejudge.collector.store.id_table import id_table, registered
+from tracejudge.collector.store.transaction import in_transaction
 from tracejudge.mapping import Conversation, Span, compose_conversation, map_traces
-from tracejudge.mapping.conversation_key import KEY_PRECEDENCE
+from tracejudge.mapping.conversation_key import KEY_PRECEDENCE, TRACE_KEY
 
 MAX_PER_POLL = 256  # conversations assembled per poll: a backlog never hides a newly end-marked one for long
 SPANS_PER_READ = 50_000  # spans read back in one query while assembling; bounds the assembler's memory
@@ -43,7 +44,9 @@ END_MARKER = '"tracejudge.conversation.end":true'
 CONTEXT_ONLY = "context_only"  # conversations.status of MCP calls made outside any agent run, in no known session
 _RANK = "CASE conversation_key_source " + " ".join(
     f"WHEN '{key}' THEN {i}" for i, key in enumerate(KEY_PRECEDENCE)) + " END"
-_UNKEYED = len(KEY_PRECEDENCE)  # the rank of a trace that carries no conversation key (its own conversation)
+_ATTACHED = len(KEY_PRECEDENCE)  # the rank of a context trace's attachment (trace_attachments): weaker than any key
+_UNKEYED = _ATTACHED + 1  # the rank of a trace that carries no conversation key (its own conversation)
+SESSIONS_KEPT = 50_000  # MCP sessions remembered, each with the conversations seen in it (oldest forgotten first)
 _PRECEDENCE = pa.array(KEY_PRECEDENCE)
 _UTC_US = pa.timestamp("us", tz="UTC")
 _VERSION_SCHEMA = pa.schema([
@@ -128,6 +131,11 @@ class ConversationAssembler:
         self._first: dict[str, int] = {}
         self._ended: set[str] = set()  # traces with a span that carried the end marker
         self.cache = MappedTraceCache(settings.conversations.trace_cache)  # traces assembled before, mapped
+        # MCP session -> the keyed conversations seen in it, and -> the context-only conversations waiting for one
+        self._session_owners: OrderedDict[str, set[str]] = OrderedDict()
+        self._context_sessions: OrderedDict[str, set[str]] = OrderedDict()
+        self._sessions_of_context: OrderedDict[str, set[str]] = OrderedDict()  # context conversation -> sessions
+        self._attached: list[tuple[str, int]] = []  # context traces attached this round, to wait again after it
         self._lock = threading.Lock()
         # received_at (µs) from which traces were stored without a place in the index (it was full), or since
         # which a restart must look: they are taken in as it has room (None: nothing left out)
@@ -353,12 +361,13 @@ class ConversationAssembler:
         if keyed:  # the conversation's earlier traces, assembled before, belong to it too
             earlier = self._assembled_into(keyed)
             with self._lock:  # mapped before and unchanged since: neither read nor mapped again
-                for trace, _, _ in earlier:
+                for trace, into, _ in earlier:
                     hit = self.cache.get(trace) if trace not in waiting else None
                     if hit is not None:
                         kept[trace] = hit
-                        if hit.mapped is not None:
-                            owners.setdefault(trace, hit.mapped.conversation_id)
+                        if hit.mapped is not None:  # a context trace belongs where it was attached
+                            context = hit.mapped.context_only and hit.mapped.key == TRACE_KEY
+                            owners.setdefault(trace, into if context else hit.mapped.conversation_id)
             unread = [row for row in earlier if row[0] not in kept]
             since = min([since, *self._assembled_since(unread)])
             owners.update(self._trace_keys({t for t, _, _ in unread} - set(owners), since))
@@ -386,6 +395,9 @@ class ConversationAssembler:
                     self.cache.put(trace, part)
         if left:
             self._wait_again(left)
+        if self._attached:
+            attached, self._attached = self._attached, []
+            self._wait_for(attached)
         return done
 
     def _wait_again(self, conversations: set[str]) -> None:
@@ -431,8 +443,10 @@ class ConversationAssembler:
             return {}
         with id_table(self.con, traces) as ids:
             rows = self.con.execute(
-                f"SELECT trace_id, min({_RANK}), arg_min(conversation_key, {_RANK}) FROM spans WHERE received_at >= ? "
-                f"AND trace_id IN (SELECT id FROM {ids}) AND conversation_key IS NOT NULL GROUP BY trace_id",
+                f"SELECT trace_id, min(rank), arg_min(key, rank) FROM (SELECT trace_id, {_RANK} AS rank, "
+                f"conversation_key AS key FROM spans WHERE received_at >= ? AND trace_id IN (SELECT id FROM {ids}) "
+                f"AND conversation_key IS NOT NULL UNION ALL SELECT trace_id, {_ATTACHED}, conversation_id FROM "
+                f"trace_attachments WHERE trace_id IN (SELECT id FROM {ids})) GROUP BY trace_id",
                 [_at(since_us)]).fetchall()
         return {trace: (rank if rank is not None else _UNKEYED, key) for trace, rank, key in rows}
 
@@ -533,6 +547,7 @@ class ConversationAssembler:
             parts_of[conversation_id] = parts
         failed |= self._write_all(built)
         done = {c: parts for c, parts in parts_of.items() if c not in failed}
+        self._attach_context(done, since_us)
         for conversation_id, parts in done.items():
             if conversation_id in going_on:
                 mapped.update((p.trace_id, p) for p in parts if p.trace_id not in kept)
@@ -542,6 +557,71 @@ class ConversationAssembler:
             {c: max((p.newest for p in parts), default=datetime.now(UTC)) for c, parts in done.items()},
             {p.trace_id: p.first for parts in done.values() for p in parts})
         return failed
+
+    def _attach_context(self, done: dict[str, list[KeptTrace]], since_us: int) -> None:
+        """Context traces (MCP calls outside any run, no key of their own) join the one conversation that shares
+        their MCP session: remembered per session as conversations are written, in whichever order they come. An
+        attached trace gets a key in trace_attachments and waits again (once the round that assembled it is done,
+        so that round's bookkeeping does not drop it), so the conversation's next version holds
+        it; its own context-only conversation is removed. Sessions are remembered in memory (SESSIONS_KEPT): a
+        restart forgets them, and such traces then stay context-only conversations."""
+        attach: dict[str, str] = {}
+        for conversation_id, parts in done.items():
+            mapped = [p.mapped for p in parts if p.mapped is not None]
+            sessions = {s for m in mapped for s in m.sessions}
+            if mapped and all(m.context_only and m.key == TRACE_KEY for m in mapped):
+                owner = self._session_owner(sessions)
+                if owner is not None:
+                    attach.update((m.trace_id, owner) for m in mapped)
+                else:
+                    self._remember(self._context_sessions, sessions, conversation_id)
+                continue
+            self._remember(self._session_owners, sessions, conversation_id)
+            for session in sessions:
+                for waiting in list(self._context_sessions.get(session, ())):
+                    if self._session_owner(self._sessions_of_context.get(waiting, set())) == conversation_id:
+                        attach[waiting] = conversation_id  # a context conversation's id is its one trace's id
+        if attach:
+            self._attach(attach, since_us)
+
+    def _session_owner(self, sessions: set[str]) -> str | None:
+        """The one conversation seen in these sessions, if exactly one."""
+        owners = {owner for session in sessions for owner in self._session_owners.get(session, ())}
+        return owners.pop() if len(owners) == 1 else None
+
+    def _remember(self, index: OrderedDict[str, set[str]], sessions: set[str], conversation_id: str) -> None:
+        for session in sessions:
+            index.setdefault(session, set()).add(conversation_id)
+            index.move_to_end(session)
+            while len(index) > SESSIONS_KEPT:
+                index.popitem(last=False)
+        if index is self._context_sessions:
+            self._sessions_of_context[conversation_id] = sessions
+            while len(self._sessions_of_context) > SESSIONS_KEPT:
+                self._sessions_of_context.popitem(last=False)
+
+    def _attach(self, attach: dict[str, str], since_us: int) -> None:
+        """Give each context trace its conversation's key and let it wait again; drop the context-only
+        conversations they were (never scored: nothing else refers to them)."""
+        now = datetime.now(UTC)
+        rows = pa.table({"trace_id": list(attach), "conversation_id": list(attach.values()),
+                         "attached_at": pa.array([now] * len(attach), _UTC_US)})
+        with registered(self.con, rows) as name:
+            def work() -> None:
+                self.con.execute(f"INSERT OR REPLACE INTO trace_attachments SELECT * FROM {name}")
+                for table in ("conversations", "conversation_summary", "call_summary"):
+                    status = f" AND status = '{CONTEXT_ONLY}'" if table == "conversations" else ""
+                    self.con.execute(f"DELETE FROM {table} WHERE conversation_id IN (SELECT trace_id FROM {name})"
+                                     + status)
+            try:
+                in_transaction(self.con, work)
+            except duckdb.Error as exc:  # tried again when the conversation or the context is next written
+                self.log.warning("context not attached", traces=len(attach), reason=str(exc))
+                return
+        for trace, conversation_id in attach.items():
+            self._sessions_of_context.pop(trace, None)
+            self.log.info("context attached", trace_id=trace, conversation_id=conversation_id)
+        self._attached.extend((trace, since_us) for trace in attach)  # waits again once this round forgets it
 
     def _failed(self, conversation_id: str, exc: Exception) -> None:
         self.log.error("assembly failed", conversation_id=conversation_id, reason=f"{type(exc).__name__}: {exc}")
@@ -594,7 +674,8 @@ class ConversationAssembler:
     def _compose(self, conversation_id: str, parts: list[KeptTrace]) -> list[_Built]:
         """The conversation composed from its traces' mapped parts, with the sampling filters' attribute values
         (none when it has no turn)."""
-        mine = [p for p in parts if p.mapped is not None and p.mapped.conversation_id == conversation_id]
+        mine = [p for p in parts if p.mapped is not None and (p.mapped.conversation_id == conversation_id or (
+            p.mapped.context_only and p.mapped.key == TRACE_KEY))]  # context traces attached to it
         conversation = compose_conversation([p.mapped for p in mine if p.mapped is not None],
                                             mcp_tools=self.settings.mapping.mcp_tools)
         if conversation is None:

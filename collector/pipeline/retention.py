@@ -205,6 +205,7 @@ class Retention:
             try:
                 [(deleted,)] = self.con.execute(f"DELETE FROM span_records WHERE {where}", [snapshot]).fetchall()
                 self.con.execute(f"DELETE FROM assembled_traces WHERE trace_id IN (SELECT id FROM {ids})")
+                self.con.execute(f"DELETE FROM trace_attachments WHERE trace_id IN (SELECT id FROM {ids})")
                 self.con.execute(f"INSERT OR REPLACE INTO pruned_conversations SELECT id, now() FROM {pruned}")
                 self.con.execute("DELETE FROM retention_batches WHERE batch_id = ?", [batch_id])
                 self.con.execute("COMMIT")

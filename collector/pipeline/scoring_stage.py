@@ -38,11 +38,12 @@ from tracejudge.judged_metric import JudgedMetric
 from tracejudge.judges.llm import LLMJudge, load_client_library
 from tracejudge.judges.resolve import JudgeOptions
 from tracejudge.judges.secret_mask import mask_url
+from tracejudge.mapping.conversation import CONTENT_MISSING
 from tracejudge.mcp_use import MultiTurnMCPUseMetric
 from tracejudge.metric import BaseMetric
 from tracejudge.outage import JudgeOutage
 from tracejudge.task_completion import MCPTaskCompletionMetric
-from tracejudge.test_case import load_test_case
+from tracejudge.test_case import ConversationalTestCase, load_test_case
 
 JUDGED = {"mcp_use": MultiTurnMCPUseMetric, "mcp_task_completion": MCPTaskCompletionMetric}
 OUTAGE_GIVE_UP_STREAK = 4  # `score --pending` stops waiting for a judge after this many failures in a row
@@ -51,6 +52,23 @@ DETERMINISTIC_BATCH = 256  # deterministic jobs leased, measured and committed t
 BATCH_CASE_BYTES = 16 * 1024 * 1024  # test-case JSON of a batch loaded at once (a batch is read in parts past it)
 OWN_FAILURE_STRIKES = 3  # unavailable this often while the judge answered others: the job's own failure
 Log = Callable[..., None]
+
+
+async def _measure_recorded(metric: BaseMetric, metric_id: str, case: ConversationalTestCase) -> None:
+    """Measure the case, unless its spans recorded none of what the metric reads (no messages for a judged metric,
+    no arguments for call validity): then it is not applicable, with what to turn on to record it."""
+    gaps = (case.metadata or {}).get(CONTENT_MISSING)
+    needed = "messages" if metric_id in JUDGED else "arguments"
+    if isinstance(gaps, dict) and needed in (gaps.get("missing") or []):
+        raise NoTaskError(f"the conversation's spans recorded no {needed}, so there is nothing to score; to "
+                          f"record them: {gaps.get('how_to_record')}")
+    await metric.a_measure(case)
+
+
+def _not_applicable(metric: BaseMetric, reason: Exception) -> None:
+    """Nothing to judge is neither a pass nor a fail: no score, no success, the reason kept."""
+    metric.error = f"not applicable: {reason}"
+    metric.score = metric.success = None
 
 
 @dataclass(frozen=True)
@@ -397,9 +415,9 @@ class ScoringStage:
                 started, error = time.perf_counter(), None
                 if case is not None:
                     try:
-                        await metric.a_measure(load_test_case(case[0]))
+                        await _measure_recorded(metric, metric_id, load_test_case(case[0]))
                     except (NoTaskError, InvalidTestCaseError) as exc:
-                        metric.error = f"not applicable: {exc}"  # recorded as a score row, not retried
+                        _not_applicable(metric, exc)  # recorded as a score row, not retried
                     except Exception as exc:  # noqa: BLE001 - retried or failed like any job's error
                         error = exc
                 out.append((metric, error, (time.perf_counter() - started) * 1000))
@@ -478,9 +496,9 @@ class ScoringStage:
         started = time.perf_counter()
         error: BaseException | None = None
         try:
-            await metric.a_measure(load_test_case(test_case_json))
+            await _measure_recorded(metric, metric_id, load_test_case(test_case_json))
         except (NoTaskError, InvalidTestCaseError) as exc:
-            metric.error = f"not applicable: {exc}"  # deterministic: recorded as a score row, not retried
+            _not_applicable(metric, exc)  # deterministic: recorded as a score row, not retried
         except Exception as exc:
             error = exc
         latency_ms = (time.perf_counter() - started) * 1000

@@ -22,6 +22,8 @@ MAX_PROBLEMS_NAMED = 5
 MAX_MESSAGE_CHARS = 2000
 
 
+METRICS_DROPPED = "metrics_dropped"  # the answer label of metrics exports: accepted and dropped
+
 class Answer(Enum):
     OK = "ok"
     UNAUTHENTICATED = "unauthenticated"

@@ -1,5 +1,6 @@
 """OTLP/gRPC receiver: `opentelemetry.proto.collector.trace.v1.TraceService/Export` on grpc.aio, and
-`...logs.v1.LogsService/Export` for GenAI events sent as log records.
+`...logs.v1.LogsService/Export` for GenAI events sent as log records. `...metrics.v1.MetricsService/Export` is
+answered OK and dropped: SDKs set up to export every signal (logfire's default) get no error to log.
 
 The request arrives as raw bytes (no generated deserializer) so a malformed message gets a precise
 INVALID_ARGUMENT instead of a generic error. Backpressure answers UNAVAILABLE with a google.rpc.RetryInfo,
@@ -18,6 +19,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
     ExportLogsPartialSuccess,
     ExportLogsServiceResponse,
 )
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTracePartialSuccess,
     ExportTraceServiceResponse,
@@ -25,10 +27,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from tracejudge.collector.config import ServerSettings
 from tracejudge.collector.receivers.decode_pool import Signal
-from tracejudge.collector.receivers.ingest import Answer, Ingest, Outcome
+from tracejudge.collector.receivers.ingest import METRICS_DROPPED, Answer, Ingest, Outcome
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 LOGS_SERVICE = "opentelemetry.proto.collector.logs.v1.LogsService"
+METRICS_SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
 
 
 def _status_details(code: int, message: str, retry_after_s: int | None) -> tuple[tuple[str, bytes], ...]:
@@ -83,7 +86,12 @@ class GrpcReceiver:
                 self._export_logs, request_deserializer=None,
                 response_serializer=ExportLogsServiceResponse.SerializeToString),
         })
-        self._server.add_generic_rpc_handlers((handler, logs))
+        metrics = grpc.method_handlers_generic_handler(METRICS_SERVICE, {
+            "Export": grpc.unary_unary_rpc_method_handler(
+                self._export_metrics, request_deserializer=None,
+                response_serializer=ExportMetricsServiceResponse.SerializeToString),
+        })
+        self._server.add_generic_rpc_handlers((handler, logs, metrics))
 
     async def start(self) -> int:
         s = self.settings
@@ -119,6 +127,11 @@ class GrpcReceiver:
             return ExportLogsServiceResponse(partial_success=ExportLogsPartialSuccess(
                 rejected_log_records=outcome.rejected, error_message=outcome.message))
         return ExportLogsServiceResponse()
+
+    async def _export_metrics(self, request: bytes, context: grpc.aio.ServicerContext) -> ExportMetricsServiceResponse:
+        """Metrics are no input of an evaluation: accepted (the bearer token was checked first) and dropped."""
+        self.ingest.metrics.requests.labels("grpc", METRICS_DROPPED).inc()
+        return ExportMetricsServiceResponse()
 
     async def _outcome(self, request: bytes, context: grpc.aio.ServicerContext, signal: Signal) -> Outcome:
         """The accepted outcome, or the RPC aborted with the matching status."""

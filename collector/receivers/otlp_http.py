@@ -1,5 +1,6 @@
 """OTLP/HTTP receiver: `POST /v1/traces` (and `/v1/logs`, for GenAI events sent as log records) with protobuf or
-JSON bodies, gzip or deflate encoded.
+JSON bodies, gzip or deflate encoded. `POST /v1/metrics` is read (within the same limits), answered OK and
+dropped: SDKs set up to export every signal (logfire's default) get no 404 to log.
 
 Answers follow the OTLP/HTTP spec: 200 with an ExportTraceServiceResponse (partial success included) in
 the request's content type; 400 with a google.rpc.Status for an undecodable body; 401 without the right
@@ -29,11 +30,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from tracejudge.collector.config import ServerSettings
 from tracejudge.collector.receivers.decode_pool import Signal
 from tracejudge.collector.receivers.http_guard import GuardedSite, body_deadline_s
-from tracejudge.collector.receivers.ingest import Answer, Ingest, Outcome
+from tracejudge.collector.receivers.ingest import METRICS_DROPPED, Answer, Ingest, Outcome
 from tracejudge.collector.store.span_store import Backpressure
 
 TRACES_PATH = "/v1/traces"
 LOGS_PATH = "/v1/logs"
+METRICS_PATH = "/v1/metrics"
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -102,6 +104,7 @@ class HttpReceiver:
         self.app = web.Application(client_max_size=settings.max_message_bytes)
         self.app.router.add_post(TRACES_PATH, self._traces)
         self.app.router.add_post(LOGS_PATH, self._logs)
+        self.app.router.add_post(METRICS_PATH, self._metrics)
         self._site: GuardedSite | None = None
 
     async def start(self) -> int:
@@ -134,6 +137,18 @@ class HttpReceiver:
     async def _logs(self, request: web.Request) -> web.Response:
         return await self._export(request, "logs")
 
+    async def _metrics(self, request: web.Request) -> web.Response:
+        """Metrics are no input of an evaluation: checked like any export (token, size, time), then dropped."""
+        reply_type = PROTOBUF if _media(request.headers.get("Content-Type", "")) in (PROTOBUF, "application/protobuf") \
+            else JSON
+        body = await self._body(request, reply_type)
+        if isinstance(body, web.Response):
+            return body
+        self.ingest.metrics.requests.labels("http", METRICS_DROPPED).inc()
+        if reply_type == PROTOBUF:
+            return web.Response(status=200, body=b"", content_type=PROTOBUF)  # an empty ExportMetricsServiceResponse
+        return web.Response(status=200, text="{}", content_type=JSON)
+
     async def _export(self, request: web.Request, signal: Signal) -> web.Response:
         media = _media(request.headers.get("Content-Type", ""))
         if media == "application/protobuf":
@@ -143,6 +158,15 @@ class HttpReceiver:
             self.ingest.metrics.requests.labels("http", "unsupported_type").inc()
             return self._status(415, code_pb2.INVALID_ARGUMENT,
                                 f"unsupported Content-Type {media or '(none)'!r}: send {PROTOBUF} or {JSON}", JSON)
+        body = await self._body(request, reply_type)
+        if isinstance(body, web.Response):
+            return body
+        outcome = await self.ingest.export(body, media, request.headers.get("Authorization"), "http", signal)
+        return self._answer(outcome, reply_type, signal)
+
+    async def _body(self, request: web.Request, reply_type: str) -> bytes | web.Response:
+        """The request's body, decompressed within the size limit and the time its length allows; or the answer
+        that refuses it (no bearer token, too large, too slow, not decompressible, backpressure)."""
         if not self.ingest.authorized(request.headers.get("Authorization")):
             self.ingest.metrics.requests.labels("http", "unauthenticated").inc()
             return self._status(401, code_pb2.UNAUTHENTICATED, "missing or wrong bearer token", reply_type,
@@ -154,7 +178,7 @@ class HttpReceiver:
             encoding = request.headers.get("Content-Encoding", "")
             # decompressing is CPU work in proportion to the body: off the event loop, so /healthz and every
             # other request keep being answered meanwhile
-            body = raw if encoding.strip().lower() in ("", "identity") and len(raw) <= self.settings.max_message_bytes \
+            return raw if encoding.strip().lower() in ("", "identity") and len(raw) <= self.settings.max_message_bytes \
                 else await asyncio.to_thread(decompress, raw, encoding, self.settings.max_message_bytes)
         except (TooLarge, web.HTTPRequestEntityTooLarge):
             self.ingest.metrics.requests.labels("http", "too_large").inc()
@@ -172,8 +196,6 @@ class HttpReceiver:
             self.ingest.metrics.requests.labels("http", "unavailable").inc()
             return self._status(503, code_pb2.UNAVAILABLE, str(exc), reply_type,
                                 {"Retry-After": str(exc.retry_after_s), "Connection": "close"})
-        outcome = await self.ingest.export(body, media, request.headers.get("Authorization"), "http", signal)
-        return self._answer(outcome, reply_type, signal)
 
     async def _read(self, request: web.Request) -> bytes:
         """The body, counted against the receiver's in-flight bytes while it arrives (refused up front when

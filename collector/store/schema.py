@@ -223,7 +223,7 @@ def summary_tables_ddl(temporary: bool = False) -> str:
     """.replace("{create}", create)
 
 
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 # SQL, or a function of the connection where the migration needs Python (ids computed as ingest computes them)
 MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     1: f"""
@@ -391,6 +391,15 @@ MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     # why a conversation's calls are not in call_summary (too large to summarise within the buffer pool)
     14: """
     ALTER TABLE conversation_summary ADD COLUMN IF NOT EXISTS summary_note VARCHAR;
+    """,
+    # traces of MCP calls made outside any agent run (no conversation key of their own), joined to the conversation
+    # that shares their MCP session: a conversation key the assembler gave them, weaker than any the spans carry
+    15: """
+    CREATE TABLE IF NOT EXISTS trace_attachments (
+        trace_id VARCHAR PRIMARY KEY,
+        conversation_id VARCHAR NOT NULL,
+        attached_at TIMESTAMPTZ NOT NULL
+    );
     """,
 }
 

@@ -139,7 +139,8 @@ def overview(con: duckdb.DuckDBPyConnection, window: str, split: str, budget: fl
     for metric, grp, at, mean, p10, rate in points:
         trends.setdefault((metric, grp), Trend(metric, grp, [])).points.append((at, mean, p10, rate))
     spend = _rows(con, "SELECT DATE '1970-01-01' + CAST(epoch_us(scored_at) // 86400000000 AS INTEGER) AS day, "
-                       "sum(evaluation_cost) AS cost "
+                       "sum(evaluation_cost) AS cost, count(*) FILTER (WHERE evaluation_cost IS NULL AND "
+                       "judge_calls > 0) AS unpriced "
                        "FROM scores WHERE scored_at >= ? GROUP BY 1 ORDER BY 1", [since])
     jobs: dict[str, int] = {}
     failed: list[dict[str, Any]] = []
