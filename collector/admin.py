@@ -1,6 +1,7 @@
 """Admin HTTP API on port 4319: the web UI (`/`), liveness, readiness, Prometheus metrics, read-only SQL
-(`/api/query`), the HTML score report (`/report?since=7d`) and re-queueing waiting and failed jobs
-(`/api/score-pending`)."""
+(`/api/query`), the HTML score report (`/report?since=7d`), re-queueing waiting and failed jobs
+(`/api/score-pending`) and a stored conversation mapped again with where each part came from
+(`/api/conversations/{id}/mapping`, for `tracejudge inspect CONVERSATION_ID`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,11 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tracejudge.collector.admin_guard import AdminGuard
+from tracejudge.collector.history.conversation_mapping import (
+    ConversationNotFound,
+    ConversationTooLarge,
+    explain_stored,
+)
 from tracejudge.collector.history.query import DEFAULT_LIMIT, QueryFailed, QueryRefused
 from tracejudge.collector.history.query_sandbox import SandboxLimits, run_sandboxed
 from tracejudge.collector.metrics import CollectorMetrics
@@ -39,7 +45,8 @@ class AdminServer:
     def __init__(self, host: str, port: int, store: SpanStore, metrics: CollectorMetrics,
                  query_token: str | None, *, max_connections: int = 256, header_timeout_s: float = 10.0,
                  budget_usd: float | None = None, trace_url: str | None = None,
-                 allowed_hosts: list[str] | None = None, query_limits: SandboxLimits | None = None) -> None:
+                 allowed_hosts: list[str] | None = None, query_limits: SandboxLimits | None = None,
+                 mcp_tools: dict[str, list[str]] | None = None, max_spans: int = 100_000) -> None:
         self.host, self.requested_port = host, port
         self.store, self.metrics = store, metrics
         self.stage: ScoringStage | None = None
@@ -51,6 +58,7 @@ class AdminServer:
         self._busy = 0
         # what one user's query may take, in its own process; its copies go next to the database
         self._query_limits = query_limits or SandboxLimits(folder=store.path.parent)
+        self._mcp_tools, self._max_spans = mcp_tools, max_spans  # mapping a stored conversation again
         self.port: int | None = None
         self.guard = AdminGuard([host, *(allowed_hosts or [])])
         # a query is small; every route checks Host, and the routes that change state or run SQL check the origin
@@ -61,6 +69,7 @@ class AdminServer:
         self.app.router.add_post("/api/query", self._query)
         self.app.router.add_get("/report", self._report)
         self.app.router.add_post("/api/score-pending", self._score_pending)
+        self.app.router.add_get("/api/conversations/{conversation_id}/mapping", self._mapping)
         self.summaries = SummaryTables()
         self._budget_usd, self._trace_url = budget_usd, trace_url
         self.ui = WebUI(self._cursor, self._queries, query_token, self.summaries, budget_usd=budget_usd,
@@ -162,6 +171,27 @@ class AdminServer:
         return web.Response(text=page, content_type="text/html", charset="utf-8",
                             headers={"Content-Security-Policy": STATIC_CSP})
 
+
+    async def _mapping(self, request: web.Request) -> web.Response:
+        """A stored conversation mapped again from its spans, with where each part came from (`tracejudge inspect
+        CONVERSATION_ID --explain`); it shows conversation text, so it needs the query token."""
+        if not bearer_matches(request.headers.get("Authorization"), self._query_token):
+            return _error(401, "missing or wrong bearer token (TRACEJUDGE_QUERY_TOKEN)")
+        if self._busy >= MAX_QUERIES:
+            return _error(429, "too many queries and reports are running; retry shortly")
+        self._busy += 1
+        try:
+            document = await asyncio.get_running_loop().run_in_executor(
+                self._user_sql, _then_release, lambda: explain_stored(
+                    self._cursor(), request.match_info["conversation_id"], mcp_tools=self._mcp_tools,
+                    max_spans=self._max_spans))
+        except ConversationNotFound as exc:
+            return _error(404, str(exc))
+        except ConversationTooLarge as exc:
+            return _error(413, str(exc))
+        finally:
+            self._busy -= 1
+        return web.Response(text=json.dumps(document, ensure_ascii=False), content_type="application/json")
 
     async def _score_pending(self, request: web.Request) -> web.Response:
         """`tracejudge score --pending` against a running collector: its own scoring stage takes the jobs."""

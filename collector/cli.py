@@ -130,12 +130,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     inspect = sub.add_parser(
         "inspect",
-        help="print the conversations a trace file maps to",
+        help="print the conversations a trace file maps to, or how a collector maps a stored conversation",
         description="Decode an OTLP trace file (OTLP/JSON: one ExportTraceServiceRequest or one per line; "
         ".pb: protobuf) and print each conversation it maps to: turns, MCP calls with arguments and results, "
-        "and the MCP servers. Use it to check how your agent's traces are read.",
+        "and the MCP servers. Use it to check how your agent's traces are read. Given a conversation id instead "
+        "of a file, the running collector at --url maps that conversation's stored spans again (with --explain: "
+        "from which span each part came).",
     )
-    inspect.add_argument("file", metavar="FILE", help="OTLP/JSON (.json, .jsonl) or protobuf (.pb) trace file")
+    inspect.add_argument("file", metavar="FILE_OR_CONVERSATION_ID",
+                         help="OTLP/JSON (.json, .jsonl) or protobuf (.pb) trace file, or a conversation id")
+    inspect.add_argument("--url", default="http://127.0.0.1:4319",
+                         help="admin API of the running collector that holds the conversation (TRACEJUDGE_QUERY_TOKEN "
+                         "if it needs one)")
     inspect.add_argument("--servers", metavar="FILE", help="MCP server inventory (JSON or TOML) to merge in")
     inspect.add_argument("--format", choices=["text", "json"], default="text", help="output format")
     inspect.add_argument("--explain", action="store_true",

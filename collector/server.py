@@ -73,7 +73,8 @@ class Collector:
                                  budget_usd=settings.scoring.daily_budget_usd, trace_url=settings.ui.trace_url,
                                  allowed_hosts=settings.server.admin_allowed_hosts,
                                  query_limits=SandboxLimits(settings.store.query_memory, parse_size(
-                                     settings.store.temp_limit or f"{DEFAULT_DISK}B"), folder=settings.store.db.parent))
+                                     settings.store.temp_limit or f"{DEFAULT_DISK}B"), folder=settings.store.db.parent),
+                                 mcp_tools=settings.mapping.mcp_tools, max_spans=settings.conversations.max_spans)
         self.stage: ScoringStage | None = None
         self.retention: Retention | None = None
         self.assembler: ConversationAssembler | None = None

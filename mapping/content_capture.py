@@ -4,6 +4,7 @@ on, instead of being scored from nothing."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 # (scope name prefix, what to turn on); the first prefix that matches a scope of the conversation wins
@@ -28,7 +29,12 @@ DEFAULT_SWITCH = ("turn on your instrumentation's message-content capture (the O
 
 def switch_for(scopes: Iterable[str]) -> str:
     """What to turn on to record content, for the instrumentation scopes a conversation's spans came from."""
-    names = sorted(set(scopes))
+    return _switch_for(frozenset(scopes))
+
+
+@functools.lru_cache(maxsize=256)
+def _switch_for(scopes: frozenset[str]) -> str:
+    names = sorted(scopes)
     for prefix, switch in SWITCHES:
         if any(name == prefix or name.startswith(prefix + ".") or name.startswith(prefix + "-") for name in names):
             return switch

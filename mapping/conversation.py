@@ -27,6 +27,7 @@ from tracejudge.mapping.otlp_logs import fold_log_events
 from tracejudge.mapping.results import prompt_result, resource_result, tool_result
 from tracejudge.mapping.spans import Span
 from tracejudge.test_case import (
+    INFERRED_FROM_CALL,
     OWNED_TURNS,
     ConversationalTestCase,
     MCPPromptCall,
@@ -59,6 +60,25 @@ class Conversation:
     content_hash: str
     explanation: tuple[dict[str, Any], ...] = ()  # with build_conversations(explain=True): where each turn came from
     context_only: bool = False  # only MCP calls made outside any agent run: nothing to score (see MappedTrace)
+
+    def document(self, explain: bool = False) -> dict[str, Any]:
+        """The conversation as JSON (`tracejudge inspect --format json`, the admin API's mapping of a stored one)."""
+        return {
+            "conversation_id": self.conversation_id, "key": self.key, "service_name": self.service_name,
+            "agent_name": self.agent_name, "trace_ids": list(self.trace_ids), "first_span_ns": self.first_span_ns,
+            "last_span_ns": self.last_span_ns, "content_hash": self.content_hash, "context_only": self.context_only,
+            "test_case": self.test_case.model_dump(mode="json", exclude_none=True),
+            **({"explanation": list(self.explanation)} if explain else {}),
+        }
+
+    @classmethod
+    def from_document(cls, doc: dict[str, Any]) -> Conversation:
+        return cls(conversation_id=doc["conversation_id"], key=doc["key"],
+                   test_case=ConversationalTestCase.model_validate(doc["test_case"]),
+                   service_name=doc.get("service_name"), agent_name=doc.get("agent_name"),
+                   trace_ids=tuple(doc.get("trace_ids", ())), first_span_ns=doc.get("first_span_ns", 0),
+                   last_span_ns=doc.get("last_span_ns", 0), content_hash=doc.get("content_hash", ""),
+                   explanation=tuple(doc.get("explanation", ())), context_only=bool(doc.get("context_only")))
 
 
 @dataclass
@@ -201,6 +221,8 @@ class _Draft:
 class _Trace:
     def __init__(self, spans: list[Span]) -> None:
         self.facts = {s.span_id: _facts(s) for s in sorted(spans, key=lambda s: (s.start_ns, s.span_id))}
+        # the spans of MCP operations: what ties the trace to an MCP session
+        self.ops = [f.span for f in self.facts.values() if f.op is not None]
 
     def parent(self, facts: _Facts) -> _Facts | None:
         pid = facts.span.parent_span_id
@@ -238,14 +260,14 @@ class _Trace:
         """What ties this trace's MCP calls to one MCP session: its `mcp.session.id`s, and each pair of client and
         server process (service name and instance) that its MCP spans show talking (a stdio server lives as long
         as its client's session)."""
+        ops = self.ops
+        if not ops:
+            return frozenset()
         found: set[str] = set()
         clients: set[str] = set()
         servers: set[str] = set()
         resources: set[tuple[bool, int]] = set()  # a request's spans share their resource's dict: read each once
-        for f in self.facts.values():
-            if f.op is None:
-                continue
-            span = f.span
+        for span in ops:
             session = span.attributes.get("mcp.session.id")
             if session:
                 found.add(f"mcp.session.id {session}")
@@ -268,6 +290,9 @@ class _Trace:
             root = next((f for f in all_facts if self.parent(f) is None), all_facts[0])
             draft = self._draft(root, AgentRun(), all_facts)
             draft.context_only = draft.user_text is None and not any(f.llm for f in all_facts)
+            if draft.context_only:
+                draft.sources["assistant"] = (None, "", f"trace {root.span.trace_id}: no agent or model span, "
+                                                        "MCP calls the app made outside any agent run")
             return [draft]
         members: dict[str, list[_Facts]] = {r.span.span_id: [] for r in runs}
         for f in all_facts:
@@ -278,10 +303,10 @@ class _Trace:
         return [self._draft(r, r.run or AgentRun(), members[r.span.span_id]) for r in runs]
 
     def _draft(self, root: _Facts, run: AgentRun, members: list[_Facts]) -> _Draft:
-        draft = _Draft(start_ns=root.span.start_ns, trace_id=root.span.trace_id, run_span_id=root.span.span_id,
-                       service_name=root.span.service_name, agent_name=run.agent_name,
-                       scopes=frozenset({f.span.scope_name for f in members}))
         llm_facts = [f for f in members if f.llm is not None]
+        draft = _Draft(start_ns=root.span.start_ns, trace_id=root.span.trace_id, run_span_id=root.span.span_id,
+                       service_name=root.span.service_name, agent_name=run.agent_name,  # the run's and models' scopes
+                       scopes=frozenset({root.span.scope_name, *(f.span.scope_name for f in llm_facts)}))
         llms = [f.llm for f in llm_facts if f.llm is not None]
         run_where = (root, "run", "")
         if run.history is not None:
@@ -314,9 +339,7 @@ class _Trace:
         for messages, may_add, where, asked_ns in message_sources:
             _pair_parts(draft.calls, messages, asked_ns, may_add, where)
         for f in members:
-            if f.definitions:
-                draft.definitions = (merge_definitions(draft.definitions, f.definitions) if draft.definitions
-                                     else f.definitions)
+            draft.definitions += f.definitions  # merged once, when the conversation is composed
             if f.op is not None and f.op.method.endswith("/list"):
                 draft.listed += [(f.op.method, f.op.server, item) for item in f.op.listed]
         draft.calls.sort(key=lambda c: c.order or (c.start_ns, 0))
@@ -494,10 +517,11 @@ class _Inventory:
 
     def add_called(self, kind: str, server: str, name: str, arguments: Any) -> None:
         """A resource read or a prompt got proves the server has it, though no listing span says so."""
+        inferred = {"_meta": {INFERRED_FROM_CALL: "called; no listing of it was recorded"}}
         if kind == "resource" and name != UNKNOWN:
-            self._server(server)["resources"].setdefault(name, {"uri": name})
+            self._server(server)["resources"].setdefault(name, {"uri": name, **inferred})
         elif kind == "prompt" and name != UNKNOWN:
-            prompt = self._server(server)["prompts"].setdefault(name, {"name": name})
+            prompt = self._server(server)["prompts"].setdefault(name, {"name": name, **inferred})
             if isinstance(arguments, dict) and arguments and not prompt.get("arguments"):
                 prompt["arguments"] = [{"name": key} for key in sorted(arguments)]
 
@@ -666,7 +690,15 @@ def _slim(draft: _Draft) -> _Draft:
     """The draft without where its parts came from (those point at the spans, which `inspect --explain` alone
     needs). Done as each trace is mapped, so its spans are freed at once: slimming only the traces the collector
     keeps left a batch's spans alive and cost 4-10% more CPU per conversation (`python bench/assembly.py`)."""
-    return replace(draft, sources={}, calls=[replace(c, sources=[], mcp_rule=None) for c in draft.calls])
+    return _copy_with(draft, sources={}, calls=[_copy_with(c, sources=[], mcp_rule=None) for c in draft.calls])
+
+
+def _copy_with(item: Any, **changes: Any) -> Any:
+    """A shallow copy of a dataclass instance with some fields changed: `dataclasses.replace` runs `__init__` and
+    its checks again, a quarter of slimming's cost."""
+    copied = object.__new__(type(item))
+    copied.__dict__.update(item.__dict__, **changes)
+    return copied
 
 
 def map_traces(spans: Iterable[Span | dict[str, Any]], *, explain: bool = False) -> list[MappedTrace]:
@@ -734,18 +766,21 @@ def attach_context_traces(groups: dict[str, list[MappedTrace]]) -> None:
     """Move each group of only context traces with no conversation key of their own (MCP calls the app made outside
     any agent run) into the one conversation that shares their MCP session; a group that matches none, or several,
     stays as it is (composed, it is marked context-only and is not scored)."""
+    waiting = [c for c, traces in groups.items() if all(t.context_only and t.key == TRACE_KEY for t in traces)]
+    if not waiting:
+        return
     owners: dict[str, set[str]] = {}
     for conversation_id, traces in groups.items():
         if not all(t.context_only for t in traces):
             for trace in traces:
                 for session in trace.sessions:
                     owners.setdefault(session, set()).add(conversation_id)
-    for conversation_id, traces in list(groups.items()):
-        if all(t.context_only and t.key == TRACE_KEY for t in traces):
-            targets = {owner for t in traces for session in t.sessions for owner in owners.get(session, ())}
-            if len(targets) == 1:
-                groups[targets.pop()].extend(traces)
-                del groups[conversation_id]
+    for conversation_id in waiting:
+        traces = groups[conversation_id]
+        targets = {owner for t in traces for session in t.sessions for owner in owners.get(session, ())}
+        if len(targets) == 1:
+            groups[targets.pop()].extend(traces)
+            del groups[conversation_id]
 
 
 def compose_conversation(traces: Sequence[MappedTrace], servers: Sequence[MCPServer | dict[str, Any]] | None = None,

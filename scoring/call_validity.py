@@ -20,7 +20,7 @@ from jsonschema.validators import validator_for
 
 from tracejudge.interactions import unit_indices
 from tracejudge.metric import BaseMetric, Scored, Usage
-from tracejudge.test_case import CallToolResult, ConversationalTestCase, MCPServer, Prompt, Tool
+from tracejudge.test_case import CallToolResult, ConversationalTestCase, MCPServer, Prompt, Tool, inferred_from_call
 
 MAX_SCHEMA_ERRORS = 3
 
@@ -75,11 +75,12 @@ class _Inventory:
         for server in servers:
             for tool in server.available_tools:
                 self.tools.setdefault(tool.name, tool)
-            self.resources.update(r.uri for r in server.available_resources)
+            self.resources.update(r.uri for r in server.available_resources if not inferred_from_call(r))
             self.templates += [p for t in server.available_resource_templates
                                if (p := _template_pattern(t.uri_template)) is not None]
             for prompt in server.available_prompts:
-                self.prompts.setdefault(prompt.name, prompt)
+                if not inferred_from_call(prompt):  # only what a listing advertised
+                    self.prompts.setdefault(prompt.name, prompt)
         self.known = {"tools": bool(self.tools), "resources": bool(self.resources or self.templates),
                       "prompts": bool(self.prompts)}
 

@@ -101,6 +101,16 @@ class _ProtocolModel(_Model):
 
 # --- MCP protocol shapes ------------------------------------------------------------------------------
 
+# The `_meta` key of an inventory entry the mapping inferred from a call (a resource read, a prompt got) because no
+# listing of it was recorded: the server has it, but it was not seen advertised (call validity checks no call
+# against such an entry)
+INFERRED_FROM_CALL = "tracejudge/inferred_from_call"
+
+
+def inferred_from_call(item: BaseModel) -> bool:
+    meta = (item.model_extra or {}).get("_meta")
+    return isinstance(meta, dict) and INFERRED_FROM_CALL in meta
+
 
 class ContentBlock(_ProtocolModel):
     """One content block: text, image, audio, resource (embedded) or resource_link, or a future type."""

@@ -142,3 +142,15 @@ def test_the_collector_puts_the_session_start_calls_into_their_conversation(tmp_
         assert [c["uri"] for t in context for c in t.get("mcp_resources_called", [])] == ["shop://catalog"]
         assert [c["name"] for t in context for c in t.get("mcp_prompts_called", [])] == ["shopping_help"]
         assert turns[2]["role"] == "user"
+
+        # and the running collector explains it: `inspect CONVERSATION_ID --explain` maps its stored spans again
+        def inspect(target: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "tracejudge.collector.cli", "inspect", target, "--explain",
+                                   "--url", collector.admin_url], capture_output=True, text=True, timeout=120)
+
+        explained = inspect(truth["conversation_id"])
+        assert explained.returncode == 0, explained.stderr
+        assert explained.stdout.startswith(f"conversation {truth['conversation_id']} (from gen_ai.conversation.id")
+        assert "MCP resource shop://catalog" in explained.stdout and "from span 'resources/read'" in explained.stdout
+        missing = inspect("conv-nobody-had")
+        assert missing.returncode == 2 and "no conversation 'conv-nobody-had' here" in missing.stderr

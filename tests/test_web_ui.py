@@ -187,3 +187,21 @@ def test_odd_parameters_and_foreign_hosts_get_answers_not_errors(tmp_path: Path)
                             follow_redirects=False)
         assert rebound.status_code == 421  # a DNS name pointed at this port is not this machine's user
         collector.stop()
+
+
+def test_spend_of_a_judge_with_no_known_price_reads_unknown_not_zero(tmp_path: Path, judge_server) -> None:
+    """A local judge (no price in tracejudge's table): its scores cost None, so the day's spend is unknown, not the
+    $0.0000 that summing the deterministic metric's zeros would say."""
+    judge_server.script = lenient_judge
+    env = {"OPENAI_BASE_URL": judge_server.base_url, "OPENAI_API_KEY": "sk-test-not-a-secret"}
+    settings = config(tmp_path).read_text().replace('model = "gpt-4o-mini"', 'model = "qwen2.5:14b-local"')
+    (tmp_path / "tracejudge.toml").write_text(settings)
+    with CollectorProcess(tmp_path / "t.duckdb", config=tmp_path / "tracejudge.toml", env=env) as collector:
+        export(collector, conversations(end=True))
+        wait_for(collector, "SELECT 1 FROM scores WHERE metric = 'mcp_use'", 2)
+        rows = wait_for(collector, "SELECT evaluation_cost FROM scores WHERE metric = 'mcp_use'", 2)
+        assert {cost for (cost,) in rows} == {None}
+        page = httpx.get(f"{collector.admin_url}/", timeout=30).text
+        spend = page[page.index("Judge spend per day"):]
+        spend = spend[:spend.index("</table>")]
+        assert "unknown" in spend and "$0.0000" not in spend

@@ -1,4 +1,5 @@
-"""`tracejudge inspect`: how a trace file maps to conversations, and with --explain, from which spans."""
+"""`tracejudge inspect`: how a trace file maps to conversations, or how a running collector maps a stored
+conversation (by its id), and with --explain, from which spans."""
 
 from __future__ import annotations
 
@@ -6,8 +7,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from urllib.parse import quote
+
+import httpx
 
 from tracejudge.collector.commands import EXIT_BAD_INPUT, EXIT_PASS
+from tracejudge.collector.commands.admin_client import admin_headers
 from tracejudge.collector.config import ConfigError, load_settings
 from tracejudge.collector.input_files import InputFileError, read_trace_file
 from tracejudge.collector.server_file import ServerFileError, read_server_file
@@ -59,6 +64,8 @@ def _explain(conversation: Conversation) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not Path(args.file).exists():
+        return _from_collector(args)
     try:
         spans = read_trace_file(Path(args.file))
         servers = read_server_file(Path(args.servers)) if args.servers else None
@@ -69,15 +76,30 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     conversations = build_conversations(redactor.spans(spans) if redactor is not None else spans, servers,
                                         mcp_tools=settings.mapping.mcp_tools, explain=args.explain)
+    _print(conversations, args, f"no conversation in {len(spans)} span(s)")
+    return EXIT_PASS
+
+
+def _print(conversations: list[Conversation], args: argparse.Namespace, nothing: str) -> None:
     if args.format == "json":
-        print(json.dumps([{
-            "conversation_id": c.conversation_id, "key": c.key, "service_name": c.service_name,
-            "agent_name": c.agent_name, "trace_ids": list(c.trace_ids), "first_span_ns": c.first_span_ns,
-            "last_span_ns": c.last_span_ns, "content_hash": c.content_hash,
-            "test_case": c.test_case.model_dump(mode="json", exclude_none=True),
-            **({"explanation": list(c.explanation)} if args.explain else {}),
-        } for c in conversations], indent=2, ensure_ascii=False))
+        print(json.dumps([c.document(args.explain) for c in conversations], indent=2, ensure_ascii=False))
     else:
         texts = [_describe(c) + ("\n" + _explain(c) if args.explain else "") for c in conversations]
-        print("\n\n".join(texts) or f"no conversation in {len(spans)} span(s)")
+        print("\n\n".join(texts) or nothing)
+
+
+def _from_collector(args: argparse.Namespace) -> int:
+    """A conversation id: the running collector maps its stored spans again (always with where each part came
+    from; --explain prints it)."""
+    url = f"{args.url.rstrip('/')}/api/conversations/{quote(args.file, safe='')}/mapping"
+    try:
+        reply = httpx.get(url, headers=admin_headers(), timeout=120)
+    except httpx.HTTPError as exc:
+        print(f"tracejudge inspect: {args.file} is no file, and no collector answered at {args.url} to look it up "
+              f"as a conversation id ({type(exc).__name__}); start one or pass --url", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if reply.status_code != 200:
+        print(f"tracejudge inspect: {reply.json().get('error', reply.text)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    _print([Conversation.from_document(reply.json())], args, "")
     return EXIT_PASS

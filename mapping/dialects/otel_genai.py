@@ -5,12 +5,14 @@ definitions."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from tracejudge.mapping.dialects.base import AgentRun, Dialect, LLMCall, ToolDefinition, ToolExecution, span_error
 from tracejudge.mapping.messages import Message, Part, final_assistant_text, last_user_text, parse_messages
 from tracejudge.mapping.spans import Span, as_list, parse_json_value
 
+CACHED_TEXT = 64 * 1024  # tool lists up to this long are parsed once per text (256 kept: at most 16 MB)
 ADK_MERGED = "(merged tools)"  # ADK's span for merging parallel tool responses: no call of its own
 LLM_OPERATIONS = frozenset({"chat", "generate_content", "text_completion"})
 # operations that carry messages but are no model call (Strands' loop cycle resends the history; agents and
@@ -128,19 +130,31 @@ class OTelGenAI(Dialect):
     def tool_definitions(self, span: Span) -> list[ToolDefinition]:
         if "gen_ai.tool.definitions" not in span.attributes and "gen_ai.tool.json_schema" not in span.attributes:
             return []
-        out = []
-        for item in as_list(span.json_attr("gen_ai.tool.definitions")):
-            if isinstance(item, dict):
-                function = item.get("function") if isinstance(item.get("function"), dict) else item
-                if isinstance(function.get("name"), str):
-                    schema = _schema(function.get("parameters", function.get("input_schema",
-                                                                             function.get("inputSchema"))))
-                    out.append(ToolDefinition(function["name"], function.get("description"), schema))
+        raw = span.attr("gen_ai.tool.definitions")
+        # every model call of a run repeats the same list: each text is read once
+        out = list(_listed(raw) if isinstance(raw, str) and len(raw) <= CACHED_TEXT
+                   else _listed_in(span.json_attr("gen_ai.tool.definitions")))
         own = _schema(span.json_attr("gen_ai.tool.json_schema"))
         name = span.str_attr("gen_ai.tool.name")
         if own is not None and name:
             out.append(ToolDefinition(name, span.str_attr("gen_ai.tool.description"), own))
         return out
+
+
+@functools.lru_cache(maxsize=256)
+def _listed(text: str) -> tuple[ToolDefinition, ...]:
+    return _listed_in(parse_json_value(text))
+
+
+def _listed_in(value: Any) -> tuple[ToolDefinition, ...]:
+    out = []
+    for item in as_list(value):
+        if isinstance(item, dict):
+            function = item.get("function") if isinstance(item.get("function"), dict) else item
+            if isinstance(function.get("name"), str):
+                schema = _schema(function.get("parameters", function.get("input_schema", function.get("inputSchema"))))
+                out.append(ToolDefinition(function["name"], function.get("description"), schema))
+    return tuple(out)
 
 
 def _schema(value: Any) -> dict[str, Any] | None:

@@ -8,6 +8,7 @@ import functools
 from typing import Any
 
 from tracejudge.mapping.dialects.base import AgentRun, Dialect, ToolDefinition
+from tracejudge.mapping.dialects.otel_genai import CACHED_TEXT
 from tracejudge.mapping.messages import parse_messages
 from tracejudge.mapping.spans import Span, as_list, parse_json_value
 
@@ -38,7 +39,7 @@ class PydanticAI(Dialect):
 
     def tool_definitions(self, span: Span) -> list[ToolDefinition]:
         raw = span.attr(REQUEST_PARAMETERS)
-        if isinstance(raw, str):  # every model request of a run repeats the same tools: read each text once
+        if isinstance(raw, str) and len(raw) <= CACHED_TEXT:  # every model request of a run repeats the same tools
             return list(_offered(raw))
         return list(_offered_in(span.json_attr(REQUEST_PARAMETERS)))
 
