@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from typing import TypeVar
 
 import duckdb
@@ -16,6 +18,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tracejudge.collector.admin_guard import AdminGuard
+from tracejudge.collector.feedback import FEEDBACK_SHAPE, FeedbackIn
 from tracejudge.collector.history.conversation_mapping import (
     ConversationNotFound,
     ConversationTooLarge,
@@ -28,11 +31,13 @@ from tracejudge.collector.pipeline.scoring_stage import ScoringStage
 from tracejudge.collector.pipeline.summary_tables import SummaryTables
 from tracejudge.collector.receivers.http_guard import GuardedSite
 from tracejudge.collector.receivers.ingest import bearer_matches
+from tracejudge.collector.receivers.span_rows import spans_to_arrow
 from tracejudge.collector.store.memory_release import release_duckdb_memory
-from tracejudge.collector.store.span_store import SpanStore
+from tracejudge.collector.store.span_store import SpanStore, StoreError
 from tracejudge.collector.ui.export import ReportError, export_views
 from tracejudge.collector.ui.rendering import STATIC_CSP
 from tracejudge.collector.ui.routes import WebUI
+from tracejudge.mapping.otlp_logs import feedback_carrier
 
 MAX_QUERIES = 4  # queries and reports in flight (they run one at a time); more get 429
 JOB_STATES = ("pending", "running", "done", "failed", "budget", "waiting_for_judge")
@@ -70,6 +75,7 @@ class AdminServer:
         self.app.router.add_get("/report", self._report)
         self.app.router.add_post("/api/score-pending", self._score_pending)
         self.app.router.add_get("/api/conversations/{conversation_id}/mapping", self._mapping)
+        self.app.router.add_post("/api/feedback", self._feedback)
         self.summaries = SummaryTables()
         self._budget_usd, self._trace_url = budget_usd, trace_url
         self.ui = WebUI(self._cursor, self._queries, query_token, self.summaries, budget_usd=budget_usd,
@@ -192,6 +198,23 @@ class AdminServer:
         finally:
             self._busy -= 1
         return web.Response(text=json.dumps(document, ensure_ascii=False), content_type="application/json")
+
+    async def _feedback(self, request: web.Request) -> web.Response:
+        """Feedback on a conversation from an application (an end user's thumbs, a comment): stored through the span
+        store like the OTLP form (`gen_ai.evaluation.result`), so it is durable and waits for its conversation."""
+        if not bearer_matches(request.headers.get("Authorization"), self._query_token):
+            return _error(401, "missing or wrong bearer token (TRACEJUDGE_QUERY_TOKEN)")
+        try:
+            body = FeedbackIn.model_validate(await request.json())
+        except ValueError as exc:
+            return _error(400, f"send JSON {FEEDBACK_SHAPE}: {str(exc)[:300]}")
+        carrier = feedback_carrier(body.conversation_id, time.time_ns(), body.attributes())
+        try:
+            await self.store.write(spans_to_arrow([carrier], datetime.now(UTC)))
+        except StoreError as exc:  # backpressure included
+            return _error(503, f"not stored: {exc}; retry shortly")
+        return web.Response(status=201, text=json.dumps({"stored": True, "trace_id": carrier.trace_id}),
+                            content_type="application/json")
 
     async def _score_pending(self, request: web.Request) -> web.Response:
         """`tracejudge score --pending` against a running collector: its own scoring stage takes the jobs."""

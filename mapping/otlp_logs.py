@@ -8,7 +8,9 @@ id of the LLM span. Each such record becomes a *carrier span*: a child of that s
 `tracejudge.log_event`, holding the record as its one event (attributes plus the body's fields). Carriers go
 through the same store as spans (so they are durable and redelivery-safe: their id hashes the record), and
 `fold_log_events` puts their events back on the span they name before a conversation is built. Records that
-are no GenAI event, or name no span, are accepted and dropped.
+are no GenAI event, or name no span, are accepted and dropped, except evaluation results that name a conversation
+instead (end-user feedback: `gen_ai.evaluation.result` with `gen_ai.conversation.id`): their carrier starts a trace of
+its own, keyed by that conversation, so the feedback waits for the conversation however late either arrives.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from tracejudge.mapping.spans import Span, SpanEvent
 
 LOG_EVENT_SCOPE = "tracejudge.log_event"
 EVENT_PREFIX = "gen_ai."
+EVALUATION_EVENT = "gen_ai.evaluation.result"
+CONVERSATION_ID = "gen_ai.conversation.id"
 
 
 def decode_otlp_logs(payload: bytes | str, content_type: str) -> DecodedRequest:
@@ -60,19 +64,37 @@ def decode_otlp_logs(payload: bytes | str, content_type: str) -> DecodedRequest:
 
 def _carrier(trace_id: str | None, span_id: str | None, event_name: str, time_ns: int, attributes: dict[str, Any],
              body: Any, resource: dict[str, Any]) -> Span | None:
-    if not event_name.startswith(EVENT_PREFIX) or trace_id is None or span_id is None:
+    if not event_name.startswith(EVENT_PREFIX):
         return None
     fields = {k: v for k, v in attributes.items() if k != "event.name"}
     if isinstance(body, dict):
         fields = {**body, **fields}
     elif body is not None:
         fields.setdefault("content", body)
+    if trace_id is None or span_id is None:
+        conversation = fields.get(CONVERSATION_ID)
+        if event_name != EVALUATION_EVENT or not isinstance(conversation, str) or not conversation:
+            return None
+        return feedback_carrier(conversation, time_ns, fields, resource)
     digest = hashlib.sha256(json.dumps([trace_id, span_id, event_name, time_ns, fields], sort_keys=True,
                                        default=str, ensure_ascii=False).encode()).hexdigest()
     carrier_id = digest[:16] if digest[:16] != "0" * 16 else "1" * 16
     return Span(trace_id=trace_id, span_id=carrier_id, parent_span_id=span_id, name=event_name, kind=0,
                 start_ns=time_ns, end_ns=time_ns, events=[SpanEvent(event_name, time_ns, fields)],
                 resource=resource, scope_name=LOG_EVENT_SCOPE)
+
+
+def feedback_carrier(conversation_id: str, time_ns: int, fields: dict[str, Any],
+                     resource: dict[str, Any] | None = None) -> Span:
+    """An evaluation result about a whole conversation (end-user feedback), named by its conversation id alone: a
+    trace of its own, keyed by the conversation (so it is grouped with it), its id a hash of the record (so a
+    redelivered record is stored once)."""
+    digest = hashlib.sha256(json.dumps([conversation_id, time_ns, fields], sort_keys=True, default=str,
+                                       ensure_ascii=False).encode()).hexdigest()
+    return Span(trace_id=digest[:32], span_id=digest[32:48], parent_span_id=None, name=EVALUATION_EVENT, kind=0,
+                start_ns=time_ns, end_ns=time_ns, attributes={CONVERSATION_ID: conversation_id},
+                events=[SpanEvent(EVALUATION_EVENT, time_ns, {**fields, CONVERSATION_ID: conversation_id})],
+                resource=resource or {}, scope_name=LOG_EVENT_SCOPE)
 
 
 def _decode_protobuf(payload: bytes) -> DecodedRequest:

@@ -147,6 +147,26 @@ SPANS_VIEW = """
 """
 
 
+FEEDBACK_VIEW = """
+    CREATE OR REPLACE VIEW feedback AS
+    WITH results AS (
+        SELECT s.trace_id, s.span_id, s.scope_name, s.received_at, e.value AS r
+        FROM spans s, json_each(s.events) e
+        WHERE contains(CAST(s.events AS VARCHAR), 'gen_ai.evaluation.result')
+          AND (e.value->>'$.name') = 'gen_ai.evaluation.result')
+    SELECT coalesce(r->>'$.attributes."gen_ai.conversation.id"', a.conversation_id) AS conversation_id,
+           r->>'$.attributes."gen_ai.evaluation.name"' AS name,
+           TRY_CAST(r->>'$.attributes."gen_ai.evaluation.score.value"' AS DOUBLE) AS value,
+           r->>'$.attributes."gen_ai.evaluation.score.label"' AS label,
+           r->>'$.attributes."gen_ai.evaluation.explanation"' AS comment,
+           CASE WHEN r->>'$.attributes."tracejudge.feedback.source"' = 'api' THEN 'api'
+                WHEN results.scope_name = 'tracejudge.log_event' THEN 'log_record' ELSE 'span_event' END AS source,
+           make_timestamp(TRY_CAST(r->>'$.time_ns' AS BIGINT) // 1000) AS at,
+           results.trace_id, results.span_id, results.received_at
+    FROM results LEFT JOIN assembled_traces a ON a.trace_id = results.trace_id;
+"""
+
+
 def _store_resources_and_scopes_once(con: duckdb.DuckDBPyConnection) -> None:
     """Schema 13: the spans table becomes `span_records` plus one row per distinct resource and scope, ids computed
     as ingest computes them (so later spans of the same resource share its row), and the view `spans`."""
@@ -223,7 +243,7 @@ def summary_tables_ddl(temporary: bool = False) -> str:
     """.replace("{create}", create)
 
 
-SCHEMA_VERSION = 15
+SCHEMA_VERSION = 16
 # SQL, or a function of the connection where the migration needs Python (ids computed as ingest computes them)
 MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     1: f"""
@@ -401,6 +421,10 @@ MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
         attached_at TIMESTAMPTZ NOT NULL
     );
     """,
+    # feedback on conversations (end users' thumbs, anyone's verdict): every gen_ai.evaluation.result event the
+    # spans hold, as a span event, as a log record on a span, or as a log record or POST /api/feedback naming the
+    # conversation alone; its conversation is the one it names, else the one its trace was assembled into
+    16: FEEDBACK_VIEW,
 }
 
 

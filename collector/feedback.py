@@ -1,0 +1,34 @@
+"""Feedback on a conversation sent to `POST /api/feedback`: the model at that boundary, and the
+`gen_ai.evaluation.result` attributes it is stored as (the same event an OTLP log record carries)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+FEEDBACK_SHAPE = ('{"conversation_id": "...", "name": "user_feedback", "value": 1, "label": "thumbs_up", '
+                  '"comment": "..."}')
+
+
+class FeedbackIn(BaseModel):
+    """One piece of feedback: a name (what is judged), a value and/or a label, an optional comment."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    conversation_id: str = Field(min_length=1, max_length=512)
+    name: str = Field("user_feedback", min_length=1, max_length=128)
+    value: float | None = None
+    label: str | None = Field(None, max_length=128)
+    comment: str | None = Field(None, max_length=8192)
+
+    def attributes(self) -> dict[str, Any]:
+        """The semconv attributes of the evaluation event, marked as sent to the API."""
+        out: dict[str, Any] = {"gen_ai.evaluation.name": self.name, "tracejudge.feedback.source": "api"}
+        if self.value is not None:
+            out["gen_ai.evaluation.score.value"] = self.value
+        if self.label is not None:
+            out["gen_ai.evaluation.score.label"] = self.label
+        if self.comment is not None:
+            out["gen_ai.evaluation.explanation"] = self.comment
+        return out
