@@ -256,6 +256,18 @@ class _Trace:
                 outer[member.span.span_id] = above
         return outer
 
+    def _wrapped_operations(self, members: list[_Facts]) -> dict[str, set[tuple[str, str | None]]]:
+        """For each tool span that is no MCP span itself, the (method, target) of the MCP client spans beneath it:
+        what decides whether the tool only wraps one resource read or prompt get."""
+        wrapped: dict[str, set[tuple[str, str | None]]] = {}
+        for f in members:
+            if f.op is None or f.span.kind == SERVER_KIND or f.op.method.endswith("/list"):
+                continue
+            tool = next((a for a in self.ancestors(f) if a.tool is not None and a.op is None), None)
+            if tool is not None:
+                wrapped.setdefault(tool.span.span_id, set()).add((f.op.method, f.op.target))
+        return wrapped
+
     def sessions(self) -> frozenset[str]:
         """What ties this trace's MCP calls to one MCP session: its `mcp.session.id`s, and each pair of client and
         server process (service name and instance) that its MCP spans show talking (a stdio server lives as long
@@ -348,6 +360,7 @@ class _Trace:
     def _collect_calls(self, draft: _Draft, members: list[_Facts]) -> None:
         by_span: dict[str, _Call] = {}
         by_request: dict[tuple[str, str], _Call] = {}
+        wrapped = self._wrapped_operations(members)
         for f in members:
             span, tool, op = f.span, f.tool, f.op
             if tool is None and op is None:
@@ -360,12 +373,14 @@ class _Trace:
             if kind is None:
                 continue
             name = tool.name if tool is not None else (op.target if op is not None else None) or UNKNOWN
-            owner = next((by_span[a.span.span_id] for a in self.ancestors(f) if a.span.span_id in by_span), None)
+            above = next((a for a in self.ancestors(f) if a.span.span_id in by_span), None)
+            owner = by_span[above.span.span_id] if above is not None else None
             request_key = (op.method, op.request_id) if op is not None and op.request_id else None
             named = tool is not None or (op is not None and op.target is not None)
             same = owner if owner is not None and owner.kind == kind and (owner.name == name or not named) else None
             same = same or (by_request.get(request_key) if request_key else None)
-            if same is None and owner is not None and op is not None and kind != "tool" and _wraps(owner, f):
+            if same is None and owner is not None and op is not None and kind != "tool" and _wraps(owner, f) \
+                    and above is not None and _only_one_read(wrapped.get(above.span.span_id, set())):
                 same = owner.become(kind, name if op.target else _named_in(owner.arguments, kind) or name)
             view = tool or op
             assert view is not None
@@ -391,6 +406,14 @@ class _Trace:
 def _wraps(owner: _Call, facts: _Facts) -> bool:
     """The call above an MCP client span is a function tool of the app (not MCP itself, no other MCP call yet)."""
     return owner.kind == "tool" and not owner.mcp and facts.span.kind != SERVER_KIND
+
+
+def _only_one_read(operations: set[tuple[str, str | None]]) -> bool:
+    """One resource read or one prompt get beneath a tool (however many client spans record it): a tool that also
+    calls an MCP tool, or reads two resources, does more than wrap one read, and stays a function tool."""
+    methods = {method for method, _ in operations}
+    targets = {target for _, target in operations if target is not None}
+    return len(methods) == 1 and methods <= {"resources/read", "prompts/get"} and len(targets) <= 1
 
 
 def _named_in(arguments: Any, kind: str) -> str | None:
@@ -524,6 +547,12 @@ class _Inventory:
             prompt = self._server(server)["prompts"].setdefault(name, {"name": name, **inferred})
             if isinstance(arguments, dict) and arguments and not prompt.get("arguments"):
                 prompt["arguments"] = [{"name": key} for key in sorted(arguments)]
+
+    def takes_arguments(self, name: str) -> bool:
+        """Whether the tool's schema has parameters (True when no schema of it is known)."""
+        tool = next((entry["tools"][name] for entry in self.servers.values() if name in entry["tools"]), None)
+        schema = tool.get("inputSchema") if tool else None
+        return not isinstance(schema, dict) or _has_properties(schema) and bool(schema.get("properties", True))
 
     def server_of_tool(self, name: str) -> str | None:
         return next((s for s, entry in self.servers.items() if name in entry["tools"]), None)
@@ -744,14 +773,17 @@ def build_conversations(spans: Iterable[Span | dict[str, Any]],
     return sorted(conversations, key=lambda c: (c.first_span_ns, c.conversation_id))
 
 
-def _content_gaps(drafts: Sequence[_Draft]) -> dict[str, Any] | None:
-    """What the runs' spans recorded none of, and the switch that records it; None when nothing is missing."""
+def _content_gaps(drafts: Sequence[_Draft], inventory: _Inventory) -> dict[str, Any] | None:
+    """What the runs' spans recorded none of, and the switch that records it; None when nothing is missing. Only
+    tool calls count (an MCP client span of a read or get records neither by design), and for arguments only
+    tools whose schema takes any (a tool without parameters may have none recorded)."""
     runs = [d for d in drafts if not d.context_only]
     if not runs:  # MCP calls outside any run: no messages to expect (they are marked context-only instead)
         return None
-    calls = [c for d in runs for c in d.calls if c.executed]
+    calls = [c for d in runs for c in d.calls if c.executed and c.kind == "tool"]
+    taking = [c for c in calls if inventory.takes_arguments(c.name)]
     missing = missing_content(has_messages=any(d.user_text or d.reply for d in runs), calls=len(calls),
-                              with_arguments=sum(c.arguments is not None for c in calls),
+                              with_arguments=sum(c.arguments is not None for c in taking) if taking else len(calls),
                               with_results=sum(c.result is not None or c.error for c in calls))
     if not missing:
         return None
@@ -762,11 +794,14 @@ def _gap_text(gaps: dict[str, Any]) -> str:
     return f"the spans hold no {', no '.join(gaps['missing'])}: {gaps['how_to_record']}"
 
 
+ATTACHABLE_KEYS = frozenset({TRACE_KEY, "mcp.session.id"})  # keys of context traces that may join a conversation
+
+
 def attach_context_traces(groups: dict[str, list[MappedTrace]]) -> None:
     """Move each group of only context traces with no conversation key of their own (MCP calls the app made outside
     any agent run) into the one conversation that shares their MCP session; a group that matches none, or several,
     stays as it is (composed, it is marked context-only and is not scored)."""
-    waiting = [c for c, traces in groups.items() if all(t.context_only and t.key == TRACE_KEY for t in traces)]
+    waiting = [c for c, traces in groups.items() if all(t.context_only and t.key in ATTACHABLE_KEYS for t in traces)]
     if not waiting:
         return
     owners: dict[str, set[str]] = {}
@@ -807,9 +842,6 @@ def compose_conversation(traces: Sequence[MappedTrace], servers: Sequence[MCPSer
     for draft in drafts:
         for method, server, item in draft.listed:
             inventory.add_listed(method, server or default_server, item)
-    for definition in definitions.values():  # every MCP tool the model was offered, called or not
-        if definition.mcp:
-            inventory.add_definition(definition.server or default_server, definition)
     names: dict[int, str] = {}  # id(call) -> the inventory's name for a call the framework named otherwise
     for draft in drafts:
         for call in draft.calls:
@@ -817,8 +849,10 @@ def compose_conversation(traces: Sequence[MappedTrace], servers: Sequence[MCPSer
             canonical = inventory.canonical_tool(name, named_only=not call.mcp) if call.kind == "tool" else None
             if canonical is not None and canonical != name:
                 names[id(call)] = name = canonical
-            if call.kind == "tool" and (call.mcp or inventory.server_of_tool(name)):
-                server = call.server or inventory.server_of_tool(name) or default_server
+            offered = definitions.get(name)
+            if call.kind == "tool" and (call.mcp or inventory.server_of_tool(name) or (offered and offered.mcp)):
+                server = call.server or inventory.server_of_tool(name) or (offered and offered.server) \
+                    or default_server
                 definition = definitions.get(name) or next(
                     (d for d in definitions.values() if same_tool_name(d.name, name)), None)
                 if definition is not None and definition.name != name:
@@ -826,6 +860,9 @@ def compose_conversation(traces: Sequence[MappedTrace], servers: Sequence[MCPSer
                 inventory.add_definition(server, definition or ToolDefinition(name))
             elif call.kind != "tool" and call.executed:  # a resource read or prompt got: the server offers it
                 inventory.add_called(call.kind, call.server or default_server, name, call.arguments)
+    for definition in definitions.values():  # every other MCP tool the model was offered: where its calls went
+        if definition.mcp and inventory.server_of_tool(definition.name) is None:
+            inventory.add_definition(definition.server or default_server, definition)
     turns: list[Turn] = []
     explanation: list[dict[str, Any]] = []
     for draft in drafts:
@@ -852,7 +889,7 @@ def compose_conversation(traces: Sequence[MappedTrace], servers: Sequence[MCPSer
     if not turns:
         return None
     case: dict[str, Any] = {"turns": turns, "name": conversation_id, "mcp_servers": inventory.to_servers()}
-    gaps = _content_gaps(drafts)
+    gaps = _content_gaps(drafts, inventory)
     if gaps is not None:
         case["metadata"] = {CONTENT_MISSING: gaps}
         if explain:

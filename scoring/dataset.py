@@ -163,6 +163,7 @@ class EvaluationDataset:
         try:
             rows = con.execute(
                 "WITH latest AS (SELECT conversation_id, version, test_case FROM conversations WHERE assembled_at >= ? "
+                "AND status <> 'context_only' "  # MCP calls made outside any run: no conversation to test
                 "QUALIFY row_number() OVER (PARTITION BY conversation_id ORDER BY version DESC) = 1) "
                 "SELECT l.conversation_id, l.version, l.test_case, (SELECT list(s.metric ORDER BY s.metric) "
                 "FROM latest_scores s WHERE s.conversation_id = l.conversation_id "

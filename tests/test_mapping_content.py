@@ -64,3 +64,26 @@ def test_the_collector_scores_nothing_from_nothing(tmp_path: Path, judge_server)
         assert judge_server.calls() == []  # no judge call for a conversation with nothing to judge
         # not applicable is neither pass nor fail: the Result filter's fail finds none of them
         assert query(collector, "SELECT count(*) FROM score_summary WHERE success = false") == [[0]]
+
+
+def test_reads_and_tools_without_parameters_are_not_missing_content() -> None:
+    """An MCP client span of a resource read records its URI only, and a tool that takes no parameters may have
+    no arguments recorded: neither makes a conversation with messages and results say content is missing."""
+    from tests.support.otlp_json import request, span
+
+    messages = {"gen_ai.input.messages": json.dumps([{"role": "user", "parts": [{"type": "text", "content": "go"}]}]),
+                "gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": [
+                    {"type": "text", "content": "done"}]}])}
+    spans = [
+        span(1, 1, "invoke_agent a", attributes={"gen_ai.operation.name": "invoke_agent",
+                                                 "gen_ai.conversation.id": "conv-ok", **messages}),
+        span(1, 2, "resources/read", 1, kind=3, start=1, attributes={"mcp.method.name": "resources/read",
+                                                                      "mcp.resource.uri": "docs://a"}),
+        span(1, 3, "tools/call ping", 1, kind=3, start=2, attributes={
+            "mcp.method.name": "tools/call", "gen_ai.tool.name": "ping", "gen_ai.tool.call.result": "pong"}),
+        span(1, 4, "tools/list", 1, kind=3, start=0, attributes={"mcp.method.name": "tools/list"})]
+    body = request(({"service.name": "agent"}, spans))
+    [conversation] = build_conversations(decode_otlp(json.dumps(body), "application/json").spans,
+                                         [{"server_name": "s", "available_tools": [
+                                             {"name": "ping", "inputSchema": {"type": "object", "properties": {}}}]}])
+    assert "content_missing" not in (conversation.test_case.metadata or {})

@@ -128,7 +128,7 @@ def test_the_collector_puts_the_session_start_calls_into_their_conversation(tmp_
                                str(REAL / f"{NAME}.otlp.json"), "--endpoint", collector.http_url],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
-        sql = ("SELECT conversation_id, status, test_case FROM conversations QUALIFY version = "
+        sql = ("SELECT conversation_id, status, test_case, version FROM conversations QUALIFY version = "
                "max(version) OVER (PARTITION BY conversation_id)")
         deadline, rows = time.monotonic() + 60, []
         while time.monotonic() < deadline:
@@ -142,6 +142,8 @@ def test_the_collector_puts_the_session_start_calls_into_their_conversation(tmp_
         assert [c["uri"] for t in context for c in t.get("mcp_resources_called", [])] == ["shop://catalog"]
         assert [c["name"] for t in context for c in t.get("mcp_prompts_called", [])] == ["shopping_help"]
         assert turns[2]["role"] == "user"
+        # judged once: the version written before its context arrived queues no job
+        assert query(collector, "SELECT DISTINCT conversation_version FROM eval_jobs") == [[rows[0][3]]]
 
         # and the running collector explains it: `inspect CONVERSATION_ID --explain` maps its stored spans again
         def inspect(target: str) -> subprocess.CompletedProcess[str]:
@@ -154,3 +156,30 @@ def test_the_collector_puts_the_session_start_calls_into_their_conversation(tmp_
         assert "MCP resource shop://catalog" in explained.stdout and "from span 'resources/read'" in explained.stdout
         missing = inspect("conv-nobody-had")
         assert missing.returncode == 2 and "no conversation 'conv-nobody-had' here" in missing.stderr
+
+
+def test_a_tool_that_does_more_than_wrap_one_read_stays_a_function_tool() -> None:
+    """compare_docs(left, right) reads two resources and answers with its own text: a function tool with the two
+    reads beside it, not a read whose contents are the tool's answer."""
+    from tests.support.otlp_json import request, span
+
+    def read(span_id: int, uri: str, start: int) -> dict:
+        return span(1, span_id, "resources/read", 3, kind=3, start=start,
+                    attributes={"mcp.method.name": "resources/read", "mcp.resource.uri": uri})
+
+    spans = [
+        span(1, 1, "invoke_agent docs", attributes={
+            "gen_ai.operation.name": "invoke_agent", "gen_ai.conversation.id": "conv-docs",
+            "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [{"type": "text", "content": "diff?"}]}]),
+            "gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": [
+                {"type": "text", "content": "3 lines differ"}]}])}),
+        span(1, 3, "execute_tool compare_docs", 1, start=1, attributes={
+            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "compare_docs",
+            "gen_ai.tool.call.arguments": json.dumps({"left": "docs://a", "right": "docs://b"}),
+            "gen_ai.tool.call.result": "a and b differ in 3 lines"}),
+        read(4, "docs://a", 2), read(5, "docs://b", 3)]
+    decoded = decode_otlp(json.dumps(request(({"service.name": "agent"}, spans))), "application/json")
+    [conversation] = build_conversations(decoded.spans)
+    assistant = conversation.test_case.turns[1]
+    assert [t.name for t in assistant.tools_called or []] == ["compare_docs"]
+    assert [(r.uri, r.result) for r in assistant.mcp_resources_called or []] == [("docs://a", None), ("docs://b", None)]

@@ -98,8 +98,14 @@ def _from_collector(args: argparse.Namespace) -> int:
         print(f"tracejudge inspect: {args.file} is no file, and no collector answered at {args.url} to look it up "
               f"as a conversation id ({type(exc).__name__}); start one or pass --url", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if reply.status_code != 200:
-        print(f"tracejudge inspect: {reply.json().get('error', reply.text)}", file=sys.stderr)
+    try:
+        body = reply.json()
+    except ValueError:
+        body = None
+    if reply.status_code != 200 or not isinstance(body, dict):
+        error = body.get("error") if isinstance(body, dict) else None
+        print(f"tracejudge inspect: the collector at {args.url} answered {reply.status_code}: "
+              f"{error or reply.text[:300]}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    _print([Conversation.from_document(reply.json())], args, "")
+    _print([Conversation.from_document(body)], args, "")
     return EXIT_PASS

@@ -32,6 +32,7 @@ from tracejudge.collector.config import Settings
 from tracejudge.collector.log import Logger
 from tracejudge.collector.pipeline.mapped_traces import ENTRY_OVERHEAD, TEXT_FACTOR, KeptTrace, MappedTraceCache
 from tracejudge.collector.pipeline.sampling import attribute_values, decide
+from tracejudge.collector.pipeline.session_index import SessionIndex
 from tracejudge.collector.receivers.span_rows import plain_strings
 from tracejudge.collector.store.id_table import id_table, registered
 from tracejudge.collector.store.transaction import in_transaction
@@ -131,10 +132,7 @@ class ConversationAssembler:
         self._first: dict[str, int] = {}
         self._ended: set[str] = set()  # traces with a span that carried the end marker
         self.cache = MappedTraceCache(settings.conversations.trace_cache)  # traces assembled before, mapped
-        # MCP session -> the keyed conversations seen in it, and -> the context-only conversations waiting for one
-        self._session_owners: OrderedDict[str, set[str]] = OrderedDict()
-        self._context_sessions: OrderedDict[str, set[str]] = OrderedDict()
-        self._sessions_of_context: OrderedDict[str, set[str]] = OrderedDict()  # context conversation -> sessions
+        self.sessions = SessionIndex(SESSIONS_KEPT)  # MCP sessions -> their conversation, context waiting on them
         self._attached: list[tuple[str, int]] = []  # context traces attached this round, to wait again after it
         self._lock = threading.Lock()
         # received_at (µs) from which traces were stored without a place in the index (it was full), or since
@@ -365,9 +363,9 @@ class ConversationAssembler:
                     hit = self.cache.get(trace) if trace not in waiting else None
                     if hit is not None:
                         kept[trace] = hit
-                        if hit.mapped is not None:  # a context trace belongs where it was attached
-                            context = hit.mapped.context_only and hit.mapped.key == TRACE_KEY
-                            owners.setdefault(trace, into if context else hit.mapped.conversation_id)
+                        if hit.mapped is not None:  # a trace with no key of its own belongs where it was attached
+                            unkeyed = hit.mapped.key == TRACE_KEY
+                            owners.setdefault(trace, into if unkeyed else hit.mapped.conversation_id)
             unread = [row for row in earlier if row[0] not in kept]
             since = min([since, *self._assembled_since(unread)])
             owners.update(self._trace_keys({t for t, _, _ in unread} - set(owners), since))
@@ -545,9 +543,9 @@ class ConversationAssembler:
                 failed.add(conversation_id)
                 continue
             parts_of[conversation_id] = parts
-        failed |= self._write_all(built)
+        attach = self._plan_attachments(parts_of)
+        failed |= self._write_all(built, unjudged=set(attach.values()))
         done = {c: parts for c, parts in parts_of.items() if c not in failed}
-        self._attach_context(done, since_us)
         for conversation_id, parts in done.items():
             if conversation_id in going_on:
                 mapped.update((p.trace_id, p) for p in parts if p.trace_id not in kept)
@@ -556,70 +554,61 @@ class ConversationAssembler:
             # the newest span assembled, not the clock: a span committed meanwhile is still newer after a restart
             {c: max((p.newest for p in parts), default=datetime.now(UTC)) for c, parts in done.items()},
             {p.trace_id: p.first for parts in done.values() for p in parts})
-        return failed
-
-    def _attach_context(self, done: dict[str, list[KeptTrace]], since_us: int) -> None:
-        """Context traces (MCP calls outside any run, no key of their own) join the one conversation that shares
-        their MCP session: remembered per session as conversations are written, in whichever order they come. An
-        attached trace gets a key in trace_attachments and waits again (once the round that assembled it is done,
-        so that round's bookkeeping does not drop it), so the conversation's next version holds
-        it; its own context-only conversation is removed. Sessions are remembered in memory (SESSIONS_KEPT): a
-        restart forgets them, and such traces then stay context-only conversations."""
-        attach: dict[str, str] = {}
-        for conversation_id, parts in done.items():
-            mapped = [p.mapped for p in parts if p.mapped is not None]
-            sessions = {s for m in mapped for s in m.sessions}
-            if mapped and all(m.context_only and m.key == TRACE_KEY for m in mapped):
-                owner = self._session_owner(sessions)
-                if owner is not None:
-                    attach.update((m.trace_id, owner) for m in mapped)
-                else:
-                    self._remember(self._context_sessions, sessions, conversation_id)
-                continue
-            self._remember(self._session_owners, sessions, conversation_id)
-            for session in sessions:
-                for waiting in list(self._context_sessions.get(session, ())):
-                    if self._session_owner(self._sessions_of_context.get(waiting, set())) == conversation_id:
-                        attach[waiting] = conversation_id  # a context conversation's id is its one trace's id
+        attach = {trace: owner for trace, owner in attach.items() if owner not in failed}
         if attach:
             self._attach(attach, since_us)
+        return failed
 
-    def _session_owner(self, sessions: set[str]) -> str | None:
-        """The one conversation seen in these sessions, if exactly one."""
-        owners = {owner for session in sessions for owner in self._session_owners.get(session, ())}
-        return owners.pop() if len(owners) == 1 else None
-
-    def _remember(self, index: OrderedDict[str, set[str]], sessions: set[str], conversation_id: str) -> None:
-        for session in sessions:
-            index.setdefault(session, set()).add(conversation_id)
-            index.move_to_end(session)
-            while len(index) > SESSIONS_KEPT:
-                index.popitem(last=False)
-        if index is self._context_sessions:
-            self._sessions_of_context[conversation_id] = sessions
-            while len(self._sessions_of_context) > SESSIONS_KEPT:
-                self._sessions_of_context.popitem(last=False)
+    def _plan_attachments(self, parts_of: dict[str, list[KeptTrace]]) -> dict[str, str]:
+        """Context traces (MCP calls outside any run, no key of their own) that join the one conversation sharing
+        their MCP session: decided after the whole batch is known (the conversations of the batch first, so which
+        comes first in it does not decide), from the sessions remembered as conversations are assembled, in
+        whichever order they come. Context trace -> its conversation; a conversation that gets context now is
+        written without jobs, since its next version (with the context) follows within a quiet period."""
+        context: dict[str, frozenset[str]] = {}
+        for conversation_id, parts in parts_of.items():
+            mapped = [p.mapped for p in parts if p.mapped is not None]
+            sessions = frozenset(s for m in mapped for s in m.sessions)
+            if mapped and all(m.context_only and m.key == TRACE_KEY for m in mapped):
+                context[conversation_id] = sessions
+            else:
+                self.sessions.owned(conversation_id, sessions)
+        attach: dict[str, str] = {}
+        candidates = set(context) | self.sessions.waiting_for(s for ss in context.values() for s in ss) | \
+            self.sessions.waiting_for(s for c, parts in parts_of.items() if c not in context
+                                      for p in parts if p.mapped is not None for s in p.mapped.sessions)
+        for candidate in candidates:  # a context conversation's id is its one trace's id
+            sessions = context.get(candidate) or self.sessions.sessions_of(candidate)
+            owner = self.sessions.owner(sessions)
+            if owner is not None:
+                attach[candidate] = owner
+                self.sessions.forget(candidate)
+            elif candidate in context:
+                self.sessions.wait(candidate, sessions)
+        return attach
 
     def _attach(self, attach: dict[str, str], since_us: int) -> None:
         """Give each context trace its conversation's key and let it wait again; drop the context-only
-        conversations they were (never scored: nothing else refers to them)."""
+        conversations they were (never scored: nothing else refers to them) and the traces' assembled rows (so a
+        restart before the conversation's next version takes them in again)."""
         now = datetime.now(UTC)
         rows = pa.table({"trace_id": list(attach), "conversation_id": list(attach.values()),
                          "attached_at": pa.array([now] * len(attach), _UTC_US)})
         with registered(self.con, rows) as name:
             def work() -> None:
                 self.con.execute(f"INSERT OR REPLACE INTO trace_attachments SELECT * FROM {name}")
+                self.con.execute(f"DELETE FROM assembled_traces WHERE trace_id IN (SELECT trace_id FROM {name})")
                 for table in ("conversations", "conversation_summary", "call_summary"):
                     status = f" AND status = '{CONTEXT_ONLY}'" if table == "conversations" else ""
                     self.con.execute(f"DELETE FROM {table} WHERE conversation_id IN (SELECT trace_id FROM {name})"
                                      + status)
             try:
                 in_transaction(self.con, work)
-            except duckdb.Error as exc:  # tried again when the conversation or the context is next written
+            except duckdb.Error as exc:  # they wait again: their next assembly tries once more
                 self.log.warning("context not attached", traces=len(attach), reason=str(exc))
+                self._attached.extend((trace, since_us) for trace in attach)
                 return
         for trace, conversation_id in attach.items():
-            self._sessions_of_context.pop(trace, None)
             self.log.info("context attached", trace_id=trace, conversation_id=conversation_id)
         self._attached.extend((trace, since_us) for trace in attach)  # waits again once this round forgets it
 
@@ -674,8 +663,9 @@ class ConversationAssembler:
     def _compose(self, conversation_id: str, parts: list[KeptTrace]) -> list[_Built]:
         """The conversation composed from its traces' mapped parts, with the sampling filters' attribute values
         (none when it has no turn)."""
-        mine = [p for p in parts if p.mapped is not None and (p.mapped.conversation_id == conversation_id or (
-            p.mapped.context_only and p.mapped.key == TRACE_KEY))]  # context traces attached to it
+        # traces with no key of their own are here because they were attached to it: even once they show a run
+        mine = [p for p in parts if p.mapped is not None and (p.mapped.conversation_id == conversation_id
+                                                               or p.mapped.key == TRACE_KEY)]
         conversation = compose_conversation([p.mapped for p in mine if p.mapped is not None],
                                             mcp_tools=self.settings.mapping.mcp_tools)
         if conversation is None:
@@ -686,12 +676,12 @@ class ConversationAssembler:
                 values.setdefault(key, set()).update(found)
         return [(conversation, values)]
 
-    def _write_all(self, built: dict[str, list[_Built]]) -> set[str]:
+    def _write_all(self, built: dict[str, list[_Built]], unjudged: set[str] | None = None) -> set[str]:
         """Write a batch's new versions in one transaction (a commit per conversation cost 7 ms of CPU); when
         that fails, each conversation alone, so one that cannot be written does not hold up the rest. The ids
         that failed."""
         try:
-            self.write_versions([b for items in built.values() for b in items])
+            self.write_versions([b for items in built.values() for b in items], unjudged)
             return set()
         except Exception as exc:
             if len(built) == 1:
@@ -700,13 +690,13 @@ class ConversationAssembler:
         failed = set()
         for conversation_id, items in built.items():
             try:
-                self.write_versions(items)
+                self.write_versions(items, unjudged)
             except Exception as exc:
                 self._failed(conversation_id, exc)
                 failed.add(conversation_id)
         return failed
 
-    def write_versions(self, built: list[_Built]) -> list[int | None]:
+    def write_versions(self, built: list[_Built], unjudged: set[str] | None = None) -> list[int | None]:
         """A new version of each conversation whose content changed, with its jobs, in one transaction; per
         conversation its version, or None when this content is already stored (or its spans were pruned).
         Each item: the conversation and the values of the sampling filters' attribute keys in its spans."""
@@ -740,7 +730,9 @@ class ConversationAssembler:
             latest[cid] = (version, conversation.content_hash)
             value, sampled = decide(self.settings.sampling, metrics, cid, conversation.service_name,
                                     conversation.agent_name, attributes)
-            if conversation.context_only:  # MCP calls outside any run, in no known session: kept, never scored
+            # MCP calls outside any run, in no known session: kept, never scored; a conversation about to get its
+            # context: its next version is scored
+            if conversation.context_only or cid in (unjudged or ()):
                 sampled = dict.fromkeys(sampled, False)
             rows.append({"conversation_id": cid, "version": version, "content_hash": conversation.content_hash,
                          "status": CONTEXT_ONLY if conversation.context_only else "complete",

@@ -141,7 +141,7 @@ class HttpReceiver:
         """Metrics are no input of an evaluation: checked like any export (token, size, time), then dropped."""
         reply_type = PROTOBUF if _media(request.headers.get("Content-Type", "")) in (PROTOBUF, "application/protobuf") \
             else JSON
-        body = await self._body(request, reply_type)
+        body = await self._body(request, reply_type, decompress_body=False)
         if isinstance(body, web.Response):
             return body
         self.ingest.metrics.requests.labels("http", METRICS_DROPPED).inc()
@@ -164,7 +164,7 @@ class HttpReceiver:
         outcome = await self.ingest.export(body, media, request.headers.get("Authorization"), "http", signal)
         return self._answer(outcome, reply_type, signal)
 
-    async def _body(self, request: web.Request, reply_type: str) -> bytes | web.Response:
+    async def _body(self, request: web.Request, reply_type: str, decompress_body: bool = True) -> bytes | web.Response:
         """The request's body, decompressed within the size limit and the time its length allows; or the answer
         that refuses it (no bearer token, too large, too slow, not decompressible, backpressure)."""
         if not self.ingest.authorized(request.headers.get("Authorization")):
@@ -175,6 +175,8 @@ class HttpReceiver:
                                    self.settings.header_timeout_s)
         try:
             raw = await asyncio.wait_for(self._read(request), deadline)
+            if not decompress_body:  # read to its end (bounded), to be dropped
+                return raw
             encoding = request.headers.get("Content-Encoding", "")
             # decompressing is CPU work in proportion to the body: off the event loop, so /healthz and every
             # other request keep being answered meanwhile

@@ -12,7 +12,10 @@ from tracejudge.mapping.dialects.base import AgentRun, Dialect, LLMCall, ToolDef
 from tracejudge.mapping.messages import Message, Part, final_assistant_text, last_user_text, parse_messages
 from tracejudge.mapping.spans import Span, as_list, parse_json_value
 
-CACHED_TEXT = 64 * 1024  # tool lists up to this long are parsed once per text (256 kept: at most 16 MB)
+# tool lists up to this long are parsed once per text, 64 texts kept per list: parsed, a text takes up to about
+# 18 times its length (a hostile 16 KB list, about 290 KB), so at most about 19 MB per cache
+CACHED_TEXT = 16 * 1024
+CACHED_TEXTS = 64
 ADK_MERGED = "(merged tools)"  # ADK's span for merging parallel tool responses: no call of its own
 LLM_OPERATIONS = frozenset({"chat", "generate_content", "text_completion"})
 # operations that carry messages but are no model call (Strands' loop cycle resends the history; agents and
@@ -141,7 +144,7 @@ class OTelGenAI(Dialect):
         return out
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=CACHED_TEXTS)
 def _listed(text: str) -> tuple[ToolDefinition, ...]:
     return _listed_in(parse_json_value(text))
 

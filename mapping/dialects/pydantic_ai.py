@@ -8,7 +8,7 @@ import functools
 from typing import Any
 
 from tracejudge.mapping.dialects.base import AgentRun, Dialect, ToolDefinition
-from tracejudge.mapping.dialects.otel_genai import CACHED_TEXT
+from tracejudge.mapping.dialects.otel_genai import CACHED_TEXT, CACHED_TEXTS
 from tracejudge.mapping.messages import parse_messages
 from tracejudge.mapping.spans import Span, as_list, parse_json_value
 
@@ -44,7 +44,7 @@ class PydanticAI(Dialect):
         return list(_offered_in(span.json_attr(REQUEST_PARAMETERS)))
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=CACHED_TEXTS)
 def _offered(text: str) -> tuple[ToolDefinition, ...]:
     return _offered_in(parse_json_value(text))
 
