@@ -360,7 +360,7 @@ class _Trace:
     def _collect_calls(self, draft: _Draft, members: list[_Facts]) -> None:
         by_span: dict[str, _Call] = {}
         by_request: dict[tuple[str, str], _Call] = {}
-        wrapped = self._wrapped_operations(members)
+        wrapped: dict[str, set[tuple[str, str | None]]] | None = None  # computed when first needed (rarely)
         for f in members:
             span, tool, op = f.span, f.tool, f.op
             if tool is None and op is None:
@@ -379,9 +379,12 @@ class _Trace:
             named = tool is not None or (op is not None and op.target is not None)
             same = owner if owner is not None and owner.kind == kind and (owner.name == name or not named) else None
             same = same or (by_request.get(request_key) if request_key else None)
-            if same is None and owner is not None and op is not None and kind != "tool" and _wraps(owner, f) \
-                    and above is not None and _only_one_read(wrapped.get(above.span.span_id, set())):
-                same = owner.become(kind, name if op.target else _named_in(owner.arguments, kind) or name)
+            if same is None and owner is not None and op is not None and kind != "tool" and above is not None \
+                    and _wraps(owner, f):
+                if wrapped is None:
+                    wrapped = self._wrapped_operations(members)
+                if _only_one_read(wrapped.get(above.span.span_id, set())):
+                    same = owner.become(kind, name if op.target else _named_in(owner.arguments, kind) or name)
             view = tool or op
             assert view is not None
             if same is not None:  # another view of a call already seen: the MCP server side, a nested span
