@@ -32,6 +32,7 @@ from tracejudge.collector.pipeline.summary_tables import SummaryTables
 from tracejudge.collector.receivers.http_guard import GuardedSite
 from tracejudge.collector.receivers.ingest import bearer_matches
 from tracejudge.collector.receivers.span_rows import spans_to_arrow
+from tracejudge.collector.reviews import REVIEW_SHAPE, ReviewError, ReviewIn, agreement_report, record_review
 from tracejudge.collector.store.memory_release import release_duckdb_memory
 from tracejudge.collector.store.span_store import SpanStore, StoreError
 from tracejudge.collector.ui.export import ReportError, export_views
@@ -51,7 +52,8 @@ class AdminServer:
                  query_token: str | None, *, max_connections: int = 256, header_timeout_s: float = 10.0,
                  budget_usd: float | None = None, trace_url: str | None = None,
                  allowed_hosts: list[str] | None = None, query_limits: SandboxLimits | None = None,
-                 mcp_tools: dict[str, list[str]] | None = None, max_spans: int = 100_000) -> None:
+                 mcp_tools: dict[str, list[str]] | None = None, max_spans: int = 100_000,
+                 reviewers: dict[str, str] | None = None) -> None:
         self.host, self.requested_port = host, port
         self.store, self.metrics = store, metrics
         self.stage: ScoringStage | None = None
@@ -64,6 +66,7 @@ class AdminServer:
         # what one user's query may take, in its own process; its copies go next to the database
         self._query_limits = query_limits or SandboxLimits(folder=store.path.parent)
         self._mcp_tools, self._max_spans = mcp_tools, max_spans  # mapping a stored conversation again
+        self._reviewers = {token.encode(): name for token, name in (reviewers or {}).items()}  # token -> name
         self.port: int | None = None
         self.guard = AdminGuard([host, *(allowed_hosts or [])])
         # a query is small; every route checks Host, and the routes that change state or run SQL check the origin
@@ -76,6 +79,8 @@ class AdminServer:
         self.app.router.add_post("/api/score-pending", self._score_pending)
         self.app.router.add_get("/api/conversations/{conversation_id}/mapping", self._mapping)
         self.app.router.add_post("/api/feedback", self._feedback)
+        self.app.router.add_post("/api/reviews", self._review)
+        self.app.router.add_get("/api/agreement", self._agreement)
         self.summaries = SummaryTables()
         self._budget_usd, self._trace_url = budget_usd, trace_url
         self.ui = WebUI(self._cursor, self._queries, query_token, self.summaries, budget_usd=budget_usd,
@@ -127,6 +132,12 @@ class AdminServer:
                 "SELECT coalesce(epoch(now()) - epoch(min(created_at)), 0) FROM eval_jobs "
                 "WHERE status IN ('pending', 'waiting_for_judge', 'budget')").fetchall())
             self.metrics.oldest_waiting.set(oldest)
+        agreement = await asyncio.to_thread(lambda: self._cursor().execute(
+            "SELECT metric, metric_config, coalesce(judge_model, ''), kappa, reviews FROM judge_agreement").fetchall())
+        for metric, config, model, kappa, reviews in agreement:
+            if kappa is not None:
+                self.metrics.agreement_kappa.labels(metric, config, model).set(kappa)
+            self.metrics.agreement_reviews.labels(metric, config, model).set(reviews)
         return web.Response(body=generate_latest(self.metrics.registry),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -215,6 +226,37 @@ class AdminServer:
             return _error(503, f"not stored: {exc}; retry shortly")
         return web.Response(status=201, text=json.dumps({"stored": True, "trace_id": carrier.trace_id}),
                             content_type="application/json")
+
+    def _reviewer(self, request: web.Request) -> str | None:
+        """The name of the reviewer whose token the request carries (compared in constant time), if any."""
+        header = request.headers.get("Authorization")
+        return next((name for token, name in self._reviewers.items() if bearer_matches(header, token)), None)
+
+    async def _review(self, request: web.Request) -> web.Response:
+        """A reviewer's verdict on a score: only a named reviewer token records one (the name goes with it)."""
+        reviewer = self._reviewer(request)
+        if reviewer is None:
+            return _error(401, "a review needs a reviewer's own token (TRACEJUDGE_REVIEWER_TOKENS=name:token,...)")
+        try:
+            review = ReviewIn.model_validate(await request.json())
+        except ValueError as exc:
+            return _error(400, f"send JSON {REVIEW_SHAPE}: {str(exc)[:300]}")
+        try:
+            stored = await asyncio.get_running_loop().run_in_executor(
+                self._queries, lambda: record_review(self._cursor(), review, reviewer))
+        except ReviewError as exc:
+            return _error(409 if "no pass/fail" in str(exc) else 404, str(exc))
+        return web.Response(status=201, text=json.dumps({**stored, "reviewer": reviewer}),
+                            content_type="application/json")
+
+    async def _agreement(self, request: web.Request) -> web.Response:
+        """Agreement between judge and reviewers, with intervals (for reviewers and query-token holders)."""
+        header = request.headers.get("Authorization")
+        if not bearer_matches(header, self._query_token) and self._reviewer(request) is None:
+            return _error(401, "missing or wrong bearer token (TRACEJUDGE_QUERY_TOKEN or a reviewer's)")
+        report = await asyncio.get_running_loop().run_in_executor(
+            self._queries, lambda: agreement_report(self._cursor()))
+        return web.Response(text=json.dumps({"agreement": report}), content_type="application/json")
 
     async def _score_pending(self, request: web.Request) -> web.Response:
         """`tracejudge score --pending` against a running collector: its own scoring stage takes the jobs."""

@@ -20,7 +20,7 @@ from aiohttp import web
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "localhost.localdomain", "ip6-localhost"})
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # Routes that run SQL or change state: their body must be JSON, so no HTML form or simple fetch can send one.
-JSON_ROUTES = frozenset({"/api/query", "/api/score-pending", "/api/feedback"})
+JSON_ROUTES = frozenset({"/api/query", "/api/score-pending", "/api/feedback", "/api/reviews"})
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

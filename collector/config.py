@@ -85,6 +85,9 @@ class ServerSettings(_Section):
                                     "this long, and then its body at no less than 64 KiB per second")
     ingest_token: str | None = Field(None, description="bearer token OTLP exporters must send (none: no auth)")
     query_token: str | None = Field(None, description="bearer token for the admin /api/query (none: no auth)")
+    reviewer_tokens: str | None = Field(None, description="name:token pairs, comma separated, of the people who "
+                                        "review scores (POST /api/reviews records the name; a reviewer token opens "
+                                        "nothing else but GET /api/agreement)")
     tls_cert: Path | None = Field(None, description="PEM certificate for both receivers (TLS on when set)")
     tls_key: Path | None = Field(None, description="PEM private key of tls_cert")
     tls_client_ca: Path | None = Field(None, description="PEM CA bundle: require client certificates (mTLS)")
@@ -94,6 +97,14 @@ class ServerSettings(_Section):
                                 "to it (protobuf is decoded in C on the server's threads) (-1: one per core but one, "
                                 "or one per core with redaction on; 0: in the receiver process; raise it for mostly "
                                 "OTLP/JSON traffic)")
+
+    @field_validator("reviewer_tokens")
+    @classmethod
+    def _reviewers(cls, value: str | None) -> str | None:
+        from tracejudge.collector.reviews import reviewer_tokens  # the one parser, its message on a bad value
+
+        reviewer_tokens(value)
+        return value
 
     @field_validator("tls_cert", "tls_key", "tls_client_ca")
     @classmethod
@@ -426,6 +437,7 @@ ENV_AND_FLAGS: tuple[tuple[str, str, str | None, str | None], ...] = (
     ("server", "admin_host", "TRACEJUDGE_ADMIN_HOST", "--admin-host"),
     ("server", "ingest_token", "TRACEJUDGE_INGEST_TOKEN", None),
     ("server", "query_token", "TRACEJUDGE_QUERY_TOKEN", None),
+    ("server", "reviewer_tokens", "TRACEJUDGE_REVIEWER_TOKENS", None),
     ("store", "db", "TRACEJUDGE_DB", "--db"),
     ("conversations", "quiet_period_s", "TRACEJUDGE_QUIET_PERIOD", "--quiet-period"),
     ("limits", "attribute_count", "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", None),

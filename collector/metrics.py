@@ -89,6 +89,12 @@ class CollectorMetrics:
                                   ["metric"], registry=self.registry)
         self.judge_tokens = Counter("tracejudge_judge_tokens", "Judge tokens of scores written", ["metric",
                                     "direction"], registry=self.registry)
+        self.agreement_kappa = Gauge("tracejudge_judge_agreement_kappa", "Cohen's kappa between the judge's and "
+                                     "reviewers' pass/fail (weighted by queue-sampling probability; see "
+                                     "/api/agreement for intervals)", ["metric", "metric_config", "judge_model"],
+                                     registry=self.registry)
+        self.agreement_reviews = Gauge("tracejudge_judge_agreement_reviews", "Reviews behind the agreement figures",
+                                       ["metric", "metric_config", "judge_model"], registry=self.registry)
         self.oldest_waiting = Gauge("tracejudge_oldest_waiting_job_seconds", "Age of the oldest job not yet scored "
                                     "(pending, waiting for a judge or the budget)", registry=self.registry)
         self._service, self._agent = BoundedLabel(), BoundedLabel()

@@ -243,7 +243,7 @@ def summary_tables_ddl(temporary: bool = False) -> str:
     """.replace("{create}", create)
 
 
-SCHEMA_VERSION = 16
+SCHEMA_VERSION = 17
 # SQL, or a function of the connection where the migration needs Python (ids computed as ingest computes them)
 MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     1: f"""
@@ -425,6 +425,40 @@ MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     # spans hold, as a span event, as a log record on a span, or as a log record or POST /api/feedback naming the
     # conversation alone; its conversation is the one it names, else the one its trace was assembled into
     16: FEEDBACK_VIEW,
+    # people reviewing the judge: each verdict with the score it judged (as it was), and agreement per metric,
+    # configuration and judge model, each review weighted by 1 / its queue-sampling probability
+    17: """
+    CREATE TABLE IF NOT EXISTS reviews (
+        review_id VARCHAR PRIMARY KEY,
+        conversation_id VARCHAR NOT NULL,
+        conversation_version INTEGER NOT NULL,
+        metric VARCHAR NOT NULL,
+        metric_config VARCHAR NOT NULL,
+        reviewer VARCHAR NOT NULL,
+        verdict VARCHAR NOT NULL,
+        human_pass BOOLEAN NOT NULL,
+        human_score DOUBLE,
+        note VARCHAR,
+        queue_rule VARCHAR NOT NULL,
+        sampling_probability DOUBLE NOT NULL,
+        judge_score DOUBLE,
+        judge_success BOOLEAN NOT NULL,
+        judge_model VARCHAR,
+        reviewed_at TIMESTAMPTZ NOT NULL
+    );
+    CREATE OR REPLACE VIEW judge_agreement AS
+    WITH weighted AS (
+        SELECT metric, metric_config, judge_model, reviewer, 1.0 / sampling_probability AS w,
+               CAST(judge_success AS INTEGER) AS j, CAST(human_pass AS INTEGER) AS h FROM reviews),
+    sums AS (
+        SELECT metric, metric_config, judge_model, count(*) AS reviews, count(DISTINCT reviewer) AS reviewers,
+               sum(w * CAST(j = h AS INTEGER)) / sum(w) AS po, sum(w * j) / sum(w) AS pj, sum(w * h) / sum(w) AS ph
+        FROM weighted GROUP BY ALL)
+    SELECT metric, metric_config, judge_model, reviews, reviewers, po AS accuracy,
+           CASE WHEN pj * ph + (1 - pj) * (1 - ph) < 1
+                THEN (po - (pj * ph + (1 - pj) * (1 - ph))) / (1 - (pj * ph + (1 - pj) * (1 - ph))) END AS kappa
+    FROM sums;
+    """,
 }
 
 

@@ -1,0 +1,65 @@
+"""People reviewing the judge (issue 38, in part): two reviewers with their own tokens record verdicts on real scores
+of a running collector; the agreement between judge and reviewers is what their verdicts imply, in the API (with
+intervals) and the `judge_agreement` view; a reviewer token opens nothing else, and the query token records no
+review."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.support.collector_process import CollectorProcess
+from tests.test_pipeline import config, conversations, export, query, wait_for
+from tracejudge.collector.history.agreement import agreement
+
+QUERY_TOKEN = "query-token-for-reviews"
+ALICE, BOB = "alice-token-0123456789", "bob-token-0123456789ab"
+
+
+def test_two_reviewers_and_the_agreement_their_verdicts_imply(tmp_path) -> None:
+    env = {"TRACEJUDGE_QUERY_TOKEN": QUERY_TOKEN, "TRACEJUDGE_REVIEWER_TOKENS": f"alice:{ALICE},bob:{BOB}"}
+    cfg = config(tmp_path, 'metrics = ["mcp_call_validity"]\n')
+    with CollectorProcess(tmp_path / "t.duckdb", config=cfg, env=env) as collector:
+        export(collector, conversations(end=True))
+        scores = dict(wait_for(collector, "SELECT conversation_id, success FROM latest_scores ORDER BY 1", 2,
+                               token=QUERY_TOKEN))
+        assert scores == {"conv-a": True, "conv-b": False}  # conv-b's tool call failed
+
+        def review(token: str, conversation: str, verdict: str, **extra: object) -> httpx.Response:
+            return httpx.post(f"{collector.admin_url}/api/reviews", timeout=30,
+                              headers={"Authorization": f"Bearer {token}"},
+                              json={"conversation_id": conversation, "metric": "mcp_call_validity",
+                                    "verdict": verdict, **extra})
+
+        verdicts = [(ALICE, "conv-a", "agree"), (ALICE, "conv-b", "disagree"), (BOB, "conv-a", "agree"),
+                    (BOB, "conv-b", "agree")]
+        for token, conversation, verdict in verdicts:
+            reply = review(token, conversation, verdict, queue_rule="random", sampling_probability=0.5)
+            assert reply.status_code == 201, reply.text
+            assert reply.json()["reviewer"] == ("alice" if token == ALICE else "bob")
+
+        judge = [scores[c] for _, c, _ in verdicts]
+        human = [scores[c] if v == "agree" else not scores[c] for _, c, v in verdicts]
+        expected = agreement(judge, human, [0.5] * 4, resamples=0)
+        assert expected.kappa.value == pytest.approx(0.5) and expected.accuracy.value == pytest.approx(0.75)
+
+        reply = httpx.get(f"{collector.admin_url}/api/agreement", headers={"Authorization": f"Bearer {BOB}"},
+                          timeout=30)
+        [row] = reply.json()["agreement"]
+        assert (row["metric"], row["reviews"], row["reviewers"]) == ("mcp_call_validity", 4, 2)
+        assert row["kappa"]["value"] == pytest.approx(0.5) and row["accuracy"]["value"] == pytest.approx(0.75)
+        assert row["kappa"]["low"] <= 0.5 <= row["kappa"]["high"]
+        [[kappa, accuracy, reviews]] = query(collector, "SELECT kappa, accuracy, reviews FROM judge_agreement",
+                                             QUERY_TOKEN)
+        assert (kappa, accuracy, reviews) == (pytest.approx(0.5), pytest.approx(0.75), 4)
+        assert query(collector, "SELECT reviewer, count(*) FROM reviews GROUP BY 1 ORDER BY 1", QUERY_TOKEN) == [
+            ["alice", 2], ["bob", 2]]
+
+        # a reviewer reviews and reads agreement, nothing else; the shared query token names nobody
+        refused = httpx.post(f"{collector.admin_url}/api/query", json={"sql": "SELECT 1"}, timeout=30,
+                             headers={"Authorization": f"Bearer {ALICE}"})
+        assert refused.status_code == 401
+        assert review(QUERY_TOKEN, "conv-a", "agree").status_code == 401
+        missing = review(ALICE, "conv-nobody", "agree")
+        assert missing.status_code == 404 and "no mcp_call_validity score" in missing.json()["error"]
+        assert review(ALICE, "conv-a", "maybe").status_code == 400
