@@ -102,14 +102,24 @@ def run_once(rows: list[dict[str, Any]], names: list[str], args: argparse.Namesp
     return scores, usage, wall
 
 
-def summarise(rows: list[dict[str, Any]], runs: list[list[float | None]], threshold: float) -> dict[str, Any]:
+def label(row: dict[str, Any], metric: str) -> str:
+    """The row's label for this metric: a reviewed conversation (`tracejudge export --reviews`) is labelled per
+    metric by its reviewers ("clean" when they passed it, "human_fail" when not); a generated one by its fault."""
+    verdicts = row["labels"].get("metrics")
+    if verdicts is not None:
+        return "clean" if verdicts.get(metric) else "human_fail"
+    return row["labels"]["fault"]
+
+
+def summarise(rows: list[dict[str, Any]], runs: list[list[float | None]], threshold: float,
+              metric: str) -> dict[str, Any]:
     first = runs[0]
-    labels = [r["labels"]["fault"] for r in rows]
+    labels = [label(r, metric) for r in rows]
     pairs = [(s, f) for s, f in zip(first, labels, strict=True) if s is not None]
     faulty = [s for s, f in pairs if f != "clean"]
     clean = [s for s, f in pairs if f == "clean"]
     per_fault = {}
-    for fault in FAULTS:
+    for fault in [*FAULTS, *sorted(set(labels) - set(FAULTS))]:
         scored = [s for s, f in pairs if f == fault]
         if scored:
             per_fault[fault] = {"n": len(scored), "flagged": sum(s < threshold for s in scored) / len(scored),
@@ -162,9 +172,15 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--context-tokens", type=int, help="the judge model's context window")
     parser.add_argument("--out", default="validity-results", help="directory for results.json and validity.html")
+    parser.add_argument("--corpus", type=Path, default=CORPUS, help="a labelled corpus: the generated one (default), "
+                        "or reviews.jsonl from `tracejudge export --reviews` (your traffic, labelled by reviewers)")
     args = parser.parse_args()
     names = args.metric or list(METRICS)
-    rows = sample([json.loads(line) for line in CORPUS.read_text().splitlines()], args.sample, args.seed)
+    rows = [json.loads(line) for line in args.corpus.read_text().splitlines() if line.strip()]
+    if any("metrics" in r["labels"] for r in rows):  # reviewed: only the metrics reviewers labelled
+        names = [n for n in names if any(n in r["labels"].get("metrics", {}) for r in rows)] or names
+        rows = [r for r in rows if any(n in r["labels"].get("metrics", {}) for n in names)]
+    rows = sample(rows, args.sample, args.seed)
     judged = any(n != "mcp_call_validity" for n in names)
     server = ScriptedServer(script=scripted_answer) if args.scripted and judged else None
     judge = None
@@ -184,7 +200,7 @@ def main() -> int:
     results = {"title": title, "conversations": len(rows), "threshold": args.threshold, "metrics": {}}
     for name in names:
         cut = 1.0 if name == "mcp_call_validity" else args.threshold
-        summary = summarise(rows, [r[name] for r in runs], cut)
+        summary = summarise(rows, [r[name] for r in runs], cut, name)
         summary["threshold"] = cut
         summary["usage_per_run"] = {k: v / args.runs for k, v in
                                     {k: sum(u[name][k] for u in usage) for k in usage[0][name]}.items()}

@@ -240,6 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "2026-12-01")
     exp.add_argument("--to", required=True, metavar="DIR")
     exp.add_argument("--db", help="database file (default TRACEJUDGE_DB or ./tracejudge.duckdb)")
+    exp.add_argument("--reviews", action="store_true", help="also write reviews.jsonl: the reviewed conversations as "
+                     "a labelled corpus for `python bench/validity.py --corpus reviews.jsonl`")
     exp.set_defaults(command_module="export")
 
     test = sub.add_parser("test", help="run assert_test tests (DeepEval's `deepeval test run`)",

@@ -63,3 +63,39 @@ def test_two_reviewers_and_the_agreement_their_verdicts_imply(tmp_path) -> None:
         missing = review(ALICE, "conv-nobody", "agree")
         assert missing.status_code == 404 and "no mcp_call_validity score" in missing.json()["error"]
         assert review(ALICE, "conv-a", "maybe").status_code == 400
+
+
+def test_reviews_are_a_labelled_corpus_the_validity_bench_reads(tmp_path) -> None:
+    """`tracejudge export --reviews` writes the reviewed conversations labelled per metric by their reviewers'
+    majority; `python bench/validity.py --corpus` measures a metric on them."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {"TRACEJUDGE_REVIEWER_TOKENS": f"alice:{ALICE},bob:{BOB}"}
+    cfg = config(tmp_path, 'metrics = ["mcp_call_validity"]\n')
+    db = tmp_path / "t.duckdb"
+    with CollectorProcess(db, config=cfg, env=env) as collector:
+        export(collector, conversations(end=True))
+        wait_for(collector, "SELECT 1 FROM latest_scores", 2)
+        for token, conversation, verdict in [(ALICE, "conv-a", "agree"), (BOB, "conv-a", "agree"),
+                                             (ALICE, "conv-b", "disagree"), (BOB, "conv-b", "agree")]:
+            reply = httpx.post(f"{collector.admin_url}/api/reviews", headers={"Authorization": f"Bearer {token}"},
+                               json={"conversation_id": conversation, "metric": "mcp_call_validity",
+                                     "verdict": verdict}, timeout=30)
+            assert reply.status_code == 201, reply.text
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "tracejudge.collector.cli", "export", "--reviews", "--since", "7d",
+                           "--to", str(out), "--db", str(db)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in (out / "reviews.jsonl").read_text().splitlines()]
+    assert [(r["id"], r["labels"]["metrics"], r["labels"]["fault"]) for r in rows] == [
+        ("conv-a#v1", {"mcp_call_validity": True}, "clean"),
+        ("conv-b#v1", {"mcp_call_validity": False}, "human_fail")]  # a 1-1 tie counts as a fail
+    assert rows[0]["test_case"]["turns"][0]["role"] == "user"
+    bench = subprocess.run([sys.executable, str(Path(__file__).parent.parent / "bench" / "validity.py"),
+                            "--corpus", str(out / "reviews.jsonl"), "--metric", "mcp_call_validity",
+                            "--out", str(tmp_path / "results")], capture_output=True, text=True, timeout=300)
+    assert bench.returncode == 0, bench.stderr
+    assert "mcp_call_validity: AUC 1.000 accuracy 1.000 (2 scored" in bench.stdout

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import sys
 from pathlib import Path
@@ -43,5 +44,35 @@ def run(args: argparse.Namespace) -> int:
         print(f"tracejudge export: cannot export from {db}: {exc}; stop the collector first if it holds the file",
               file=sys.stderr)
         return EXIT_FAIL
+    if args.reviews:
+        try:
+            written.append(_export_reviews(db, confined(out, "reviews.jsonl"), since))
+        except (OutputPathError, duckdb.Error) as exc:
+            print(f"tracejudge export: cannot export the reviews from {db}: {exc}", file=sys.stderr)
+            return EXIT_FAIL
     print("wrote " + ", ".join(written))
     return EXIT_PASS
+
+
+def _export_reviews(db: Path, target: Path, since: dt.date) -> str:
+    """Reviewed conversations as a labelled corpus (the rows of bench/validity/corpus.jsonl, labelled per metric by
+    the majority of its reviewers, a tie counting as a fail), for `python bench/validity.py --corpus FILE`."""
+    with duckdb.connect(str(db), read_only=True) as con:
+        rows = con.execute(
+            "SELECT r.conversation_id, r.conversation_version, any_value(c.test_case), list(struct_pack("
+            "metric := r.metric, reviewer := r.reviewer, human_pass := r.human_pass, human_score := r.human_score, "
+            "judge_success := r.judge_success, note := r.note) ORDER BY r.reviewed_at) FROM reviews r JOIN "
+            "conversations c ON c.conversation_id = r.conversation_id AND c.version = r.conversation_version "
+            "WHERE r.reviewed_at >= ? GROUP BY 1, 2 ORDER BY 1, 2", [since]).fetchall()
+    with target.open("w", encoding="utf-8") as out:
+        for conversation_id, version, test_case, reviews in rows:
+            votes: dict[str, list[bool]] = {}
+            for review in reviews:
+                votes.setdefault(review["metric"], []).append(review["human_pass"])
+            verdicts = {m: sum(v) * 2 > len(v) for m, v in votes.items()}
+            labels = {"fault": "clean" if all(verdicts.values()) else "human_fail", "server": "reviewed",
+                      "source": "reviews", "variant": "reviewed", "hard": False, "metrics": verdicts,
+                      "reviews": reviews}
+            out.write(json.dumps({"id": f"{conversation_id}#v{version}", "labels": labels,
+                                  "test_case": json.loads(test_case)}, ensure_ascii=False, sort_keys=True) + "\n")
+    return f"{target} ({len(rows)} reviewed conversations)"
