@@ -9,7 +9,7 @@ import csv
 import datetime as dt
 import io
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -151,9 +151,11 @@ class EvaluationDataset:
 
     @classmethod
     def from_history(cls, db: str | Path | duckdb.DuckDBPyConnection, since: dt.timedelta = dt.timedelta(days=7),
-                     failing_only: bool = True) -> EvaluationDataset:
+                     failing_only: bool = True, reviewed_only: bool = False) -> EvaluationDataset:
         """The conversations the collector stored in the last `since` (only those whose latest score failed a
-        metric, by default), as test cases and as goldens, named by conversation id."""
+        metric, by default), as test cases and as goldens, named by conversation id. `reviewed_only`: the
+        conversation versions people reviewed in that time instead, each with `metadata["human_verdicts"]` (per
+        metric, the reviewers' majority; a tie is a fail)."""
         try:
             import duckdb
         except ImportError as exc:
@@ -161,6 +163,8 @@ class EvaluationDataset:
                                "pip install tracejudge (or duckdb)") from exc
         con = db if isinstance(db, duckdb.DuckDBPyConnection) else duckdb.connect(str(db), read_only=True)
         try:
+            if reviewed_only:
+                return cls._reviewed(con, since)
             rows = con.execute(
                 "WITH latest AS (SELECT conversation_id, version, test_case FROM conversations WHERE assembled_at >= ? "
                 "AND status <> 'context_only' "  # MCP calls made outside any run: no conversation to test
@@ -185,6 +189,32 @@ class EvaluationDataset:
             dataset.test_cases.append(case)
             dataset.goldens.append(ConversationalGolden.from_test_case(case))
         return dataset
+
+    @classmethod
+    def _reviewed(cls, con: duckdb.DuckDBPyConnection, since: dt.timedelta) -> EvaluationDataset:
+        rows = con.execute(
+            "SELECT r.conversation_id, r.conversation_version, any_value(c.test_case), list(struct_pack(metric := "
+            "r.metric, human_pass := r.human_pass) ORDER BY r.reviewed_at) FROM reviews r JOIN conversations c ON "
+            "c.conversation_id = r.conversation_id AND c.version = r.conversation_version WHERE r.reviewed_at >= ? "
+            "GROUP BY 1, 2 ORDER BY 1, 2", [dt.datetime.now(dt.UTC) - since]).fetchall()
+        dataset = cls()
+        for conversation_id, version, test_case, reviews in rows:
+            case = load_test_case(test_case)
+            case.name = case.name or conversation_id
+            case.metadata = {**(case.metadata or {}), "conversation_id": conversation_id,
+                             "conversation_version": version,
+                             "human_verdicts": human_verdicts((r["metric"], r["human_pass"]) for r in reviews)}
+            dataset.test_cases.append(case)
+            dataset.goldens.append(ConversationalGolden.from_test_case(case))
+        return dataset
+
+
+def human_verdicts(votes: Iterable[tuple[str, bool]]) -> dict[str, bool]:
+    """Per metric, what most reviewers said (pass when more than half passed it: a tie is a fail)."""
+    tally: dict[str, list[bool]] = {}
+    for metric, passed in votes:
+        tally.setdefault(metric, []).append(passed)
+    return {metric: sum(passes) * 2 > len(passes) for metric, passes in tally.items()}
 
 
 def _read(file_path: str | Path) -> str:

@@ -85,6 +85,12 @@ def test_reviews_are_a_labelled_corpus_the_validity_bench_reads(tmp_path) -> Non
                                json={"conversation_id": conversation, "metric": "mcp_call_validity",
                                      "verdict": verdict}, timeout=30)
             assert reply.status_code == 201, reply.text
+    from tracejudge.dataset import EvaluationDataset
+
+    reviewed = EvaluationDataset.from_history(db, reviewed_only=True)
+    assert [(c.name, c.metadata["human_verdicts"]) for c in reviewed.test_cases] == [
+        ("conv-a", {"mcp_call_validity": True}), ("conv-b", {"mcp_call_validity": False})]
+    assert len(reviewed.goldens) == 2
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, "-m", "tracejudge.collector.cli", "export", "--reviews", "--since", "7d",
                            "--to", str(out), "--db", str(db)], capture_output=True, text=True, timeout=120)

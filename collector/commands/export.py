@@ -14,6 +14,7 @@ import duckdb
 from tracejudge.collector.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS
 from tracejudge.collector.durations import DurationError, parse_since
 from tracejudge.collector.history.output_paths import OutputPathError, confined
+from tracejudge.dataset import human_verdicts
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,10 +67,7 @@ def _export_reviews(db: Path, target: Path, since: dt.date) -> str:
             "WHERE r.reviewed_at >= ? GROUP BY 1, 2 ORDER BY 1, 2", [since]).fetchall()
     with target.open("w", encoding="utf-8") as out:
         for conversation_id, version, test_case, reviews in rows:
-            votes: dict[str, list[bool]] = {}
-            for review in reviews:
-                votes.setdefault(review["metric"], []).append(review["human_pass"])
-            verdicts = {m: sum(v) * 2 > len(v) for m, v in votes.items()}
+            verdicts = human_verdicts((r["metric"], r["human_pass"]) for r in reviews)
             labels = {"fault": "clean" if all(verdicts.values()) else "human_fail", "server": "reviewed",
                       "source": "reviews", "variant": "reviewed", "hard": False, "metrics": verdicts,
                       "reviews": reviews}
