@@ -174,19 +174,27 @@ class AdminServer:
         if not bearer_matches(request.headers.get("Authorization"), self._query_token):
             return _error(401, "missing or wrong bearer token (TRACEJUDGE_QUERY_TOKEN)")
         since = request.query.get("since", "7d")
-        if self._busy >= MAX_QUERIES:
-            return _error(429, "too many queries and reports are running; retry shortly")
-        self._busy += 1
         try:
-            page = await asyncio.get_running_loop().run_in_executor(self._user_sql, _then_release, lambda: export_views(
+            page = await self._one_at_a_time(lambda: export_views(
                 self._cursor(), since, f"the collector at port {self.port}", summaries=self.summaries,
                 budget_usd=self._budget_usd, trace_url=self._trace_url))
+        except _Busy:
+            return _error(429, "too many queries and reports are running; retry shortly")
         except ReportError as exc:
             return _error(400, str(exc))
-        finally:
-            self._busy -= 1
         return web.Response(text=page, content_type="text/html", charset="utf-8",
                             headers={"Content-Security-Policy": STATIC_CSP})
+
+    async def _one_at_a_time(self, work: Callable[[], T]) -> T:
+        """Run a report's or a mapping's work on the user-SQL thread (one at a time, at most MAX_QUERIES waiting;
+        else _Busy), then hand what it freed back to the system."""
+        if self._busy >= MAX_QUERIES:
+            raise _Busy
+        self._busy += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._user_sql, _then_release, work)
+        finally:
+            self._busy -= 1
 
 
     async def _mapping(self, request: web.Request) -> web.Response:
@@ -194,20 +202,16 @@ class AdminServer:
         CONVERSATION_ID --explain`); it shows conversation text, so it needs the query token."""
         if not bearer_matches(request.headers.get("Authorization"), self._query_token):
             return _error(401, "missing or wrong bearer token (TRACEJUDGE_QUERY_TOKEN)")
-        if self._busy >= MAX_QUERIES:
-            return _error(429, "too many queries and reports are running; retry shortly")
-        self._busy += 1
         try:
-            document = await asyncio.get_running_loop().run_in_executor(
-                self._user_sql, _then_release, lambda: explain_stored(
-                    self._cursor(), request.match_info["conversation_id"], mcp_tools=self._mcp_tools,
-                    max_spans=self._max_spans))
+            document = await self._one_at_a_time(lambda: explain_stored(
+                self._cursor(), request.match_info["conversation_id"], mcp_tools=self._mcp_tools,
+                max_spans=self._max_spans))
+        except _Busy:
+            return _error(429, "too many queries and reports are running; retry shortly")
         except ConversationNotFound as exc:
             return _error(404, str(exc))
         except ConversationTooLarge as exc:
             return _error(413, str(exc))
-        finally:
-            self._busy -= 1
         return web.Response(text=json.dumps(document, ensure_ascii=False), content_type="application/json")
 
     async def _feedback(self, request: web.Request) -> web.Response:
@@ -267,6 +271,10 @@ class AdminServer:
         job_ids = await self.stage.requeue()
         body = {"requeued": len(job_ids), "job_ids": job_ids, "waiting_for_judge": self.stage.unavailable}
         return web.Response(text=json.dumps(body), content_type="application/json")
+
+
+class _Busy(Exception):
+    """MAX_QUERIES queries, reports and mappings are already running or waiting."""
 
 
 def _then_release(work: Callable[[], T]) -> T:

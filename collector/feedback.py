@@ -24,11 +24,7 @@ class FeedbackIn(BaseModel):
 
     def attributes(self) -> dict[str, Any]:
         """The semconv attributes of the evaluation event, marked as sent to the API."""
-        out: dict[str, Any] = {"gen_ai.evaluation.name": self.name, "tracejudge.feedback.source": "api"}
-        if self.value is not None:
-            out["gen_ai.evaluation.score.value"] = self.value
-        if self.label is not None:
-            out["gen_ai.evaluation.score.label"] = self.label
-        if self.comment is not None:
-            out["gen_ai.evaluation.explanation"] = self.comment
-        return out
+        given = {"gen_ai.evaluation.score.value": self.value, "gen_ai.evaluation.score.label": self.label,
+                 "gen_ai.evaluation.explanation": self.comment}
+        return {"gen_ai.evaluation.name": self.name, "tracejudge.feedback.source": "api",
+                **{key: value for key, value in given.items() if value is not None}}
