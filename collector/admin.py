@@ -18,7 +18,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tracejudge.collector.admin_guard import AdminGuard
-from tracejudge.collector.feedback import FEEDBACK_SHAPE, FeedbackIn
+from tracejudge.collector.config import ReviewSettings
 from tracejudge.collector.history.conversation_mapping import (
     ConversationNotFound,
     ConversationTooLarge,
@@ -32,11 +32,13 @@ from tracejudge.collector.pipeline.summary_tables import SummaryTables
 from tracejudge.collector.receivers.http_guard import GuardedSite
 from tracejudge.collector.receivers.ingest import bearer_matches
 from tracejudge.collector.receivers.span_rows import spans_to_arrow
-from tracejudge.collector.reviews import REVIEW_SHAPE, ReviewError, ReviewIn, agreement_report, record_review
+from tracejudge.collector.review.feedback import FEEDBACK_SHAPE, FeedbackIn
+from tracejudge.collector.review.reviews import REVIEW_SHAPE, ReviewError, ReviewIn, agreement_report, record_review
 from tracejudge.collector.store.memory_release import release_duckdb_memory
 from tracejudge.collector.store.span_store import SpanStore, StoreError
 from tracejudge.collector.ui.export import ReportError, export_views
 from tracejudge.collector.ui.rendering import STATIC_CSP
+from tracejudge.collector.ui.review_pages import ReviewPages
 from tracejudge.collector.ui.routes import WebUI
 from tracejudge.mapping.otlp_logs import feedback_carrier
 
@@ -53,7 +55,7 @@ class AdminServer:
                  budget_usd: float | None = None, trace_url: str | None = None,
                  allowed_hosts: list[str] | None = None, query_limits: SandboxLimits | None = None,
                  mcp_tools: dict[str, list[str]] | None = None, max_spans: int = 100_000,
-                 reviewers: dict[str, str] | None = None) -> None:
+                 reviewers: dict[str, str] | None = None, review_rules: ReviewSettings | None = None) -> None:
         self.host, self.requested_port = host, port
         self.store, self.metrics = store, metrics
         self.stage: ScoringStage | None = None
@@ -84,8 +86,9 @@ class AdminServer:
         self.summaries = SummaryTables()
         self._budget_usd, self._trace_url = budget_usd, trace_url
         self.ui = WebUI(self._cursor, self._queries, query_token, self.summaries, budget_usd=budget_usd,
-                        trace_url=trace_url)
+                        trace_url=trace_url, reviewers=self._reviewers)
         self.ui.register(self.app)
+        ReviewPages(self.ui, review_rules or ReviewSettings()).register(self.app)
         self._site: GuardedSite | None = None
         self._limits = (max_connections, header_timeout_s)
 
@@ -133,10 +136,12 @@ class AdminServer:
                 "WHERE status IN ('pending', 'waiting_for_judge', 'budget')").fetchall())
             self.metrics.oldest_waiting.set(oldest)
         agreement = await asyncio.to_thread(lambda: self._cursor().execute(
-            "SELECT metric, metric_config, coalesce(judge_model, ''), kappa, reviews FROM judge_agreement").fetchall())
-        for metric, config, model, kappa, reviews in agreement:
+            "SELECT metric, metric_config, coalesce(judge_model, ''), kappa, accuracy, reviews FROM judge_agreement"
+        ).fetchall())
+        for metric, config, model, kappa, accuracy, reviews in agreement:
             if kappa is not None:
                 self.metrics.agreement_kappa.labels(metric, config, model).set(kappa)
+            self.metrics.agreement_accuracy.labels(metric, config, model).set(accuracy)
             self.metrics.agreement_reviews.labels(metric, config, model).set(reviews)
         return web.Response(body=generate_latest(self.metrics.registry),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})

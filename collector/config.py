@@ -101,7 +101,7 @@ class ServerSettings(_Section):
     @field_validator("reviewer_tokens")
     @classmethod
     def _reviewers(cls, value: str | None) -> str | None:
-        from tracejudge.collector.reviews import reviewer_tokens  # the one parser, its message on a bad value
+        from tracejudge.collector.review.reviews import reviewer_tokens  # the one parser, its message on a bad value
 
         reviewer_tokens(value)
         return value
@@ -289,6 +289,10 @@ class ScoringSettings(_Section):
                         "scores within the provider's 24h window; durable across restarts")
     batch_flush_s: float = Field(30.0, gt=0, description="judge requests gather this long before a batch is sent")
     batch_poll_s: float = Field(60.0, gt=0, description="how often a submitted batch is polled")
+    calibration: Literal["off", "reviews"] = Field("off", description="'reviews': each judged metric's LLM prompts "
+                                                   "carry the reviewers' most informative corrections of it as "
+                                                   "examples, chosen at start (restart to take new reviews)")
+    calibration_examples: int = Field(4, ge=1, le=32, description="corrections per metric with calibration on")
 
     @field_validator("metrics")
     @classmethod
@@ -379,6 +383,26 @@ class UISettings(_Section):
                                   "{trace_id}, e.g. 'http://jaeger:16686/trace/{trace_id}'")
 
 
+class ReviewSettings(_Section):
+    """The rules that put scored conversations into the review queue. Every rule but `random_rate` takes each
+    conversation it matches (sampling probability 1); the random sample keeps agreement estimates about all traffic,
+    not only about the failures the other rules pick."""
+
+    failing: bool = Field(True, description="a conversation with a failing score")
+    low_confidence_below: float | None = Field(0.6, ge=0, le=1, description="a judge decision (System One) whose "
+                                               "confidence is below this (none: off)")
+    metric_disagreement: bool = Field(True, description="metrics disagree on one conversation: one passes, another "
+                                      "fails (e.g. call validity fails, task completion passes)")
+    hybrid_fallback: bool = Field(True, description="hybrid mode where System One could not decide and the LLM "
+                                  "did (a decision the two judges did not both make)")
+    thumbs_down: bool = Field(True, description="end-user feedback below feedback_below, or labelled thumbs_down")
+    feedback_below: float = Field(0.5, description="a feedback value below this is a thumbs-down")
+    random_rate: float = Field(0.05, ge=0, le=1, description="share of all other scored conversations, chosen by a "
+                               "hash of the conversation id, so agreement is estimated for all traffic")
+    reviews_per_item: int = Field(1, ge=1, le=10, description="reviewers an item waits for (2 or more gives "
+                                  "inter-reviewer agreement)")
+
+
 class LogSettings(_Section):
     level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
     progress_s: float = Field(30.0, ge=0, description="a one-line progress log this often (spans/s, queue, jobs "
@@ -402,6 +426,7 @@ class Settings(_Section):
     redaction: RedactionSettings = Field(default_factory=RedactionSettings)
     lake: LakeSettings = Field(default_factory=LakeSettings)
     ui: UISettings = Field(default_factory=UISettings)
+    review: ReviewSettings = Field(default_factory=ReviewSettings)
     export: ExportSettings = Field(default_factory=ExportSettings)
     log: LogSettings = Field(default_factory=LogSettings)
     _config_file: Path | None = PrivateAttr(default=None)  # the tracejudge.toml these came from, if any
@@ -526,8 +551,8 @@ def settings_help() -> str:
                            ("limits", LimitsSettings),
                            ("sampling", SamplingSettings), ("scoring", ScoringSettings),
                            ("redaction", RedactionSettings),
-                           ("lake", LakeSettings), ("ui", UISettings), ("export", ExportSettings),
-                           ("log", LogSettings)):
+                           ("lake", LakeSettings), ("ui", UISettings), ("review", ReviewSettings),
+                           ("export", ExportSettings), ("log", LogSettings)):
         lines.append(f"[{section}]")
         for key, field in model.model_fields.items():
             env, flag = env_flags.get((section, key), (None, None))

@@ -93,6 +93,9 @@ class CollectorMetrics:
                                      "reviewers' pass/fail (weighted by queue-sampling probability; see "
                                      "/api/agreement for intervals)", ["metric", "metric_config", "judge_model"],
                                      registry=self.registry)
+        self.agreement_accuracy = Gauge("tracejudge_judge_agreement_accuracy", "Share of reviews where judge and "
+                                        "reviewer agree on pass/fail (weighted as kappa)",
+                                        ["metric", "metric_config", "judge_model"], registry=self.registry)
         self.agreement_reviews = Gauge("tracejudge_judge_agreement_reviews", "Reviews behind the agreement figures",
                                        ["metric", "metric_config", "judge_model"], registry=self.registry)
         self.oldest_waiting = Gauge("tracejudge_oldest_waiting_job_seconds", "Age of the oldest job not yet scored "

@@ -29,7 +29,7 @@ from tracejudge.collector.receivers.ingest import Ingest
 from tracejudge.collector.receivers.otlp_columns import native_decode_built, native_decode_enabled
 from tracejudge.collector.receivers.otlp_grpc import GrpcReceiver
 from tracejudge.collector.receivers.otlp_http import HttpReceiver
-from tracejudge.collector.reviews import reviewer_tokens
+from tracejudge.collector.review.reviews import reviewer_tokens
 from tracejudge.collector.sizes import parse_size
 from tracejudge.collector.store.memory_release import arrow_on_the_system_allocator, fewer_malloc_arenas
 from tracejudge.collector.store.span_store import SpanStore, mark_pandas_absent
@@ -76,7 +76,8 @@ class Collector:
                                  query_limits=SandboxLimits(settings.store.query_memory, parse_size(
                                      settings.store.temp_limit or f"{DEFAULT_DISK}B"), folder=settings.store.db.parent),
                                  mcp_tools=settings.mapping.mcp_tools, max_spans=settings.conversations.max_spans,
-                                 reviewers=reviewer_tokens(settings.server.reviewer_tokens))
+                                 reviewers=reviewer_tokens(settings.server.reviewer_tokens),
+                                 review_rules=settings.review)
         self.stage: ScoringStage | None = None
         self.retention: Retention | None = None
         self.assembler: ConversationAssembler | None = None

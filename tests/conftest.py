@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -57,3 +59,11 @@ def s1_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedServer]:
 @pytest.fixture
 def s1(s1_server: ScriptedServer, sleeps: SleepRecorder) -> TypeSafeJudge:
     return TypeSafeJudge("jev-latest", retry_policy=RetryPolicy(max_retries=2, sleep=sleeps))
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    """Where a browser test puts its screenshots: TRACEJUDGE_SCREENSHOTS when set (the docs' come from there)."""
+    folder = Path(os.environ.get("TRACEJUDGE_SCREENSHOTS") or tmp_path / "screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder

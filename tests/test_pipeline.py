@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,17 +58,23 @@ def turn(tracer: Any, conversation: str, question: str, tool: str, args: dict, r
             span.set_status(Status(StatusCode.ERROR, result))
 
 
-def conversations(end: bool = False) -> list[ReadableSpan]:
+def recorded(service: str, agent: Callable[[Any], None]) -> list[ReadableSpan]:
+    """The spans the real OTel SDK records while `agent(tracer)` runs, as a service of that name."""
     memory = InMemorySpanExporter()
-    provider = TracerProvider(resource=Resource.create({"service.name": "weather-agent"}))
+    provider = TracerProvider(resource=Resource.create({"service.name": service}))
     provider.add_span_processor(SimpleSpanProcessor(memory))
-    tracer = provider.get_tracer("agent")
-    turn(tracer, "conv-a", PARIS, "get-weather", {"city": "Paris"}, "Rainy, 14C", "It is rainy in Paris.")
-    turn(tracer, "conv-a", ROME, "get-weather", {"city": "Rome"}, "Sunny, 20C", "Sunny in Rome.", end=end)
-    turn(tracer, "conv-b", UMBRELLA, "book-umbrella", {"qty": 1}, "No umbrellas left", "Sorry, none left.",
-         failed=True, end=end)
+    agent(provider.get_tracer("agent"))
     provider.shutdown()
     return list(memory.get_finished_spans())
+
+
+def conversations(end: bool = False) -> list[ReadableSpan]:
+    def agent(tracer: Any) -> None:
+        turn(tracer, "conv-a", PARIS, "get-weather", {"city": "Paris"}, "Rainy, 14C", "It is rainy in Paris.")
+        turn(tracer, "conv-a", ROME, "get-weather", {"city": "Rome"}, "Sunny, 20C", "Sunny in Rome.", end=end)
+        turn(tracer, "conv-b", UMBRELLA, "book-umbrella", {"qty": 1}, "No umbrellas left", "Sorry, none left.",
+             failed=True, end=end)
+    return recorded("weather-agent", agent)
 
 
 def config(tmp_path: Path, extra: str = "") -> Path:

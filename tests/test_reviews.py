@@ -48,7 +48,7 @@ def test_two_reviewers_and_the_agreement_their_verdicts_imply(tmp_path) -> None:
         [row] = reply.json()["agreement"]
         assert (row["metric"], row["reviews"], row["reviewers"]) == ("mcp_call_validity", 4, 2)
         assert row["kappa"]["value"] == pytest.approx(0.5) and row["accuracy"]["value"] == pytest.approx(0.75)
-        assert row["kappa"]["low"] <= 0.5 <= row["kappa"]["high"]
+        assert row["kappa"]["low"] is None  # 4 reviews: too few for an honest interval (the UI test has one)
         [[kappa, accuracy, reviews]] = query(collector, "SELECT kappa, accuracy, reviews FROM judge_agreement",
                                              QUERY_TOKEN)
         assert (kappa, accuracy, reviews) == (pytest.approx(0.5), pytest.approx(0.75), 4)

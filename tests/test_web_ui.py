@@ -6,7 +6,6 @@ TRACEJUDGE_SCREENSHOTS when set (the README's come from there)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from tests.support.collector_process import CollectorProcess
 from tests.support.scripted_server import Reply, Request, completion
-from tests.test_pipeline import JUDGED, config, conversations, export, turn, wait_for
+from tests.test_pipeline import JUDGED, config, conversations, export, recorded, turn, wait_for
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed "
@@ -40,13 +39,8 @@ def lenient_judge(request: Request) -> Reply:
 
 
 def hostile_conversation() -> list:
-    memory = InMemorySpanExporter()
-    provider = TracerProvider(resource=Resource.create({"service.name": "support-agent"}))
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    turn(provider.get_tracer("agent"), "conv-xss", f"Show me {XSS}", "get-weather", {"city": XSS},
-         f"result {XSS}", f"Reply {XSS}", end=True)
-    provider.shutdown()
-    return list(memory.get_finished_spans())
+    return recorded("support-agent", lambda tracer: turn(tracer, "conv-xss", f"Show me {XSS}", "get-weather",
+                                                         {"city": XSS}, f"result {XSS}", f"Reply {XSS}", end=True))
 
 
 @pytest.fixture
@@ -63,13 +57,6 @@ def ui(tmp_path: Path, judge_server) -> Iterator[CollectorProcess]:
         wait_for(collector, "SELECT 1 FROM conversations", 14, token=TOKEN)
         yield collector
         collector.stop()
-
-
-@pytest.fixture
-def shots(tmp_path: Path) -> Path:
-    folder = Path(os.environ.get("TRACEJUDGE_SCREENSHOTS") or tmp_path / "screenshots")
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
 
 
 def test_the_ui_in_a_real_browser(ui: CollectorProcess, shots: Path) -> None:

@@ -1,20 +1,29 @@
-"""How often the judge agrees with people: Cohen's kappa and accuracy between the judge's pass/fail and a human's,
-on reviewed items that a queue chose with known probabilities.
+"""How often the judge agrees with people, on reviewed items that a queue chose with known probabilities.
 
-Estimator: each item weighs the inverse of the probability its queue rule had of choosing it (Horvitz-Thompson
-weights), so the proportions behind kappa (observed agreement, each side's pass rate) estimate all traffic, not
-the queue's mix (a queue of failures alone would overstate how often the judge fails). Interval: the percentile
-bootstrap over reviewed items, resampled with their weights (`bench/agreement.py` checks its coverage and the
-estimator's bias by simulation). Pure: numbers in, numbers out.
+Estimators: each reviewed item weighs the inverse of the probability its queue rule had of choosing it
+(Horvitz-Thompson weights), so every proportion below estimates all traffic, not the queue's mix (a queue of
+failures alone would overstate how often the judge fails).
+- Cohen's kappa and accuracy between the judge's pass/fail and a human's, from weighted proportions;
+- mean absolute difference between the judge's score and the score the reviewer would give (where given);
+- AUC: the weighted chance that a conversation people passed has a higher judge score than one they failed;
+- per task and per call: kappa and accuracy over the labelled tasks or calls, each weighted as its review;
+- between reviewers: kappa between the first two reviewers of an item.
+Interval: the percentile bootstrap, resampling reviewed items (a review's tasks and calls go with it), so the
+intervals hold the dependence between the parts of one conversation (`bench/agreement.py` checks coverage and bias
+of the kappa estimator by simulation). Pure: numbers in, numbers out.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 DEFAULT_RESAMPLES = 1000
+MAX_BOOTSTRAP_WORK = 2_000_000  # items x resamples per statistic: a large review history keeps its answer quick
+MIN_INTERVAL_UNITS = 5  # fewer reviewed items than this: every resample is nearly the same, no honest interval
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -33,6 +42,42 @@ class Agreement:
     accuracy: Estimate
 
 
+@dataclass(frozen=True)
+class ReviewedItem:
+    """One review as the estimators see it: the judge's and the reviewer's verdicts and scores, the queue's
+    sampling probability, the per-task or per-call verdict pairs, and the second reviewer's verdict if any."""
+
+    judge_pass: bool
+    human_pass: bool
+    probability: float = 1.0
+    judge_score: float | None = None
+    human_score: float | None = None
+    tasks: tuple[tuple[bool, bool], ...] = ()
+    calls: tuple[tuple[bool, bool], ...] = ()
+    second_human_pass: bool | None = None
+    weight: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.probability <= 1:
+            raise ValueError("a sampling probability must be in (0, 1]")
+        object.__setattr__(self, "weight", 1.0 / self.probability)
+
+
+@dataclass(frozen=True)
+class FullAgreement:
+    """Every agreement figure of one metric, configuration and judge model, each with its interval and count."""
+
+    kappa: Estimate
+    accuracy: Estimate
+    mean_abs_diff: Estimate
+    auc: Estimate
+    task_kappa: Estimate
+    task_accuracy: Estimate
+    call_kappa: Estimate
+    call_accuracy: Estimate
+    reviewer_kappa: Estimate
+
+
 def _kappa_and_accuracy(pairs: Sequence[tuple[bool, bool, float]]) -> tuple[float | None, float | None]:
     total = sum(w for _, _, w in pairs)
     if total <= 0:
@@ -45,6 +90,52 @@ def _kappa_and_accuracy(pairs: Sequence[tuple[bool, bool, float]]) -> tuple[floa
     return kappa, observed
 
 
+def weighted_auc(scores: Sequence[float], positive: Sequence[bool], weights: Sequence[float]) -> float | None:
+    """P(score of a positive > score of a negative) + half the ties, pairs weighted by the product of their
+    weights; None without both classes. O(n log n): sorted once, negatives below each score summed as it goes."""
+    items = sorted(zip(scores, positive, weights, strict=True))
+    total_pos = sum(w for _, p, w in items if p)
+    total_neg = sum(w for _, p, w in items if not p)
+    if total_pos <= 0 or total_neg <= 0:
+        return None
+    below, wins, i = 0.0, 0.0, 0
+    while i < len(items):
+        j = i
+        while j < len(items) and items[j][0] == items[i][0]:
+            j += 1
+        tied = items[i:j]
+        pos = sum(w for _, p, w in tied if p)
+        neg = sum(w for _, p, w in tied if not p)
+        wins += pos * (below + neg / 2)
+        below += neg
+        i = j
+    return wins / (total_pos * total_neg)
+
+
+def bootstrap(units: Sequence[T], statistic: Callable[[Sequence[T]], float | None], *,
+              resamples: int = DEFAULT_RESAMPLES, level: float = 0.95, seed: int = 0,
+              n: int | None = None) -> Estimate:
+    """The statistic on the units, with a percentile-bootstrap interval from resampling the units with
+    replacement (fewer resamples for a very large set, so an answer stays quick; never fewer than 200); no
+    interval from fewer than MIN_INTERVAL_UNITS units."""
+    value = statistic(units)
+    count = len(units) if n is None else n
+    if value is None or len(units) < MIN_INTERVAL_UNITS or resamples <= 0:
+        return Estimate(value, None, None, count)
+    resamples = min(resamples, max(200, MAX_BOOTSTRAP_WORK // len(units)))
+    rng = random.Random(seed)
+    draws = []
+    for _ in range(resamples):
+        drawn = statistic([units[rng.randrange(len(units))] for _ in units])
+        if drawn is not None:
+            draws.append(drawn)
+    if len(draws) < 20:
+        return Estimate(value, None, None, count)
+    draws.sort()
+    tail = (1 - level) / 2
+    return Estimate(value, draws[int(tail * (len(draws) - 1))], draws[int((1 - tail) * (len(draws) - 1))], count)
+
+
 def agreement(judge: Sequence[bool], human: Sequence[bool], probabilities: Sequence[float] | None = None, *,
               resamples: int = DEFAULT_RESAMPLES, level: float = 0.95, seed: int = 0) -> Agreement:
     """Kappa and accuracy of the judge's verdicts against the humans', each item weighted by 1 / the probability
@@ -55,28 +146,50 @@ def agreement(judge: Sequence[bool], human: Sequence[bool], probabilities: Seque
         raise ValueError("a sampling probability must be in (0, 1]")
     weights = [1.0 / p for p in probabilities] if probabilities is not None else [1.0] * len(judge)
     pairs = list(zip(judge, human, weights, strict=True))
-    kappa, accuracy = _kappa_and_accuracy(pairs)
-    n = len(pairs)
-    if n == 0:
-        empty = Estimate(None, None, None, 0)
-        return Agreement(empty, empty)
-    rng = random.Random(seed)
-    kappas: list[float] = []
-    accuracies: list[float] = []
-    for _ in range(resamples):
-        k, a = _kappa_and_accuracy([pairs[rng.randrange(n)] for _ in range(n)])
-        if k is not None:
-            kappas.append(k)
-        if a is not None:
-            accuracies.append(a)
-    return Agreement(_estimate(kappa, kappas, level, n), _estimate(accuracy, accuracies, level, n))
+    kw = {"resamples": resamples, "level": level, "seed": seed}
+    return Agreement(bootstrap(pairs, lambda s: _kappa_and_accuracy(s)[0], **kw),
+                     bootstrap(pairs, lambda s: _kappa_and_accuracy(s)[1], **kw))
 
 
-def _estimate(value: float | None, draws: list[float], level: float, n: int) -> Estimate:
-    if value is None or len(draws) < 20:
-        return Estimate(value, None, None, n)
-    draws.sort()
-    tail = (1 - level) / 2
-    low = draws[int(tail * (len(draws) - 1))]
-    high = draws[int((1 - tail) * (len(draws) - 1))]
-    return Estimate(value, low, high, n)
+def _parts(items: Sequence[ReviewedItem], which: str) -> list[tuple[bool, bool, float]]:
+    return [(j, h, item.weight) for item in items for j, h in getattr(item, which)]
+
+
+def _mean_abs_diff(items: Sequence[ReviewedItem]) -> float | None:
+    scored = [(abs(i.judge_score - i.human_score), i.weight) for i in items
+              if i.judge_score is not None and i.human_score is not None]
+    total = sum(w for _, w in scored)
+    return sum(d * w for d, w in scored) / total if total > 0 else None
+
+
+def _auc(items: Sequence[ReviewedItem]) -> float | None:
+    scored = [i for i in items if i.judge_score is not None]
+    return weighted_auc([i.judge_score for i in scored],  # type: ignore[misc]
+                        [i.human_pass for i in scored], [i.weight for i in scored])
+
+
+def full_agreement(items: Sequence[ReviewedItem], *, resamples: int = DEFAULT_RESAMPLES, level: float = 0.95,
+                   seed: int = 0) -> FullAgreement:
+    """Every figure of one group of reviews (see the module docstring for the estimators)."""
+    kw = {"resamples": resamples, "level": level, "seed": seed}
+    items = list(items)
+    pairs = [(i.judge_pass, i.human_pass, i.weight) for i in items]
+    with_tasks = [i for i in items if i.tasks]
+    with_calls = [i for i in items if i.calls]
+    paired = [(i.human_pass, i.second_human_pass, i.weight) for i in items if i.second_human_pass is not None]
+
+    def parts(which: str, k: int) -> Callable[[Sequence[ReviewedItem]], float | None]:
+        return lambda s: _kappa_and_accuracy(_parts(s, which))[k]
+
+    return FullAgreement(
+        kappa=bootstrap(pairs, lambda s: _kappa_and_accuracy(s)[0], **kw),
+        accuracy=bootstrap(pairs, lambda s: _kappa_and_accuracy(s)[1], **kw),
+        mean_abs_diff=bootstrap(items, _mean_abs_diff, n=sum(
+            1 for i in items if i.judge_score is not None and i.human_score is not None), **kw),
+        auc=bootstrap(items, _auc, n=sum(1 for i in items if i.judge_score is not None), **kw),
+        task_kappa=bootstrap(with_tasks, parts("tasks", 0), n=len(_parts(with_tasks, "tasks")), **kw),
+        task_accuracy=bootstrap(with_tasks, parts("tasks", 1), n=len(_parts(with_tasks, "tasks")), **kw),
+        call_kappa=bootstrap(with_calls, parts("calls", 0), n=len(_parts(with_calls, "calls")), **kw),
+        call_accuracy=bootstrap(with_calls, parts("calls", 1), n=len(_parts(with_calls, "calls")), **kw),
+        reviewer_kappa=bootstrap(paired, lambda s: _kappa_and_accuracy(s)[0], **kw),  # type: ignore[arg-type]
+    )

@@ -243,7 +243,7 @@ def summary_tables_ddl(temporary: bool = False) -> str:
     """.replace("{create}", create)
 
 
-SCHEMA_VERSION = 17
+SCHEMA_VERSION = 18
 # SQL, or a function of the connection where the migration needs Python (ids computed as ingest computes them)
 MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     1: f"""
@@ -457,6 +457,47 @@ MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     SELECT metric, metric_config, judge_model, reviews, reviewers, po AS accuracy,
            CASE WHEN pj * ph + (1 - pj) * (1 - ph) < 1
                 THEN (po - (pj * ph + (1 - pj) * (1 - ph))) / (1 - (pj * ph + (1 - pj) * (1 - ph))) END AS kappa
+    FROM sums;
+    """,
+    # review queues: the items the rules chose (with the rule and its sampling probability), the rules as last
+    # edited in the UI, how far the queue has read scores and feedback, and a review's per-task and per-call labels
+    18: """
+    ALTER TABLE reviews ADD COLUMN labels JSON;
+    CREATE TABLE IF NOT EXISTS review_queue (
+        conversation_id VARCHAR NOT NULL,
+        conversation_version INTEGER NOT NULL,
+        queue_rule VARCHAR NOT NULL,
+        sampling_probability DOUBLE NOT NULL,
+        enqueued_at TIMESTAMPTZ NOT NULL,
+        PRIMARY KEY (conversation_id, conversation_version)
+    );
+    CREATE TABLE IF NOT EXISTS review_rules (
+        rules JSON NOT NULL,
+        edited_by VARCHAR NOT NULL,
+        edited_at TIMESTAMPTZ NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS review_queue_progress (
+        scores_read_to TIMESTAMPTZ,
+        feedback_read_to TIMESTAMPTZ
+    );
+    CREATE TABLE IF NOT EXISTS review_thumbs_down (
+        conversation_id VARCHAR PRIMARY KEY,
+        received_at TIMESTAMPTZ NOT NULL
+    );
+    CREATE OR REPLACE VIEW judge_agreement AS
+    WITH weighted AS (
+        SELECT metric, metric_config, judge_model, reviewer, 1.0 / sampling_probability AS w,
+               CAST(judge_success AS INTEGER) AS j, CAST(human_pass AS INTEGER) AS h,
+               abs(judge_score - human_score) AS d FROM reviews),
+    sums AS (
+        SELECT metric, metric_config, judge_model, count(*) AS reviews, count(DISTINCT reviewer) AS reviewers,
+               sum(w * CAST(j = h AS INTEGER)) / sum(w) AS po, sum(w * j) / sum(w) AS pj, sum(w * h) / sum(w) AS ph,
+               sum(w * d) / sum(w) FILTER (WHERE d IS NOT NULL) AS mean_abs_diff
+        FROM weighted GROUP BY ALL)
+    SELECT metric, metric_config, judge_model, reviews, reviewers, po AS accuracy,
+           CASE WHEN pj * ph + (1 - pj) * (1 - ph) < 1
+                THEN (po - (pj * ph + (1 - pj) * (1 - ph))) / (1 - (pj * ph + (1 - pj) * (1 - ph))) END AS kappa,
+           mean_abs_diff
     FROM sums;
     """,
 }

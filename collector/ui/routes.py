@@ -29,6 +29,7 @@ from tracejudge.collector.ui.charts import trend_chart
 from tracejudge.collector.ui.rendering import environment
 
 COOKIE = "tracejudge_session"
+REVIEWER_COOKIE = "tracejudge_reviewer"  # a reviewer's name, signed: it opens the review pages only
 if TYPE_CHECKING:
     from tracejudge.collector.pipeline.retention import StorageReport
 
@@ -42,9 +43,11 @@ def csp(nonce: str) -> str:
 
 class WebUI:
     def __init__(self, cursor: Cursor, executor: Executor, query_token: str | None, summaries: SummaryTables, *,
-                 budget_usd: float | None = None, trace_url: str | None = None) -> None:
+                 budget_usd: float | None = None, trace_url: str | None = None,
+                 reviewers: dict[bytes, str] | None = None) -> None:
         self.cursor, self.executor, self.summaries = cursor, executor, summaries
         self._token = query_token.encode() if query_token else None
+        self.reviewers = reviewers or {}  # token -> reviewer name
         self._session_key = secrets.token_bytes(32)  # a restart signs everyone out
         # the login and logout forms carry it: a page elsewhere cannot read it, so it cannot post either form
         self._csrf = hmac.new(self._session_key, b"form", hashlib.sha256).hexdigest()
@@ -79,48 +82,78 @@ class WebUI:
             (bool(request.headers.get("Authorization")) and bearer_matches(request.headers["Authorization"],
                                                                              self._token))
 
+    def _reviewer_session(self, name: str) -> str:
+        return hmac.new(self._session_key, b"reviewer:" + name.encode(), hashlib.sha256).hexdigest()
+
+    def reviewer(self, request: web.Request) -> str | None:
+        """The signed-in reviewer's name (from the cookie the login set with their own token), if any."""
+        name, _, signature = request.cookies.get(REVIEWER_COOKIE, "").rpartition(".")
+        if name and name in self.reviewers.values() and hmac.compare_digest(
+                signature.encode(), self._reviewer_session(name).encode()):
+            return name
+        return None
+
     def _guard(self, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def guarded(request: web.Request) -> web.StreamResponse:
             if not self.allowed(request):
                 if request.path.startswith("/ui/"):
                     return web.json_response({"error": "sign in first"}, status=401)
+                if self.reviewer(request) is not None:  # a reviewer sees the review pages only
+                    raise web.HTTPSeeOther("/review")
+                raise web.HTTPSeeOther(f"/login?{urlencode({'next': request.path_qs})}")
+            return await handler(request)
+        return guarded
+
+    def guard_reviewing(self, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                        ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        """The review pages: a signed-in reviewer, or whoever may see the admin pages."""
+        async def guarded(request: web.Request) -> web.StreamResponse:
+            if not self.allowed(request) and self.reviewer(request) is None:
                 raise web.HTTPSeeOther(f"/login?{urlencode({'next': request.path_qs})}")
             return await handler(request)
         return guarded
 
     async def login_form(self, request: web.Request) -> web.StreamResponse:
-        return self._render(request, "login.html", next=_safe_next(request.query.get("next", "/")), failed=False,
-                            status=200)
+        return self.render(request, "login.html", next=_safe_next(request.query.get("next", "/")), failed=False,
+                           page="login", status=200)
 
-    def _form_forged(self, form: Any) -> bool:
+    def form_forged(self, form: Any) -> bool:
         return not hmac.compare_digest(str(form.get("csrf", "")).encode(), self._csrf.encode())
 
     async def login(self, request: web.Request) -> web.StreamResponse:
         form = await request.post()
-        if self._form_forged(form):
+        if self.form_forged(form):
             return web.json_response({"error": "the form came from another page; sign in from /login"}, status=403)
         target = _safe_next(str(form.get("next", "/")))
+        header = f"Bearer {form.get('token', '')}"
+        reviewer = next((name for token, name in self.reviewers.items() if bearer_matches(header, token)), None)
+        if reviewer is not None:
+            response = web.HTTPSeeOther(target if target.startswith(("/review", "/agreement")) else "/review")
+            response.set_cookie(REVIEWER_COOKIE, f"{reviewer}.{self._reviewer_session(reviewer)}", httponly=True,
+                                samesite="Strict", path="/", secure=request.secure)
+            raise response
         if self._token is None:
             raise web.HTTPSeeOther(target)
-        if not bearer_matches(f"Bearer {form.get('token', '')}", self._token):
-            return self._render(request, "login.html", next=target, failed=True, status=200)
+        if not bearer_matches(header, self._token):
+            return self.render(request, "login.html", next=target, failed=True, page="login", status=200)
         response = web.HTTPSeeOther(target)
         response.set_cookie(COOKIE, self._session(), httponly=True, samesite="Strict", path="/",
                             secure=request.secure)
         raise response
 
     async def logout(self, request: web.Request) -> web.StreamResponse:
-        if self._form_forged(await request.post()):
+        if self.form_forged(await request.post()):
             return web.json_response({"error": "the form came from another page; sign out from a page of this UI"},
                                      status=403)
         response = web.HTTPSeeOther("/login")
         response.del_cookie(COOKIE, path="/")
+        response.del_cookie(REVIEWER_COOKIE, path="/")
         raise response
 
     # --- pages ----------------------------------------------------------------------------------------
 
-    async def _data(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def data(self, fn: Callable[..., Any], *args: Any) -> Any:
         def read() -> Any:
             con = self.cursor()
             with contextlib.suppress(duckdb.Error):  # the pipeline's refresh logs it; show what is summarized
@@ -132,37 +165,37 @@ class WebUI:
         window = request.query.get("window", "7d")
         window = window if window in views.WINDOWS else "7d"
         split = request.query.get("split", "")
-        data: views.Overview = await self._data(views.overview, window, split, self.budget_usd)
+        data: views.Overview = await self.data(views.overview, window, split, self.budget_usd)
         end = dt.datetime.now(dt.UTC)
         start = views.window_start(window)
         charts = [(t, trend_chart(t.points, start, end)) for t in data.trends]
-        storage = await self._data(self.storage) if self.storage is not None else None
-        return self._render(request, "overview.html", data=data, charts=charts, windows=views.WINDOWS, page="overview",
+        storage = await self.data(self.storage) if self.storage is not None else None
+        return self.render(request, "overview.html", data=data, charts=charts, windows=views.WINDOWS, page="overview",
                             storage=storage)
 
     async def conversation_list(self, request: web.Request) -> web.StreamResponse:
         f = views.ConversationFilter.from_query(request.query)
-        data: views.ConversationPage = await self._data(views.conversations, f)
-        return self._render(request, "conversations.html", data=data, f=f, windows=views.WINDOWS, page="conversations")
+        data: views.ConversationPage = await self.data(views.conversations, f)
+        return self.render(request, "conversations.html", data=data, f=f, windows=views.WINDOWS, page="conversations")
 
     async def conversation(self, request: web.Request) -> web.StreamResponse:
         version = request.query.get("version", "")
-        data = await self._data(views.conversation, request.match_info["conversation_id"],
+        data = await self.data(views.conversation, request.match_info["conversation_id"],
                                 int(version) if version.isascii() and version.isdigit() and len(version) < 9
                                 else None, self.trace_url)
         if data is None:
-            return self._render(request, "missing.html", conversation_id=request.match_info["conversation_id"],
+            return self.render(request, "missing.html", conversation_id=request.match_info["conversation_id"],
                                 page="conversations", status=404)
-        return self._render(request, "conversation.html", c=data, page="conversations")
+        return self.render(request, "conversation.html", c=data, page="conversations")
 
     async def tools(self, request: web.Request) -> web.StreamResponse:
         window = request.query.get("window", "7d")
         window = window if window in views.WINDOWS else "7d"
-        rows = await self._data(views.tools, window)
-        return self._render(request, "tools.html", rows=rows, window=window, windows=views.WINDOWS, page="tools")
+        rows = await self.data(views.tools, window)
+        return self.render(request, "tools.html", rows=rows, window=window, windows=views.WINDOWS, page="tools")
 
     async def changes(self, request: web.Request) -> web.StreamResponse:
-        return web.json_response({"token": await self._data(views.change_token)})
+        return web.json_response({"token": await self.data(views.change_token)})
 
     def _stale(self) -> str | None:
         """What the pages say while the summaries cannot be refreshed: the lists may miss new conversations."""
@@ -172,12 +205,16 @@ class WebUI:
         return (f"The lists may be stale: the summaries have not been refreshed since {since:%Y-%m-%d %H:%M:%S} UTC "
                 f"({failure}). The collector's log says more.")
 
-    def _render(self, request: web.Request, template: str, status: int = 200, **context: Any) -> web.Response:
+    def render(self, request: web.Request, template: str, status: int = 200, **context: Any) -> web.Response:
         nonce = secrets.token_urlsafe(16)
         context.setdefault("page", "")
-        signed_in = self._token is not None and self.allowed(request)
+        context.setdefault("live", self.allowed(request))
+        reviewer = self.reviewer(request)
+        signed_in = (self._token is not None and self.allowed(request)) or reviewer is not None
         page = self.env.get_template(template).render(nonce=nonce, signed_in=signed_in, csrf=self._csrf,
-                                                      live=self.allowed(request), stale=self._stale(), **context)
+                                                      stale=self._stale(), reviewer=reviewer,
+                                                      admin=self.allowed(request), reviewing=bool(self.reviewers),
+                                                      **context)
         return web.Response(text=page, status=status, content_type="text/html", charset="utf-8",
                             headers={"Content-Security-Policy": csp(nonce), "X-Content-Type-Options": "nosniff",
                                      "Referrer-Policy": "same-origin", "Cache-Control": "no-store"})

@@ -1,0 +1,1 @@
+"""People and the judge: end-user feedback in, review queues, reviewers' verdicts, and calibration from them."""
