@@ -2,7 +2,8 @@
 its rule chose it (so agreement can be weighted back to all traffic), and the next item for a reviewer.
 
 The queue is read forward, not recomputed: a refresh looks at the scores and the feedback written since the last
-one (with an overlap for writes that commit late) and upserts their conversation versions. A version matched by
+one and upserts their conversation versions; it marks as read only what is older than OVERLAP_S, so a row that
+commits a little after its timestamp is still read next time. A version matched by
 several rules keeps the rule with the higher probability (a deterministic rule, 1, over the random sample), so its
 recorded probability is the chance that it was chosen at all.
 """
@@ -18,7 +19,7 @@ import duckdb
 
 from tracejudge.collector.config import ReviewSettings
 
-OVERLAP_S = 120  # scores and feedback are committed after their timestamps: read this far back again
+OVERLAP_S = 120  # scores and feedback commit after their timestamps: the newest this long stay unread
 RULES = ("thumbs_down", "failing", "metric_disagreement", "low_confidence", "hybrid_fallback", "random")
 # the random sample's hash: its own salt, so it is independent of the scoring sample (conversations.sample_value)
 RANDOM_DRAW = "CAST(('0x' || substr(md5('tracejudge-review:' || {column}), 1, 8)) AS BIGINT) / 4294967296.0"
@@ -66,24 +67,25 @@ def refresh(con: duckdb.DuckDBPyConnection, rules: ReviewSettings) -> int:
     con.execute("BEGIN TRANSACTION")
     try:
         new_feedback = ("FROM feedback WHERE conversation_id IS NOT NULL AND (CAST(? AS TIMESTAMPTZ) IS NULL OR "
-                        "received_at > CAST(? AS TIMESTAMPTZ) - to_seconds(?))")
-        since = [feedback_from, feedback_from, OVERLAP_S]
-        [(feedback_to,)] = con.execute(f"SELECT max(received_at) {new_feedback}", since).fetchall()
+                        "received_at > CAST(? AS TIMESTAMPTZ))")
+        since = [feedback_from, feedback_from]
+        [(feedback_to,)] = con.execute(f"SELECT least(max(received_at), now() - to_seconds(?)) {new_feedback}",
+                                       [OVERLAP_S, *since]).fetchall()
         con.execute(f"INSERT INTO review_thumbs_down SELECT conversation_id, max(received_at) {new_feedback} AND "
                     "(value < ? OR lower(label) IN ('thumbs_down', 'thumbs-down', 'negative')) GROUP BY 1 "
                     "ON CONFLICT DO UPDATE SET received_at = excluded.received_at", [*since, rules.feedback_below])
-        [(scores_to,)] = con.execute("SELECT max(scored_at) FROM scores WHERE CAST(? AS TIMESTAMPTZ) IS NULL OR "
-                                     "scored_at > CAST(? AS TIMESTAMPTZ)",
-                                     [scores_from, scores_from]).fetchall()
+        [(scores_to,)] = con.execute("SELECT least(max(scored_at), now() - to_seconds(?)) FROM scores "
+                                     "WHERE CAST(? AS TIMESTAMPTZ) IS NULL OR scored_at > CAST(? AS TIMESTAMPTZ)",
+                                     [OVERLAP_S, scores_from, scores_from]).fetchall()
         draw = RANDOM_DRAW.format(column="v.conversation_id")
         changed = con.execute(f"""
             WITH touched AS (
                 SELECT DISTINCT conversation_id, conversation_version FROM scores
-                WHERE CAST(? AS TIMESTAMPTZ) IS NULL OR scored_at > CAST(? AS TIMESTAMPTZ) - to_seconds(?)
+                WHERE CAST(? AS TIMESTAMPTZ) IS NULL OR scored_at > CAST(? AS TIMESTAMPTZ)
                 UNION
                 SELECT s.conversation_id, max(s.conversation_version) FROM scores s JOIN review_thumbs_down t
                     ON t.conversation_id = s.conversation_id
-                WHERE CAST(? AS TIMESTAMPTZ) IS NULL OR t.received_at > CAST(? AS TIMESTAMPTZ) - to_seconds(?)
+                WHERE CAST(? AS TIMESTAMPTZ) IS NULL OR t.received_at > CAST(? AS TIMESTAMPTZ)
                 GROUP BY 1),
             v AS (
                 SELECT s.conversation_id, s.conversation_version,
@@ -110,7 +112,7 @@ def refresh(con: duckdb.DuckDBPyConnection, rules: ReviewSettings) -> int:
                 sampling_probability = excluded.sampling_probability
                 WHERE excluded.sampling_probability > review_queue.sampling_probability
             RETURNING 1""", [
-            scores_from, scores_from, OVERLAP_S, feedback_from, feedback_from, OVERLAP_S,
+            scores_from, scores_from, feedback_from, feedback_from,
             rules.thumbs_down, rules.failing, rules.metric_disagreement,
             rules.low_confidence_below if rules.low_confidence_below is not None else -1.0,
             rules.hybrid_fallback, rules.random_rate, rules.random_rate]).fetchall()
