@@ -25,6 +25,7 @@ import random
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.validity.generate import CORPUS, FAULTS  # noqa: E402
 from tests.support.scripted_server import Reply, Request, ScriptedServer, completion  # noqa: E402
 from tracejudge import METRICS, BaseMetric, LLMJudge, evaluate  # noqa: E402
+from tracejudge.calibration import CalibrationExample  # noqa: E402
 
 
 def roc_auc(faulty: list[float], clean: list[float]) -> float | None:
@@ -66,21 +68,24 @@ def scripted_answer(request: Request) -> Reply:
     return completion({"reason": "scripted", "score": round(digest[0] / 255, 2)})
 
 
-def build_metrics(names: list[str], args: argparse.Namespace, judge: LLMJudge | None) -> list[BaseMetric]:
+def build_metrics(names: list[str], args: argparse.Namespace, judge: LLMJudge | None,
+                  examples: Sequence[CalibrationExample] = ()) -> list[BaseMetric]:
     metrics: list[BaseMetric] = []
     for name in names:
         if name == "mcp_call_validity":
             metrics.append(METRICS[name](threshold=args.threshold))
         else:
             metrics.append(METRICS[name](threshold=args.threshold, model=judge, eval_mode=args.eval_mode,
-                                         system_one_model=args.system_one_model))
+                                         system_one_model=args.system_one_model, calibration_examples=examples))
     return metrics
 
 
-def run_once(rows: list[dict[str, Any]], names: list[str], args: argparse.Namespace,
-             judge: LLMJudge | None) -> tuple[dict[str, list[float | None]], dict[str, dict[str, float]], float]:
-    """Scores per metric in corpus order (None: error), usage per metric, and wall seconds."""
-    metrics = build_metrics(names, args, judge)
+def run_once(rows: list[dict[str, Any]], names: list[str], args: argparse.Namespace, judge: LLMJudge | None,
+             examples: Sequence[CalibrationExample] = (),
+             ) -> tuple[dict[str, list[float | None]], dict[str, dict[str, float]], float]:
+    """Scores per metric in corpus order (None: error), usage per metric, and wall seconds; the judged metrics
+    calibrated with `examples` when given (bench/calibration.py)."""
+    metrics = build_metrics(names, args, judge, examples)
     started = time.perf_counter()
     result = evaluate([r["test_case"] for r in rows], metrics, max_concurrency=args.concurrency,
                       file=io.StringIO())

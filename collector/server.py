@@ -47,7 +47,8 @@ def stage_config(settings: Settings) -> StageConfig:
                        concurrency=sc.concurrency, daily_budget_usd=sc.daily_budget_usd,
                        max_attempts=sc.max_attempts, lease_s=sc.lease_s, retry_backoff_s=sc.retry_backoff_s,
                        outage_backoff_s=sc.outage_backoff_s, outage_max_backoff_s=sc.outage_max_backoff_s,
-                       judge=judge_options(sc))
+                       judge=judge_options(sc), calibration=sc.calibration,
+                       calibration_examples=sc.calibration_examples)
 
 
 class Collector:

@@ -15,6 +15,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
+from tracejudge.calibration import CALIBRATION_NOTE, CalibrationExample, fitting_examples
 from tracejudge.errors import (
     ContextBudgetError,
     JudgeAuthenticationError,
@@ -87,9 +88,12 @@ class JudgedMetric(BaseMetric):
         system_one_model: Any = None,
         eval_mode: str | EvalMode | None = None,
         units: Units = "every_unit",
+        calibration_examples: Sequence[CalibrationExample] = (),
     ) -> None:
         """`units="deepeval"` splits tasks as DeepEval does (units of more than two turns only; a conversation
-        without one scores 0), for users who need DeepEval's numbers; the default judges every unit."""
+        without one scores 0), for users who need DeepEval's numbers; the default judges every unit.
+        `calibration_examples`: reviewers' corrections of this metric, most informative first, shown to the LLM
+        judge before each conversation (tracejudge.calibration)."""
         if units not in UNITS:
             raise ValueError(f"units must be one of {', '.join(UNITS)}, not {units!r}")
         super().__init__(threshold, include_reason, strict_mode, async_mode, verbose_mode, flaky)
@@ -107,6 +111,8 @@ class JudgedMetric(BaseMetric):
             self.system_one_missing = f"no System One judge ({exc}); the LLM decided"
         self.system_one_model = system_one_model
         self._prefetched: Decision | BaseException | None = None
+        self.calibration_examples = tuple(calibration_examples)
+        self._fitted: tuple[int, list[dict[str, Any]]] | None = None  # (prompt budget, the examples that fit it)
 
     def _reset(self) -> None:
         super()._reset()
@@ -193,10 +199,22 @@ class JudgedMetric(BaseMetric):
         return decided
 
     async def _ask_llm(self, ask: Ask, usage: Usage, fallback: str | None = None) -> Verdict:
-        verdict = await self._llm(usage, ask.judge_name, ask.instructions, ask.data, ScoreVerdict, ask.key,
-                                  ask.render)
+        instructions, data = ask.instructions, ask.data
+        examples = self._calibration()
+        if examples:  # first in the data: the same bytes open every request of this metric, so they stay cached
+            instructions, data = f"{instructions}\n\n{CALIBRATION_NOTE}", {"reviewed_examples": examples, **data}
+        verdict = await self._llm(usage, ask.judge_name, instructions, data, ScoreVerdict, ask.key, ask.render)
         assert self.model is not None
         return Verdict(verdict.score, verdict.reason, self.model.id, fallback=fallback)
+
+    def _calibration(self) -> list[dict[str, Any]]:
+        """The calibration examples that fit this judge's prompt budget (computed once per budget)."""
+        if not self.calibration_examples or self.model is None:
+            return []
+        budget = self.model.prompt_tokens
+        if self._fitted is None or self._fitted[0] != budget:
+            self._fitted = (budget, fitting_examples(self.calibration_examples, budget, self.model.tokens))
+        return self._fitted[1]
 
     async def _llm(self, usage: Usage, name: str, instructions: str, data: dict[str, Any], output: type[Any],
                    part: str = "final_reason", render: Callable[[dict[str, Any]], str] | None = None) -> Any:

@@ -79,11 +79,13 @@ def test_reviews_are_a_labelled_corpus_the_validity_bench_reads(tmp_path) -> Non
     with CollectorProcess(db, config=cfg, env=env) as collector:
         export(collector, conversations(end=True))
         wait_for(collector, "SELECT 1 FROM latest_scores", 2)
-        for token, conversation, verdict in [(ALICE, "conv-a", "agree"), (BOB, "conv-a", "agree"),
-                                             (ALICE, "conv-b", "disagree"), (BOB, "conv-b", "agree")]:
+        # alice thinks conv-b's failed call was valid (the server failed, not the call): a per-call label
+        for token, conversation, verdict, calls in [
+                (ALICE, "conv-a", "agree", []), (BOB, "conv-a", "agree", []),
+                (ALICE, "conv-b", "disagree", [{"index": 0, "verdict": "disagree"}]), (BOB, "conv-b", "agree", [])]:
             reply = httpx.post(f"{collector.admin_url}/api/reviews", headers={"Authorization": f"Bearer {token}"},
                                json={"conversation_id": conversation, "metric": "mcp_call_validity",
-                                     "verdict": verdict}, timeout=30)
+                                     "verdict": verdict, "calls": calls}, timeout=30)
             assert reply.status_code == 201, reply.text
     from tracejudge.dataset import EvaluationDataset
 
@@ -99,6 +101,8 @@ def test_reviews_are_a_labelled_corpus_the_validity_bench_reads(tmp_path) -> Non
     assert [(r["id"], r["labels"]["metrics"], r["labels"]["fault"]) for r in rows] == [
         ("conv-a#v1", {"mcp_call_validity": True}, "clean"),
         ("conv-b#v1", {"mcp_call_validity": False}, "human_fail")]  # a 1-1 tie counts as a fail
+    assert rows[1]["labels"]["call_verdicts"] == {"mcp_call_validity": {"0": True}}  # alice's per-call label
+    assert rows[0]["labels"]["call_verdicts"] == {} and rows[0]["labels"]["task_verdicts"] == {}
     assert rows[0]["test_case"]["turns"][0]["role"] == "user"
     bench = subprocess.run([sys.executable, str(Path(__file__).parent.parent / "bench" / "validity.py"),
                             "--corpus", str(out / "reviews.jsonl"), "--metric", "mcp_call_validity",

@@ -8,6 +8,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import duckdb
 
@@ -55,6 +56,18 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_PASS
 
 
+def _part_verdicts(reviews: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, bool]]]:
+    """Per metric, the reviewers' majority on each task (`task_verdicts`) and MCP call (`call_verdicts`) they
+    labelled, by the index in the score's breakdown: True where the task was done or the call valid."""
+    votes = [(f"{kind}\t{r['metric']}\t{part['index']}", part["human_pass"]) for r in reviews
+             for kind, parts in json.loads(r["labels"] or "{}").items() for part in parts]
+    out: dict[str, dict[str, dict[str, bool]]] = {"task_verdicts": {}, "call_verdicts": {}}
+    for key, passed in human_verdicts(votes).items():
+        kind, metric, index = key.split("\t")
+        out["task_verdicts" if kind == "tasks" else "call_verdicts"].setdefault(metric, {})[index] = passed
+    return out
+
+
 def _export_reviews(db: Path, target: Path, since: dt.date) -> str:
     """Reviewed conversations as a labelled corpus (the rows of bench/validity/corpus.jsonl, labelled per metric by
     the majority of its reviewers, a tie counting as a fail), for `python bench/validity.py --corpus FILE`."""
@@ -62,7 +75,8 @@ def _export_reviews(db: Path, target: Path, since: dt.date) -> str:
         rows = con.execute(
             "SELECT r.conversation_id, r.conversation_version, any_value(c.test_case), list(struct_pack("
             "metric := r.metric, reviewer := r.reviewer, human_pass := r.human_pass, human_score := r.human_score, "
-            "judge_success := r.judge_success, note := r.note) ORDER BY r.reviewed_at) FROM reviews r JOIN "
+            "judge_success := r.judge_success, note := r.note, labels := r.labels) ORDER BY r.reviewed_at) "
+            "FROM reviews r JOIN "
             "conversations c ON c.conversation_id = r.conversation_id AND c.version = r.conversation_version "
             "WHERE r.reviewed_at >= ? GROUP BY 1, 2 ORDER BY 1, 2", [since]).fetchall()
     with target.open("w", encoding="utf-8") as out:
@@ -70,7 +84,7 @@ def _export_reviews(db: Path, target: Path, since: dt.date) -> str:
             verdicts = human_verdicts((r["metric"], r["human_pass"]) for r in reviews)
             labels = {"fault": "clean" if all(verdicts.values()) else "human_fail", "server": "reviewed",
                       "source": "reviews", "variant": "reviewed", "hard": False, "metrics": verdicts,
-                      "reviews": reviews}
+                      **_part_verdicts(reviews), "reviews": reviews}
             out.write(json.dumps({"id": f"{conversation_id}#v{version}", "labels": labels,
                                   "test_case": json.loads(test_case)}, ensure_ascii=False, sort_keys=True) + "\n")
     return f"{target} ({len(rows)} reviewed conversations)"

@@ -14,7 +14,7 @@ import contextlib
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -22,8 +22,10 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from tracejudge.calibration import CalibrationExample, calibration_digest
 from tracejudge.call_validity import MCPCallValidityMetric
 from tracejudge.collector.pipeline.batch_ledger import DuckDBBatchLedger
+from tracejudge.collector.review.calibration import calibration_examples
 from tracejudge.collector.store.id_table import id_table, registered
 from tracejudge.errors import (
     EvalModeError,
@@ -88,6 +90,8 @@ class StageConfig:
     outage_max_backoff_s: float = 300.0
     poll_s: float = 0.5
     judge: JudgeOptions = JudgeOptions()
+    calibration: str = "off"  # "reviews": reviewers' corrections as examples in the judged metrics' prompts
+    calibration_examples: int = 4
 
 
 @dataclass(frozen=True)
@@ -104,9 +108,12 @@ class ScoredEvent:
     output_tokens: int
 
 
-def metric_config(config: StageConfig, metric: str) -> str:
-    """A short hash of every setting that changes a metric's score: part of the unique score key."""
-    relevant = {"metric": metric, "threshold": config.threshold, "strict_mode": config.strict_mode}
+def metric_config(config: StageConfig, metric: str, examples: Sequence[CalibrationExample] = ()) -> str:
+    """A short hash of every setting that changes a metric's score: part of the unique score key. Calibration
+    examples are part of it, so scores judged with other examples never blend with these."""
+    relevant: dict[str, Any] = {"metric": metric, "threshold": config.threshold, "strict_mode": config.strict_mode}
+    if examples:
+        relevant["calibration"] = calibration_digest(examples)
     if metric in JUDGED:
         relevant.update(eval_mode=config.eval_mode, model=config.model, system_one_model=config.system_one_model)
         judge = config.judge  # only what changes a score, and only when set, so default hashes stay as they were
@@ -162,12 +169,13 @@ class ScoringStage:
         self.metrics: dict[str, BaseMetric] = {}
         self._llm_judge: LLMJudge | None = None
         self.unavailable: dict[str, str] = {}  # metric -> why no judge could be built
+        self.calibration = self._calibration()
         for metric in config.metrics:
             try:
                 self.metrics[metric] = self._build(metric)
             except (JudgeConfigurationError, EvalModeError) as exc:
                 self.unavailable[metric] = str(exc)
-        self.configs = {m: metric_config(config, m) for m in config.metrics}
+        self.configs = {m: metric_config(config, m, self.calibration.get(m, ())) for m in config.metrics}
         self.outages = {m: JudgeOutage(config.outage_backoff_s, config.outage_max_backoff_s) for m in JUDGED}
         self._db = asyncio.Lock()
         self._running: set[asyncio.Task[None]] = set()
@@ -182,6 +190,21 @@ class ScoringStage:
         self.processed = 0
         self.resumed = 0  # jobs recover() took out of waiting_for_judge
 
+    def _calibration(self) -> dict[str, tuple[CalibrationExample, ...]]:
+        """Per judged metric, the reviewers' corrections it is calibrated with (chosen once, at start)."""
+        if self.config.calibration != "reviews":
+            return {}
+        chosen = {}
+        for metric in self.config.metrics:
+            if metric in JUDGED:
+                examples = tuple(calibration_examples(self.con, metric, self.config.calibration_examples))
+                self.log("info", "calibration", metric=metric, examples=len(examples),
+                         advice=None if examples else "no reviewer has disagreed with this metric yet: it runs "
+                         "uncalibrated until a restart after the first disagreement")
+                if examples:
+                    chosen[metric] = examples
+        return chosen
+
     def _build(self, metric: str) -> BaseMetric:
         c = self.config
         if metric == "mcp_call_validity":
@@ -192,7 +215,8 @@ class ScoringStage:
                 self._llm_judge = c.judge.llm_judge(c.model, DuckDBBatchLedger(self._sql))
             model = self._llm_judge
         return JUDGED[metric](threshold=c.threshold, strict_mode=c.strict_mode, model=model,
-                              system_one_model=c.system_one_model, eval_mode=c.eval_mode)
+                              system_one_model=c.system_one_model, eval_mode=c.eval_mode,
+                              calibration_examples=self.calibration.get(metric, ()))
 
     def initial_status(self, metric: str) -> str:
         return "waiting_for_judge" if metric in self.unavailable else "pending"
