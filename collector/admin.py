@@ -33,7 +33,7 @@ from tracejudge.collector.receivers.http_guard import GuardedSite
 from tracejudge.collector.receivers.ingest import bearer_matches
 from tracejudge.collector.receivers.span_rows import spans_to_arrow
 from tracejudge.collector.review.feedback import FEEDBACK_SHAPE, FeedbackIn
-from tracejudge.collector.review.reviews import REVIEW_SHAPE, ReviewError, ReviewIn, agreement_report, record_review
+from tracejudge.collector.review.reviews import REVIEW_SHAPE, AgreementCache, ReviewError, ReviewIn, record_review
 from tracejudge.collector.store.memory_release import release_duckdb_memory
 from tracejudge.collector.store.span_store import SpanStore, StoreError
 from tracejudge.collector.ui.export import ReportError, export_views
@@ -88,7 +88,8 @@ class AdminServer:
         self.ui = WebUI(self._cursor, self._queries, query_token, self.summaries, budget_usd=budget_usd,
                         trace_url=trace_url, reviewers=self._reviewers)
         self.ui.register(self.app)
-        ReviewPages(self.ui, review_rules or ReviewSettings()).register(self.app)
+        self._agreement = AgreementCache()  # the API and the Agreement page share it
+        ReviewPages(self.ui, review_rules or ReviewSettings(), self._agreement).register(self.app)
         self._site: GuardedSite | None = None
         self._limits = (max_connections, header_timeout_s)
 
@@ -264,7 +265,7 @@ class AdminServer:
         if not bearer_matches(header, self._query_token) and self._reviewer(request) is None:
             return _error(401, "missing or wrong bearer token (TRACEJUDGE_QUERY_TOKEN or a reviewer's)")
         report = await asyncio.get_running_loop().run_in_executor(
-            self._queries, lambda: agreement_report(self._cursor()))
+            self._queries, lambda: self._agreement.report(self._cursor()))
         return web.Response(text=json.dumps({"agreement": report}), content_type="application/json")
 
     async def _score_pending(self, request: web.Request) -> web.Response:

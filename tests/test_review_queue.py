@@ -137,4 +137,17 @@ def test_end_user_thumbs_down_queues_a_conversation_the_judge_passed(tmp_path: P
             assert reviewer.get("/review").status_code == 200
             refused = reviewer.post("/review/rules", data={"random_rate": "1", "csrf": csrf})
             assert refused.status_code == 403 and "query token" in refused.json()["error"]
+            # the review form: a bad score is sent back with what is wrong; a good one is weighted as queued
+            form = {"csrf": csrf, "version": "1", "verdict.mcp_call_validity": "disagree", "parts.mcp_call_validity":
+                    '["call.0"]', "wrong.mcp_call_validity.call.0": "on", "note.mcp_call_validity": "server fault"}
+            bad = reviewer.post("/review/items/conv-b", data={**form, "score.mcp_call_validity": "2"})
+            assert bad.status_code == 303 and "error=" in bad.headers["location"]
+            assert "less than or equal to 1" in httpx.URL(bad.headers["location"]).params["error"]
+            forged = reviewer.post("/review/items/conv-b", data={**form, "csrf": "not-the-token"})
+            assert forged.status_code == 403
+            good = reviewer.post("/review/items/conv-b", data={**form, "score.mcp_call_validity": "0.5"})
+            assert good.status_code == 303 and good.headers["location"] == "/review/next"
+        assert query(collector, "SELECT reviewer, queue_rule, sampling_probability, human_pass, labels FROM reviews",
+                     TOKEN) == [["alice", "failing", 1.0, True,
+                                 '{"calls": [{"index": 0, "judge_pass": false, "human_pass": true}]}']]
         collector.stop()

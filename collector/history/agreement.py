@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 DEFAULT_RESAMPLES = 1000
-MAX_BOOTSTRAP_WORK = 2_000_000  # items x resamples per statistic: a large review history keeps its answer quick
+MAX_BOOTSTRAP_WORK = 1_000_000  # items x resamples per statistic: a large review history keeps its answer quick
 MIN_INTERVAL_UNITS = 5  # fewer reviewed items than this: every resample is nearly the same, no honest interval
 T = TypeVar("T")
 
@@ -79,12 +79,18 @@ class FullAgreement:
 
 
 def _kappa_and_accuracy(pairs: Sequence[tuple[bool, bool, float]]) -> tuple[float | None, float | None]:
-    total = sum(w for _, _, w in pairs)
+    total = agreeing = judge_passes = human_passes = 0.0
+    for judge, human, w in pairs:  # one pass: this runs once per bootstrap resample
+        total += w
+        if judge == human:
+            agreeing += w
+        if judge:
+            judge_passes += w
+        if human:
+            human_passes += w
     if total <= 0:
         return None, None
-    observed = sum(w for judge, human, w in pairs if judge == human) / total
-    judge_pass = sum(w for judge, _, w in pairs if judge) / total
-    human_pass = sum(w for _, human, w in pairs if human) / total
+    observed, judge_pass, human_pass = agreeing / total, judge_passes / total, human_passes / total
     chance = judge_pass * human_pass + (1 - judge_pass) * (1 - human_pass)
     kappa = None if chance >= 1 else (observed - chance) / (1 - chance)
     return kappa, observed
@@ -117,16 +123,16 @@ def bootstrap(units: Sequence[T], statistic: Callable[[Sequence[T]], float | Non
               n: int | None = None) -> Estimate:
     """The statistic on the units, with a percentile-bootstrap interval from resampling the units with
     replacement (fewer resamples for a very large set, so an answer stays quick; never fewer than 200); no
-    interval from fewer than MIN_INTERVAL_UNITS units."""
+    interval from fewer than MIN_INTERVAL_UNITS units or labels (`n`: the labels behind the statistic)."""
     value = statistic(units)
     count = len(units) if n is None else n
-    if value is None or len(units) < MIN_INTERVAL_UNITS or resamples <= 0:
+    if value is None or min(len(units), count) < MIN_INTERVAL_UNITS or resamples <= 0:
         return Estimate(value, None, None, count)
     resamples = min(resamples, max(200, MAX_BOOTSTRAP_WORK // len(units)))
     rng = random.Random(seed)
     draws = []
     for _ in range(resamples):
-        drawn = statistic([units[rng.randrange(len(units))] for _ in units])
+        drawn = statistic(rng.choices(units, k=len(units)))
         if drawn is not None:
             draws.append(drawn)
     if len(draws) < 20:

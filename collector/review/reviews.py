@@ -5,6 +5,7 @@ tokens, not one shared token), and agreement between judge and people per metric
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -15,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tracejudge.collector.history.agreement import FullAgreement, ReviewedItem, full_agreement
 
+REVIEWER_NAME = re.compile(r"[A-Za-z0-9_.@-]{1,64}")  # recorded with each review and carried in a cookie
 REVIEW_SHAPE = ('{"conversation_id": "...", "metric": "mcp_use", "verdict": "agree" | "disagree", '
                 '"human_score": 0.4, "note": "...", "queue_rule": "failing", "sampling_probability": 1}')
 
@@ -91,9 +93,10 @@ def reviewer_tokens(spec: str | None) -> dict[str, str]:
         if not item.strip():
             continue
         name, sep, token = item.strip().partition(":")
-        if not sep or not name or len(token) < 16:
-            raise ValueError("TRACEJUDGE_REVIEWER_TOKENS must be name:token pairs separated by commas, each token "
-                             "at least 16 characters (openssl rand -hex 16)")
+        if not sep or not REVIEWER_NAME.fullmatch(name) or len(token) < 16:
+            raise ValueError("TRACEJUDGE_REVIEWER_TOKENS must be name:token pairs separated by commas, each name "
+                             "letters, digits, '.', '_', '@' or '-' (at most 64), each token at least 16 characters "
+                             "(openssl rand -hex 16)")
         out[token] = name
     return out
 
@@ -172,6 +175,21 @@ def agreement_report(con: duckdb.DuckDBPyConnection, resamples: int = 1000) -> l
                     "reviewers": len({r[6] for r in reviews}),
                     **{name: vars(getattr(figures, name)) for name in FullAgreement.__dataclass_fields__}})
     return out
+
+
+class AgreementCache:
+    """The last agreement report, kept until a review is added (its bootstrap takes seconds on thousands of
+    reviews; the page, the API and every refresh read the same one)."""
+
+    def __init__(self) -> None:
+        self._key: tuple[Any, ...] | None = None
+        self._report: list[dict[str, Any]] = []
+
+    def report(self, con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+        key = con.execute("SELECT count(*), max(reviewed_at) FROM reviews").fetchone()
+        if key != self._key:
+            self._report, self._key = agreement_report(con), key
+        return self._report
 
 
 def _label_pairs(labels: str | None) -> tuple[tuple[tuple[bool, bool], ...], tuple[tuple[bool, bool], ...]]:

@@ -20,10 +20,10 @@ from pydantic import ValidationError
 from tracejudge.collector.config import ReviewSettings
 from tracejudge.collector.review import queue
 from tracejudge.collector.review.reviews import (
+    AgreementCache,
     PartLabel,
     ReviewError,
     ReviewIn,
-    agreement_report,
     judged_parts,
     record_review,
 )
@@ -34,8 +34,8 @@ MAX_FORM_BYTES = 256 * 1024  # a review form: notes of a few metrics and a check
 
 
 class ReviewPages:
-    def __init__(self, ui: WebUI, rules: ReviewSettings) -> None:
-        self.ui, self.configured = ui, rules
+    def __init__(self, ui: WebUI, rules: ReviewSettings, agreement: AgreementCache) -> None:
+        self.ui, self.configured, self._agreement = ui, rules, agreement
         self._refreshing = asyncio.Lock()  # one queue refresh at a time: two would upsert the same rows
 
     def register(self, app: web.Application) -> None:
@@ -95,14 +95,15 @@ class ReviewPages:
         conversation_id = request.match_info["conversation_id"]
         item = f"/review/items/{quote(conversation_id, safe='')}"
         try:
-            reviews = _reviews_from_form(conversation_id, form)
+            version = int(str(form.get("version", "")))
+            reviews = _reviews_from_form(conversation_id, version, form)
         except (ValueError, ValidationError) as exc:
             raise web.HTTPSeeOther(f"{item}?error={quote(str(exc)[:400])}") from exc
         if not reviews:
             raise web.HTTPSeeOther(f"{item}?error={quote('Choose agree or disagree for at least one metric.')}")
         entry = await self.ui.data(queue.queue_item, conversation_id)
-        for review in reviews:
-            if entry is not None:
+        for review in reviews:  # weighted as the queue chose this version; else a manual review, weight 1
+            if entry is not None and entry.conversation_version == version:
                 review.queue_rule, review.sampling_probability = entry.queue_rule, entry.sampling_probability
         try:
             await self.ui.data(lambda con: [record_review(con, r, reviewer) for r in reviews])
@@ -134,7 +135,7 @@ class ReviewPages:
         raise web.HTTPSeeOther("/review?message=" + quote("Saved: the rules apply to conversations scored from now."))
 
     async def agreement(self, request: web.Request) -> web.StreamResponse:
-        rows = await self.ui.data(agreement_report)
+        rows = await self.ui.data(self._agreement.report)
         return self.ui.render(request, "agreement.html", page="agreement", rows=rows, live=False)
 
 
@@ -151,7 +152,7 @@ def _reviewable(scores: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _reviews_from_form(conversation_id: str, form: Any) -> list[ReviewIn]:
+def _reviews_from_form(conversation_id: str, version: int, form: Any) -> list[ReviewIn]:
     """One review per metric that has a verdict: `verdict.M`, `score.M`, `note.M`, and `wrong.M.task.I` /
     `wrong.M.call.I` for each task or call the reviewer says the judge got wrong (the others listed in
     `parts.M` as agreed)."""
@@ -165,8 +166,8 @@ def _reviews_from_form(conversation_id: str, form: Any) -> list[ReviewIn]:
             if kind in labels:
                 wrong = f"wrong.{metric}.{kind}.{index}" in form
                 labels[kind].append(PartLabel(index=int(index), verdict="disagree" if wrong else "agree"))
-        reviews.append(ReviewIn(conversation_id=conversation_id, metric=metric, verdict=form[f"verdict.{metric}"],
-                                human_score=float(score) if score else None,
+        reviews.append(ReviewIn(conversation_id=conversation_id, version=version, metric=metric,
+                                verdict=form[f"verdict.{metric}"], human_score=float(score) if score else None,
                                 note=str(form.get(f"note.{metric}", "")).strip() or None,
                                 tasks=labels["task"], calls=labels["call"]))
     return reviews
