@@ -112,7 +112,7 @@ def test_two_reviewers_work_the_queue_by_keyboard_and_agreement_shows_what_they_
         bob = work_the_queue(browser, base, BOB, {}, None)
         assert sorted(alice) == sorted(bob) == sorted(JUDGE)  # each reviewer saw every item once
 
-        context = browser.new_context(viewport={"width": 1500, "height": 900})
+        context = browser.new_context(viewport={"width": 1600, "height": 900})
         page = context.new_page()
         page.goto(f"{base}/login?next=/agreement")
         page.fill("input[name=token]", BOB)
