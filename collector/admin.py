@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tracejudge.collector.admin_guard import AdminGuard
 from tracejudge.collector.config import ReviewSettings
+from tracejudge.collector.history.compare import CohortError, canary, compare, parse_cohort
 from tracejudge.collector.history.conversation_mapping import (
     ConversationNotFound,
     ConversationTooLarge,
@@ -36,6 +37,7 @@ from tracejudge.collector.review.feedback import FEEDBACK_SHAPE, FeedbackIn
 from tracejudge.collector.review.reviews import REVIEW_SHAPE, AgreementCache, ReviewError, ReviewIn, record_review
 from tracejudge.collector.store.memory_release import release_duckdb_memory
 from tracejudge.collector.store.span_store import SpanStore, StoreError
+from tracejudge.collector.ui.compare_page import ComparePage
 from tracejudge.collector.ui.export import ReportError, export_views
 from tracejudge.collector.ui.rendering import STATIC_CSP
 from tracejudge.collector.ui.review_pages import ReviewPages
@@ -55,7 +57,8 @@ class AdminServer:
                  budget_usd: float | None = None, trace_url: str | None = None,
                  allowed_hosts: list[str] | None = None, query_limits: SandboxLimits | None = None,
                  mcp_tools: dict[str, list[str]] | None = None, max_spans: int = 100_000,
-                 reviewers: dict[str, str] | None = None, review_rules: ReviewSettings | None = None) -> None:
+                 reviewers: dict[str, str] | None = None, review_rules: ReviewSettings | None = None,
+                 saved_cohorts: dict[str, str] | None = None) -> None:
         self.host, self.requested_port = host, port
         self.store, self.metrics = store, metrics
         self.stage: ScoringStage | None = None
@@ -83,6 +86,8 @@ class AdminServer:
         self.app.router.add_post("/api/feedback", self._feedback)
         self.app.router.add_post("/api/reviews", self._review)
         self.app.router.add_get("/api/agreement", self._agreement)
+        self.app.router.add_get("/api/compare", self._compare)
+        self._saved_cohorts = saved_cohorts or {}
         self.summaries = SummaryTables()
         self._budget_usd, self._trace_url = budget_usd, trace_url
         self.ui = WebUI(self._cursor, self._queries, query_token, self.summaries, budget_usd=budget_usd,
@@ -90,6 +95,7 @@ class AdminServer:
         self.ui.register(self.app)
         self._agreement = AgreementCache()  # the API and the Agreement page share it
         ReviewPages(self.ui, review_rules or ReviewSettings(), self._agreement).register(self.app)
+        ComparePage(self.ui, self._saved_cohorts).register(self.app)
         self._site: GuardedSite | None = None
         self._limits = (max_connections, header_timeout_s)
 
@@ -267,6 +273,29 @@ class AdminServer:
         report = await asyncio.get_running_loop().run_in_executor(
             self._queries, lambda: self._agreement.report(self._cursor()))
         return web.Response(text=json.dumps({"agreement": report}), content_type="application/json")
+
+    async def _compare(self, request: web.Request) -> web.Response:
+        """Two cohorts compared, or the canary gate with `gate=METRIC&margin=M` (`tracejudge compare`)."""
+        if not bearer_matches(request.headers.get("Authorization"), self._query_token):
+            return _error(401, "missing or wrong bearer token (TRACEJUDGE_QUERY_TOKEN)")
+        q = request.query
+        try:
+            a, b = parse_cohort(q.get("a", ""), self._saved_cohorts), parse_cohort(q.get("b", ""), self._saved_cohorts)
+            gate = q.get("gate")
+            margin, confidence = float(q.get("margin", "0")), float(q.get("confidence", "0.95"))
+            if gate is not None and not (0 < margin < 1 and 0.5 <= confidence < 1):
+                raise CohortError("the gate takes a margin between 0 and 1 and a confidence in [0.5, 1)")
+        except ValueError as exc:  # CohortError too
+            return _error(400, str(exc))
+        try:
+            result = await self._one_at_a_time(
+                lambda: canary(self._cursor(), a, b, gate, margin, 1 - confidence) if gate is not None
+                else compare(self._cursor(), a, b))
+        except _Busy:
+            return _error(429, "too many queries and reports are running; retry shortly")
+        except duckdb.Error as exc:
+            return _error(400, f"cannot compare: {exc}")
+        return web.Response(text=json.dumps(result, default=str), content_type="application/json")
 
     async def _score_pending(self, request: web.Request) -> web.Response:
         """`tracejudge score --pending` against a running collector: its own scoring stage takes the jobs."""

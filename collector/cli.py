@@ -7,6 +7,7 @@ import argparse
 import importlib
 import os
 import sys
+import textwrap
 from collections.abc import Sequence
 
 from tracejudge.collector.commands import EXIT_PASS
@@ -185,6 +186,41 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--limit", type=_positive, default=1000, help="most rows returned (default 1000)")
     query.add_argument("--timeout", type=float, default=30.0, help="seconds before the query is stopped")
     query.set_defaults(command_module="query")
+
+    compare = sub.add_parser(
+        "compare",
+        help="compare two cohorts of conversations, or gate a canary",
+        description=textwrap.fill(
+        "Compare two cohorts (filters over the latest version of each conversation): per metric the pass rate "
+        "and mean score with 95 % intervals (Wilson, Welch), B - A with its interval (Newcombe, Welch) "
+        "and Holm-adjusted p-values; per MCP server and tool the call volume, MCP error and schema-invalid "
+        "rates and the judge's wrong-argument share; time and judge cost per conversation. A cohort is "
+        "comma-separated KEY=VALUE terms that all hold: service=, agent=, since=24h, until=2026-12-01, or any "
+        "attribute recorded per conversation ([cohorts] attributes, e.g. service.version=1.4.2), or a name saved "
+        "in [cohorts] saved. With --fail-if-worse it is a canary gate: exit 1 when the candidate's pass rate is "
+        "worse than the baseline's by more than the margin, 0 when it is not, 3 when there is not enough data "
+        "yet (it says about how many more conversations); its always-valid confidence sequence may be checked "
+        "as often as you like while the canary runs.", 100),
+        epilog="examples:\n  tracejudge compare 'service.version=1.4.1' 'service.version=1.4.2'\n"
+        "  tracejudge compare --baseline 'service.version=1.4.1' --candidate 'service.version=1.4.2' "
+        "--fail-if-worse mcp_task_completion:0.02",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    compare.add_argument("a", nargs="?", metavar="A", help="the first cohort")
+    compare.add_argument("b", nargs="?", metavar="B", help="the second cohort (differences are B - A)")
+    compare.add_argument("--baseline", metavar="COHORT", help="the gate's baseline cohort")
+    compare.add_argument("--candidate", metavar="COHORT", help="the gate's candidate cohort")
+    compare.add_argument("--fail-if-worse", metavar="METRIC:MARGIN", help="gate on METRIC's pass rate: fail when "
+                         "the candidate is worse by more than MARGIN (0.02: two points)")
+    compare.add_argument("--confidence", type=float, default=0.95, help="the gate's confidence (default 0.95)")
+    compare.add_argument("--format", choices=["table", "json"], default="table")
+    compare.add_argument("--url", default="http://127.0.0.1:4319", help="admin API of a running collector")
+    compare.add_argument("--db", action="append", help="database file(s) when no collector runs; repeat for "
+                         "several replicas")
+    compare.add_argument("--lake", action="store_true", help="compare on the shared DuckLake of [lake]")
+    compare.add_argument("--config", metavar="FILE", help="config file ([cohorts] saved, [lake])")
+    compare.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for a running collector")
+    compare.set_defaults(command_module="compare")
 
     report = sub.add_parser(
         "report",

@@ -383,6 +383,26 @@ class UISettings(_Section):
                                   "{trace_id}, e.g. 'http://jaeger:16686/trace/{trace_id}'")
 
 
+COHORT_ATTRIBUTES = ["service.version", "deployment.environment", "deployment.environment.name",
+                     "gen_ai.request.model", "gen_ai.agent.version", "gen_ai.prompt.name", "gen_ai.prompt.version"]
+
+
+class CohortSettings(_Section):
+    attributes: list[str] = Field(COHORT_ATTRIBUTES, description="span and resource attribute keys whose values are "
+                                  "recorded per conversation, for cohorts (`tracejudge compare 'service.version="
+                                  "1.4.2' ...`); add your own, such as a prompt version attribute")
+    saved: dict[str, str] = Field(default_factory=dict, description="named cohorts, e.g. {canary = "
+                                  "'service.version=1.4.2,deployment.environment=prod'}")
+
+    @field_validator("attributes")
+    @classmethod
+    def _keys(cls, keys: list[str]) -> list[str]:
+        bad = [k for k in keys if not k or len(k) > 128]
+        if bad or len(keys) > 64:
+            raise ValueError("at most 64 attribute keys, each 1 to 128 characters")
+        return keys
+
+
 class ReviewSettings(_Section):
     """The rules that put scored conversations into the review queue. Every rule but `random_rate` takes each
     conversation it matches (sampling probability 1); the random sample keeps agreement estimates about all traffic,
@@ -427,6 +447,7 @@ class Settings(_Section):
     lake: LakeSettings = Field(default_factory=LakeSettings)
     ui: UISettings = Field(default_factory=UISettings)
     review: ReviewSettings = Field(default_factory=ReviewSettings)
+    cohorts: CohortSettings = Field(default_factory=CohortSettings)
     export: ExportSettings = Field(default_factory=ExportSettings)
     log: LogSettings = Field(default_factory=LogSettings)
     _config_file: Path | None = PrivateAttr(default=None)  # the tracejudge.toml these came from, if any
@@ -552,7 +573,7 @@ def settings_help() -> str:
                            ("sampling", SamplingSettings), ("scoring", ScoringSettings),
                            ("redaction", RedactionSettings),
                            ("lake", LakeSettings), ("ui", UISettings), ("review", ReviewSettings),
-                           ("export", ExportSettings), ("log", LogSettings)):
+                           ("cohorts", CohortSettings), ("export", ExportSettings), ("log", LogSettings)):
         lines.append(f"[{section}]")
         for key, field in model.model_fields.items():
             env, flag = env_flags.get((section, key), (None, None))

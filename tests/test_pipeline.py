@@ -58,10 +58,12 @@ def turn(tracer: Any, conversation: str, question: str, tool: str, args: dict, r
             span.set_status(Status(StatusCode.ERROR, result))
 
 
-def recorded(service: str, agent: Callable[[Any], None]) -> list[ReadableSpan]:
-    """The spans the real OTel SDK records while `agent(tracer)` runs, as a service of that name."""
+def recorded(service: str, agent: Callable[[Any], None], resource: dict[str, str] | None = None
+             ) -> list[ReadableSpan]:
+    """The spans the real OTel SDK records while `agent(tracer)` runs, as a service of that name (with more
+    resource attributes, such as service.version, when given)."""
     memory = InMemorySpanExporter()
-    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    provider = TracerProvider(resource=Resource.create({"service.name": service, **(resource or {})}))
     provider.add_span_processor(SimpleSpanProcessor(memory))
     agent(provider.get_tracer("agent"))
     provider.shutdown()

@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 from tracejudge.collector.config import Settings
 from tracejudge.collector.log import Logger
 from tracejudge.collector.pipeline.mapped_traces import ENTRY_OVERHEAD, TEXT_FACTOR, KeptTrace, MappedTraceCache
-from tracejudge.collector.pipeline.sampling import attribute_values, decide
+from tracejudge.collector.pipeline.sampling import attribute_keys, attribute_values, decide
 from tracejudge.collector.pipeline.session_index import SessionIndex
 from tracejudge.collector.receivers.span_rows import plain_strings
 from tracejudge.collector.store.id_table import id_table, registered
@@ -55,7 +55,7 @@ _VERSION_SCHEMA = pa.schema([
     ("key_source", pa.string()), ("service_name", pa.string()), ("agent_name", pa.string()), ("turns", pa.int32()),
     ("mcp_calls", pa.int32()), ("trace_ids", pa.list_(pa.string())), ("first_span_ns", pa.int64()),
     ("last_span_ns", pa.int64()), ("test_case", pa.string()), ("sample_value", pa.float64()),
-    ("sampled", pa.string()), ("assembled_at", _UTC_US)])
+    ("sampled", pa.string()), ("assembled_at", _UTC_US), ("attributes", pa.string())])
 _JOB_SCHEMA = pa.schema([
     ("conversation_id", pa.string()), ("conversation_version", pa.int32()), ("metric", pa.string()),
     ("metric_config", pa.string()), ("status", pa.string()), ("created_at", _UTC_US), ("updated_at", _UTC_US)])
@@ -118,6 +118,7 @@ class ConversationAssembler:
         self.log = logger
         self.job_status = job_status  # metric -> the status a new job starts in
         self.metric_configs = metric_configs  # metric -> config hash (part of the job and score key)
+        self._attribute_keys = attribute_keys(settings.sampling, settings.cohorts.attributes)
         self.writer_busy_s = writer_busy_s  # the span writer's seconds spent committing so far (None: not known)
         self._group_of: dict[str, str] = {}  # waiting trace -> the conversation its spans name so far
         # a waiting trace's key precedence (_UNKEYED: none) is its conversation's in _key_rank, except where it
@@ -656,7 +657,7 @@ class ConversationAssembler:
         }) for r in rows]
         mapped = map_traces(spans)
         received = [r[14] for r in rows]
-        return KeptTrace(rows[0][0], mapped[0] if mapped else None, attribute_values(self.settings.sampling, spans),
+        return KeptTrace(rows[0][0], mapped[0] if mapped else None, attribute_values(self._attribute_keys, spans),
                          len(rows), min(received), max(received),
                          ENTRY_OVERHEAD + TEXT_FACTOR * sum(len(r[11]) + len(r[12]) for r in rows))
 
@@ -742,7 +743,8 @@ class ConversationAssembler:
                          "trace_ids": list(conversation.trace_ids), "first_span_ns": conversation.first_span_ns,
                          "last_span_ns": conversation.last_span_ns,
                          "test_case": conversation.test_case.model_dump_json(exclude_none=True),
-                         "sample_value": value, "sampled": json.dumps(sampled), "assembled_at": now})
+                         "sample_value": value, "sampled": json.dumps(sampled), "assembled_at": now,
+                         "attributes": json.dumps({k: sorted(v) for k, v in sorted(attributes.items())})})
             jobs.extend({"conversation_id": cid, "conversation_version": version, "metric": metric,
                          "metric_config": self.metric_configs[metric], "status": self.job_status(metric),
                          "created_at": now, "updated_at": now} for metric, chosen in sampled.items() if chosen)

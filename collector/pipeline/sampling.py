@@ -26,16 +26,27 @@ def _text(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def attribute_values(settings: SamplingSettings, spans: Iterable[Span]) -> dict[str, set[str]]:
-    """The values (as text) the conversation's spans and resources hold for the filtered attribute keys."""
-    keys = set(settings.include_attributes) | set(settings.exclude_attributes)
+MAX_VALUES = 16  # per key and conversation: a key with a value per request (an id) is not a cohort key
+MAX_VALUE_CHARS = 256
+
+
+def attribute_keys(sampling: SamplingSettings, cohort_keys: Iterable[str] = ()) -> frozenset[str]:
+    """The attribute keys whose values a conversation keeps: the sampling filters' and the cohorts'."""
+    return frozenset(sampling.include_attributes) | frozenset(sampling.exclude_attributes) | frozenset(cohort_keys)
+
+
+def attribute_values(keys: frozenset[str], spans: Iterable[Span]) -> dict[str, set[str]]:
+    """The values (as text) the conversation's spans and resources hold for these keys (at most MAX_VALUES per
+    key, each at most MAX_VALUE_CHARS)."""
     found: dict[str, set[str]] = {}
     if not keys:
         return found
     for span in spans:
         for source in (span.attributes, span.resource):
             for key in keys & source.keys():
-                found.setdefault(key, set()).add(_text(source[key]))
+                values = found.setdefault(key, set())
+                if len(values) < MAX_VALUES:
+                    values.add(_text(source[key])[:MAX_VALUE_CHARS])
     return found
 
 

@@ -243,7 +243,7 @@ def summary_tables_ddl(temporary: bool = False) -> str:
     """.replace("{create}", create)
 
 
-SCHEMA_VERSION = 18
+SCHEMA_VERSION = 19
 # SQL, or a function of the connection where the migration needs Python (ids computed as ingest computes them)
 MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     1: f"""
@@ -499,6 +499,11 @@ MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
                 THEN (po - (pj * ph + (1 - pj) * (1 - ph))) / (1 - (pj * ph + (1 - pj) * (1 - ph))) END AS kappa,
            mean_abs_diff
     FROM sums;
+    """,
+    # cohorts: the values each conversation's spans and resources hold for the recorded attribute keys
+    # ([cohorts] attributes: service.version, gen_ai.request.model, ...), so comparing cohorts scans no spans
+    19: """
+    ALTER TABLE conversations ADD COLUMN attributes JSON;
     """,
 }
 

@@ -56,11 +56,11 @@ class WebUI:
         self.env = environment(static=False)
 
     def register(self, app: web.Application) -> None:
-        app.router.add_get("/", self._guard(self.overview))
-        app.router.add_get("/conversations", self._guard(self.conversation_list))
-        app.router.add_get("/conversations/{conversation_id}", self._guard(self.conversation))
-        app.router.add_get("/tools", self._guard(self.tools))
-        app.router.add_get("/ui/changes", self._guard(self.changes))
+        app.router.add_get("/", self.guard(self.overview))
+        app.router.add_get("/conversations", self.guard(self.conversation_list))
+        app.router.add_get("/conversations/{conversation_id}", self.guard(self.conversation))
+        app.router.add_get("/tools", self.guard(self.tools))
+        app.router.add_get("/ui/changes", self.guard(self.changes))
         app.router.add_get("/login", self.login_form)
         app.router.add_post("/login", self.login)
         app.router.add_post("/logout", self.logout)
@@ -93,7 +93,7 @@ class WebUI:
             return name
         return None
 
-    def _guard(self, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    def guard(self, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def guarded(request: web.Request) -> web.StreamResponse:
             if not self.allowed(request):
