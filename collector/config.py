@@ -234,6 +234,15 @@ class MappingSettings(_Section):
         return servers
 
 
+class SamplingRule(_Section):
+    """Judge conversations where the deterministic checks found something at their own rate."""
+
+    when: Literal["mcp_error", "invalid_call"] = Field(description="mcp_error: an MCP call returned an error; "
+                                                       "invalid_call: call validity found a call that breaks its "
+                                                       "schema or the inventory")
+    rate: float = Field(ge=0, le=1, description="share of such conversations the judged metrics score")
+
+
 class SamplingSettings(_Section):
     rate: float = Field(1.0, ge=0, le=1, description="share of conversations the judged metrics score "
                         "(decided by a hash of the conversation id)")
@@ -248,6 +257,13 @@ class SamplingSettings(_Section):
                                                      "{'deployment.environment' = ['prod']} (empty: all)")
     exclude_attributes: dict[str, list[str]] = Field(default_factory=dict, description="never conversations with "
                                                      "one of these attribute values, e.g. {'user.tier' = ['test']}")
+    rules: list[SamplingRule] = Field(default_factory=list, description="judge conversations where the "
+                                      "deterministic checks found something at their own rate, e.g. [{when = "
+                                      "'mcp_error', rate = 1.0}, {when = 'invalid_call', rate = 1.0}]; the highest "
+                                      "rate that applies wins. Each score records its inclusion probability, and "
+                                      "pass rates and means weigh it back (Hajek)")
+    judge_invalid: bool = Field(True, description="false: never judge a conversation where call validity already "
+                                "failed (its judged scores then describe the valid conversations only)")
 
 
     @field_validator("metric_rates")

@@ -337,9 +337,9 @@ def test_sampling_is_deterministic_nested_and_filtered() -> None:
     assert 900 < len(at[0.5]) < 1100 and 150 < len(at[0.1]) < 250
     assert sample_value("conv-a") == sample_value("conv-a") and 0 <= sample_value("x") < 1
     settings = SamplingSettings(rate=0.0, exclude_services=["canary"])
-    _, sampled = decide(settings, ["mcp_use", "mcp_call_validity"], "c", "prod", None)
+    _, sampled, _ = decide(settings, ["mcp_use", "mcp_call_validity"], "c", "prod", None)
     assert sampled == {"mcp_use": False, "mcp_call_validity": True}  # validity runs on every conversation
-    _, sampled = decide(settings, ["mcp_call_validity"], "c", "canary", None)
+    _, sampled, _ = decide(settings, ["mcp_call_validity"], "c", "canary", None)
     assert sampled == {"mcp_call_validity": False}
 
 

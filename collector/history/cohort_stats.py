@@ -122,9 +122,9 @@ def _t_quantile(level: float, df: float) -> float:
 
 @dataclass(frozen=True)
 class Moments:
-    """n, mean and sample variance of a cohort's scores."""
+    """n (an effective sample size for weighted scores), mean and sample variance of a cohort's scores."""
 
-    n: int
+    n: float
     mean: float | None
     variance: float | None
 

@@ -123,14 +123,34 @@ def _cohort_table(con: duckdb.DuckDBPyConnection, name: str, cohort: Cohort) -> 
 
 
 def _metrics(con: duckdb.DuckDBPyConnection, name: str) -> dict[str, dict[str, Any]]:
+    """Per metric, Hajek estimates over the cohort's scores, each weighing 1 / the probability its conversation had
+    of being scored ([sampling] rate and rules), with Kish's effective sample size: the pass rate (and the
+    effective number of passes), the mean score and its variance."""
     rows = con.execute(f"""
-        SELECT s.metric, count(*) FILTER (WHERE s.success IS NOT NULL), count(*) FILTER (WHERE s.success),
-               count(s.score), avg(s.score), var_samp(s.score), avg(s.evaluation_cost), any_value(s.threshold)
-        FROM latest_scores s JOIN {name} k ON k.conversation_id = s.conversation_id
-                                          AND k.version = s.conversation_version
-        GROUP BY s.metric""").fetchall()
-    return {r[0]: {"judged": r[1], "passes": r[2], "scored": r[3], "mean": r[4], "variance": r[5],
-                   "judge_cost_usd": r[6], "threshold": r[7]} for r in rows}
+        WITH w AS (
+            SELECT s.*, 1.0 / coalesce(nullif(s.inclusion_probability, 0), 1.0) AS w
+            FROM latest_scores s JOIN {name} k ON k.conversation_id = s.conversation_id
+                                               AND k.version = s.conversation_version)
+        SELECT metric,
+               count(*) FILTER (WHERE success IS NOT NULL),
+               sum(w) FILTER (WHERE success IS NOT NULL), sum(w * w) FILTER (WHERE success IS NOT NULL),
+               sum(w) FILTER (WHERE success),
+               count(score), sum(w) FILTER (WHERE score IS NOT NULL), sum(w * w) FILTER (WHERE score IS NOT NULL),
+               sum(w * score), sum(w * score * score), avg(evaluation_cost), any_value(threshold)
+        FROM w GROUP BY metric""").fetchall()
+    out = {}
+    for metric, judged, wsum, w2, wpass, scored, sw, sw2, swx, swxx, cost, threshold in rows:
+        ess = wsum * wsum / w2 if wsum else 0.0
+        rate = (wpass or 0.0) / wsum if wsum else None
+        ess_s = sw * sw / sw2 if sw else 0.0
+        mean = swx / sw if sw else None
+        variance = None
+        if mean is not None and ess_s > 1:
+            variance = max(0.0, swxx / sw - mean * mean) * ess_s / (ess_s - 1)
+        out[metric] = {"judged": judged, "effective_n": ess, "passes": (rate or 0.0) * ess, "rate": rate,
+                       "scored": scored, "effective_scored": ess_s, "mean": mean, "variance": variance,
+                       "judge_cost_usd": cost, "threshold": threshold}
+    return out
 
 
 def _tools(con: duckdb.DuckDBPyConnection, name: str) -> dict[tuple[str, str, str], dict[str, Any]]:
@@ -181,7 +201,7 @@ def _examples(con: duckdb.DuckDBPyConnection, name: str, metric: str, tool: tupl
         ORDER BY 1 LIMIT {EXAMPLES}""", [*tool, metric, passed]).fetchall()]
 
 
-def _rate(part: int, whole: int) -> dict[str, Any]:
+def _rate(part: float, whole: float) -> dict[str, Any]:
     w = wilson(part, whole)
     return {"value": w.value, "low": w.low, "high": w.high, "n": whole}
 
@@ -195,20 +215,22 @@ def compare(con: duckdb.DuckDBPyConnection, a: Cohort, b: Cohort, level: float =
     metrics = []
     for metric in sorted(set(metrics_a) | set(metrics_b)):
         ma, mb = metrics_a.get(metric, {}), metrics_b.get(metric, {})
-        judged_a, judged_b = ma.get("judged", 0), mb.get("judged", 0)
+        judged_a, judged_b = ma.get("effective_n", 0), mb.get("effective_n", 0)
         passes_a, passes_b = ma.get("passes", 0), mb.get("passes", 0)
-        moments_a = Moments(ma.get("scored", 0), ma.get("mean"), ma.get("variance"))
-        moments_b = Moments(mb.get("scored", 0), mb.get("mean"), mb.get("variance"))
+        moments_a = Moments(ma.get("effective_scored", 0), ma.get("mean"), ma.get("variance"))
+        moments_b = Moments(mb.get("effective_scored", 0), mb.get("mean"), mb.get("variance"))
         diff = rate_difference(passes_a, judged_a, passes_b, judged_b, level)
         mean_diff, mean_p = mean_difference(moments_a, moments_b, level)
         rate_p = rate_p_value(passes_a, judged_a, passes_b, judged_b)
         p_values += [rate_p, mean_p]
         metrics.append({
             "metric": metric,
-            "a": {"pass_rate": _rate(passes_a, judged_a), "mean_score": vars(mean_interval(moments_a, level)),
-                  "scored": moments_a.n, "judge_cost_usd": ma.get("judge_cost_usd")},
-            "b": {"pass_rate": _rate(passes_b, judged_b), "mean_score": vars(mean_interval(moments_b, level)),
-                  "scored": moments_b.n, "judge_cost_usd": mb.get("judge_cost_usd")},
+            "a": {"pass_rate": {**_rate(passes_a, judged_a), "n": ma.get("judged", 0), "effective_n": judged_a},
+                  "mean_score": vars(mean_interval(moments_a, level)), "scored": ma.get("scored", 0),
+                  "judge_cost_usd": ma.get("judge_cost_usd")},
+            "b": {"pass_rate": {**_rate(passes_b, judged_b), "n": mb.get("judged", 0), "effective_n": judged_b},
+                  "mean_score": vars(mean_interval(moments_b, level)), "scored": mb.get("scored", 0),
+                  "judge_cost_usd": mb.get("judge_cost_usd")},
             "pass_rate_difference": {**vars(diff), "p_value": rate_p},
             "mean_score_difference": {**vars(mean_diff), "p_value": mean_p},
         })
@@ -268,10 +290,10 @@ def canary(con: duckdb.DuckDBPyConnection, baseline: Cohort, candidate: Cohort, 
     _cohort_table(con, "cohort_a", baseline)
     _cohort_table(con, "cohort_b", candidate)
     a, b = _metrics(con, "cohort_a").get(metric, {}), _metrics(con, "cohort_b").get(metric, {})
-    decision = gate(a.get("passes", 0), a.get("judged", 0), b.get("passes", 0), b.get("judged", 0), margin, alpha)
+    decision = gate(a.get("passes", 0), a.get("effective_n", 0), b.get("passes", 0), b.get("effective_n", 0),
+                    margin, alpha)
     return {"metric": metric, "margin": margin, "confidence": 1 - alpha, "baseline": baseline.spec,
             "candidate": candidate.spec, "baseline_n": a.get("judged", 0), "candidate_n": b.get("judged", 0),
-            "baseline_pass_rate": a["passes"] / a["judged"] if a.get("judged") else None,
-            "candidate_pass_rate": b["passes"] / b["judged"] if b.get("judged") else None,
-            **vars(decision)}
+            "baseline_effective_n": a.get("effective_n"), "candidate_effective_n": b.get("effective_n"),
+            "baseline_pass_rate": a.get("rate"), "candidate_pass_rate": b.get("rate"), **vars(decision)}
 

@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 from tracejudge.collector.config import Settings
 from tracejudge.collector.log import Logger
 from tracejudge.collector.pipeline.mapped_traces import ENTRY_OVERHEAD, TEXT_FACTOR, KeptTrace, MappedTraceCache
-from tracejudge.collector.pipeline.sampling import attribute_keys, attribute_values, decide
+from tracejudge.collector.pipeline.sampling import attribute_keys, attribute_values, decide, findings, needs_findings
 from tracejudge.collector.pipeline.session_index import SessionIndex
 from tracejudge.collector.receivers.span_rows import plain_strings
 from tracejudge.collector.store.id_table import id_table, registered
@@ -55,7 +55,7 @@ _VERSION_SCHEMA = pa.schema([
     ("key_source", pa.string()), ("service_name", pa.string()), ("agent_name", pa.string()), ("turns", pa.int32()),
     ("mcp_calls", pa.int32()), ("trace_ids", pa.list_(pa.string())), ("first_span_ns", pa.int64()),
     ("last_span_ns", pa.int64()), ("test_case", pa.string()), ("sample_value", pa.float64()),
-    ("sampled", pa.string()), ("assembled_at", _UTC_US), ("attributes", pa.string())])
+    ("sampled", pa.string()), ("assembled_at", _UTC_US), ("attributes", pa.string()), ("inclusion", pa.string())])
 _JOB_SCHEMA = pa.schema([
     ("conversation_id", pa.string()), ("conversation_version", pa.int32()), ("metric", pa.string()),
     ("metric_config", pa.string()), ("status", pa.string()), ("created_at", _UTC_US), ("updated_at", _UTC_US)])
@@ -729,8 +729,9 @@ class ConversationAssembler:
                 continue
             version = (last[0] if last else 0) + 1
             latest[cid] = (version, conversation.content_hash)
-            value, sampled = decide(self.settings.sampling, metrics, cid, conversation.service_name,
-                                    conversation.agent_name, attributes)
+            found = findings(conversation.test_case) if needs_findings(self.settings.sampling) else set()
+            value, sampled, inclusion = decide(self.settings.sampling, metrics, cid, conversation.service_name,
+                                               conversation.agent_name, attributes, found)
             # MCP calls outside any run, in no known session: kept, never scored; a conversation about to get its
             # context: its next version is scored
             if conversation.context_only or cid in (unjudged or ()):
@@ -744,7 +745,8 @@ class ConversationAssembler:
                          "last_span_ns": conversation.last_span_ns,
                          "test_case": conversation.test_case.model_dump_json(exclude_none=True),
                          "sample_value": value, "sampled": json.dumps(sampled), "assembled_at": now,
-                         "attributes": json.dumps({k: sorted(v) for k, v in sorted(attributes.items())})})
+                         "attributes": json.dumps({k: sorted(v) for k, v in sorted(attributes.items())}),
+                         "inclusion": json.dumps(inclusion)})
             jobs.extend({"conversation_id": cid, "conversation_version": version, "metric": metric,
                          "metric_config": self.metric_configs[metric], "status": self.job_status(metric),
                          "created_at": now, "updated_at": now} for metric, chosen in sampled.items() if chosen)

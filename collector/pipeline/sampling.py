@@ -3,6 +3,8 @@
 sha256(id) mapped to [0, 1) is the same on every restart and replica, and nested: a conversation sampled
 at 10% is also sampled at 50%. Filters on service and agent name and on span or resource attribute values
 apply first; `mcp_call_validity` is cheap and runs on every conversation unless a rate is given for it.
+Rules raise the judged metrics' rate where the deterministic checks found something (an MCP error, an invalid
+call); the rate a conversation got is its inclusion probability, recorded with its scores and weighed back.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ import hashlib
 from collections.abc import Iterable
 from typing import Any
 
+from tracejudge.call_validity import check_calls
 from tracejudge.collector.config import SamplingSettings
 from tracejudge.mapping.spans import Span
+from tracejudge.test_case import ConversationalTestCase
 
 ALWAYS = "mcp_call_validity"
 
@@ -54,11 +58,33 @@ def _any_match(filters: dict[str, list[str]], values: dict[str, set[str]]) -> bo
     return any(values.get(key, set()) & set(wanted) for key, wanted in filters.items())
 
 
+def needs_findings(settings: SamplingSettings) -> bool:
+    """Whether sampling depends on what the deterministic checks find (then the assembler looks)."""
+    return bool(settings.rules) or not settings.judge_invalid
+
+
+def findings(test_case: ConversationalTestCase) -> set[str]:
+    """What the deterministic checks find in a conversation, as the sampling rules name it (a call that returned an
+    error is also an invalid call, as call validity counts it)."""
+    found = set()
+    if any(call.result is not None and call.result.is_error
+           for turn in test_case.turns for call in turn.mcp_tools_called or ()):
+        found.add("mcp_error")
+    calls, _ = check_calls(test_case)
+    if any(c.violations for c in calls):
+        found.add("invalid_call")
+    return found
+
+
 def decide(settings: SamplingSettings, metrics: list[str], conversation_id: str, service_name: str | None,
-           agent_name: str | None, attributes: dict[str, set[str]] | None = None) -> tuple[float, dict[str, bool]]:
-    """(sample value, metric -> scored?) for one conversation; `attributes` from `attribute_values`."""
+           agent_name: str | None, attributes: dict[str, set[str]] | None = None,
+           found: set[str] | None = None) -> tuple[float, dict[str, bool], dict[str, float]]:
+    """(sample value, metric -> scored?, metric -> inclusion probability) for one conversation; `attributes` from
+    `attribute_values`, `found` from `findings`. A metric is scored when the conversation's hash value is under its
+    rate, so the rate is the probability it had of being scored: 1 / rate weighs it back to all traffic."""
     value = sample_value(conversation_id)
     attributes = attributes or {}
+    found = found or set()
     allowed = (
         (not settings.include_services or service_name in settings.include_services)
         and service_name not in settings.exclude_services
@@ -67,8 +93,14 @@ def decide(settings: SamplingSettings, metrics: list[str], conversation_id: str,
         and (not settings.include_attributes or _any_match(settings.include_attributes, attributes))
         and not _any_match(settings.exclude_attributes, attributes)
     )
-    decisions = {}
+    ruled = [rule.rate for rule in settings.rules if rule.when in found]
+    decisions, probabilities = {}, {}
     for metric in metrics:
         rate = settings.metric_rates.get(metric, 1.0 if metric == ALWAYS else settings.rate)
+        if metric != ALWAYS:
+            rate = max([rate, *ruled])
+            if not settings.judge_invalid and "invalid_call" in found:
+                rate = 0.0
+        probabilities[metric] = rate if allowed else 0.0
         decisions[metric] = allowed and value < rate
-    return value, decisions
+    return value, decisions, probabilities

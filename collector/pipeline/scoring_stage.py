@@ -133,7 +133,7 @@ _SCORE_SCHEMA = pa.schema([  # the `scores` table's columns, in order: a score r
     ("input_tokens", pa.int64()), ("output_tokens", pa.int64()), ("judge_calls", pa.int32()),
     ("latency_ms", pa.float64()), ("breakdown", pa.string()), ("fallback_reason", pa.string()), ("error", pa.string()),
     ("service_name", pa.string()), ("agent_name", pa.string()), ("conversation_end_time", _UTC_US),
-    ("scored_at", _UTC_US)])
+    ("scored_at", _UTC_US), ("inclusion_probability", pa.float64())])
 SCORE_COLUMNS = tuple(_SCORE_SCHEMA.names)
 
 
@@ -146,6 +146,13 @@ def content_digest(test_case_json: str) -> str | None:
         return None
     seen = conversation_data(case, include_inventory=True)
     return hashlib.sha256(json.dumps(seen, sort_keys=True, default=str, separators=(",", ":")).encode()).hexdigest()
+
+
+def _probability(inclusion: str | None, metric: str) -> float | None:
+    """The probability the conversation had of being scored on this metric, as the assembler recorded it (None for
+    versions assembled before it was recorded: they count with weight 1)."""
+    value = json.loads(inclusion).get(metric) if inclusion else None
+    return float(value) if isinstance(value, int | float) else None
 
 
 def _versions(jobs: list[tuple[Any, ...]]) -> pa.Table:
@@ -383,7 +390,7 @@ class ScoringStage:
                 measured.append((job, case, metric, error, latency_ms))
                 if error is None:
                     rows.append(self._score_row(conversation_id, version, metric_id, metric, case[1], case[2],
-                                                case[3], latency_ms))
+                                                case[3], latency_ms, _probability(case[4], metric_id)))
                     done.append(job_id)
         async with self._db:
             await asyncio.to_thread(self._commit_batch, rows, done, gone)
@@ -414,10 +421,11 @@ class ScoringStage:
     def _case_sizes(self, keys: pa.Table) -> list[tuple[tuple[str, int], int]]:
         return [((r[0], r[1]), r[2]) for r in self._stored(keys, "strlen(c.test_case::VARCHAR)")]
 
-    def _cases_of(self, keys: pa.Table) -> dict[tuple[str, int], tuple[str, str | None, str | None, int | None]]:
-        """(conversation, version) -> (test case JSON, service, agent, last span ns), for the versions still stored."""
-        rows = self._stored(keys, "c.test_case, c.service_name, c.agent_name, c.last_span_ns")
-        return {(r[0], r[1]): (r[2], r[3], r[4], r[5]) for r in rows}
+    def _cases_of(self, keys: pa.Table) -> dict[tuple[str, int], tuple[Any, ...]]:
+        """(conversation, version) -> (test case JSON, service, agent, last span ns, inclusion JSON), for the
+        versions still stored."""
+        rows = self._stored(keys, "c.test_case, c.service_name, c.agent_name, c.last_span_ns, c.inclusion")
+        return {(r[0], r[1]): tuple(r[2:]) for r in rows}
 
     def _stored(self, keys: pa.Table, columns: str) -> list[tuple[Any, ...]]:
         """(conversation, version, *columns) of the conversation versions `keys` names that are still stored."""
@@ -503,18 +511,19 @@ class ScoringStage:
                        attempts: int) -> None:
         """Measure one leased job; the score is keyed by the current settings' config hash (score --pending
         re-scores old jobs with today's settings)."""
-        rows = await self._sql("SELECT test_case, service_name, agent_name, last_span_ns FROM conversations "
-                               "WHERE conversation_id = ? AND version = ?", [conversation_id, version])
+        rows = await self._sql("SELECT test_case, service_name, agent_name, last_span_ns, inclusion FROM "
+                               "conversations WHERE conversation_id = ? AND version = ?", [conversation_id, version])
         template = self.metrics.get(metric_id)
         if not rows or template is None:
             reason = "the conversation version is gone" if not rows else self.unavailable.get(metric_id, "unknown")
             await self._sql("UPDATE eval_jobs SET status = ?, lease_until = NULL, last_error = ?, updated_at = now() "
                             "WHERE job_id = ?", ["failed" if not rows else "waiting_for_judge", reason, job_id])
             return
-        test_case_json, service, agent, last_ns = rows[0]
+        test_case_json, service, agent, last_ns, inclusion = rows[0]
+        probability = _probability(inclusion, metric_id)
         digest = await asyncio.to_thread(content_digest, test_case_json) if metric_id in JUDGED else None
         if digest is not None and await self._reuse(job_id, conversation_id, version, metric_id, digest,
-                                                    service, agent, last_ns):
+                                                    service, agent, last_ns, probability):
             return
         metric = template.copy()
         started = time.perf_counter()
@@ -535,7 +544,7 @@ class ScoringStage:
             if outage is not None:
                 outage.succeeded()
             await self._write_score(job_id, conversation_id, version, metric_id, metric, service, agent,
-                                    last_ns, latency_ms, digest)
+                                    last_ns, latency_ms, digest, probability)
             self._scored(conversation_id, version, metric_id, metric, service, agent)
             return
         await self._job_failed(job_id, metric_id, attempts, error, outage, given_back)
@@ -591,7 +600,8 @@ class ScoringStage:
                  retry_at=retry_at.isoformat(), reason=message)
 
     async def _reuse(self, job_id: int, conversation_id: str, version: int, metric_id: str, digest: str,
-                     service: str | None, agent: str | None, last_ns: int | None) -> bool:
+                     service: str | None, agent: str | None, last_ns: int | None,
+                     probability: float | None = None) -> bool:
         """Write the score of identical content measured before with the same metric config, if there is one:
         the judge is never asked twice about the same conversation (a new version, a replay)."""
         found = await self._sql(
@@ -609,7 +619,7 @@ class ScoringStage:
         replaced = {"conversation_id": conversation_id, "conversation_version": version, "evaluation_cost": 0.0,
                     "input_tokens": 0, "output_tokens": 0, "judge_calls": 0, "latency_ms": 0.0,
                     "service_name": service, "agent_name": agent, "conversation_end_time": end_time,
-                    "scored_at": datetime.now(UTC)}
+                    "scored_at": datetime.now(UTC), "inclusion_probability": probability}
         for column, value in replaced.items():
             row[SCORE_COLUMNS.index(column)] = value
         await self._commit_score(job_id, row, None)
@@ -624,12 +634,14 @@ class ScoringStage:
 
     async def _write_score(self, job_id: int, conversation_id: str, version: int, metric_id: str,
                            metric: BaseMetric, service: str | None, agent: str | None, last_ns: int | None,
-                           latency_ms: float, digest: str | None = None) -> None:
-        row = self._score_row(conversation_id, version, metric_id, metric, service, agent, last_ns, latency_ms)
+                           latency_ms: float, digest: str | None = None, probability: float | None = None) -> None:
+        row = self._score_row(conversation_id, version, metric_id, metric, service, agent, last_ns, latency_ms,
+                              probability)
         await self._commit_score(job_id, row, digest if metric.error is None else None)
 
     def _score_row(self, conversation_id: str, version: int, metric_id: str, metric: BaseMetric,
-                   service: str | None, agent: str | None, last_ns: int | None, latency_ms: float) -> list[Any]:
+                   service: str | None, agent: str | None, last_ns: int | None, latency_ms: float,
+                   probability: float | None = None) -> list[Any]:
         """The `scores` row of a measured metric, in SCORE_COLUMNS order."""
         judged = isinstance(metric, JudgedMetric)
         breakdown = metric.score_breakdown or {}
@@ -642,7 +654,7 @@ class ScoringStage:
             metric.system_one.id if judged and metric.system_one else None, metric.evaluation_cost,
             metric.usage.input_tokens, metric.usage.output_tokens, metric.usage.calls, latency_ms,
             json.dumps(breakdown, default=str), getattr(metric, "system_one_fallback_reason", None), metric.error,
-            service, agent, end_time, datetime.now(UTC),
+            service, agent, end_time, datetime.now(UTC), probability,
         ]
         return row
 

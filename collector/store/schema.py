@@ -16,10 +16,13 @@ import pyarrow as pa
 from tracejudge.collector.store.span_tables import resource_id, scope_id
 
 
-def history_views(scores: str, partition: str, temporary: bool = False) -> str:
+def history_views(scores: str, partition: str, temporary: bool = False, weighted: bool = True) -> str:
     """`latest_scores` and `daily_scores` over a scores table; `partition` adds columns that keep two
-    replicas' copies of one conversation apart (e.g. "replica, ")."""
+    replicas' copies of one conversation apart (e.g. "replica, "). daily_scores' mean and pass rate are Hajek
+    estimates: each score weighs 1 / the probability its conversation had of being scored (1 where not recorded),
+    with Kish's effective sample size; p10 and p50 are of the scored sample."""
     temp = "TEMP " if temporary else ""
+    weight = "1.0 / coalesce(nullif(inclusion_probability, 0), 1.0)" if weighted else "1.0"  # before schema 19
     return f"""
     CREATE OR REPLACE {temp}VIEW latest_scores AS
         SELECT * FROM {scores}
@@ -27,11 +30,13 @@ def history_views(scores: str, partition: str, temporary: bool = False) -> str:
                                    ORDER BY conversation_version DESC, scored_at DESC) = 1;
     CREATE OR REPLACE {temp}VIEW daily_scores AS
         SELECT CAST(timezone('UTC', scored_at) AS DATE) AS day, metric, service_name,
-               count(*) AS conversations, avg(score) AS mean_score,
+               count(*) AS conversations, sum(w * score) / sum(w) AS mean_score,
                quantile_cont(score, 0.1) AS p10, quantile_cont(score, 0.5) AS p50,
-               avg(CASE WHEN success THEN 1.0 WHEN NOT success THEN 0.0 END) AS pass_rate,
-               sum(evaluation_cost) AS cost_usd
-        FROM latest_scores WHERE score IS NOT NULL
+               sum(w * CASE WHEN success THEN 1.0 WHEN NOT success THEN 0.0 END)
+                   / sum(CASE WHEN success IS NOT NULL THEN w END) AS pass_rate,
+               sum(evaluation_cost) AS cost_usd, sum(w) * sum(w) / sum(w * w) AS effective_n
+        FROM (SELECT *, {weight} AS w FROM latest_scores)
+        WHERE score IS NOT NULL
         GROUP BY ALL;
     """
 
@@ -314,7 +319,7 @@ MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
         scored_at TIMESTAMPTZ NOT NULL,
         PRIMARY KEY (conversation_id, conversation_version, metric, metric_config)
     );
-    """ + history_views("scores", "") + """
+    """ + history_views("scores", "", weighted=False) + """
     """,
     3: """
     CREATE TABLE IF NOT EXISTS assembled_traces (
@@ -502,9 +507,13 @@ MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     """,
     # cohorts: the values each conversation's spans and resources hold for the recorded attribute keys
     # ([cohorts] attributes: service.version, gen_ai.request.model, ...), so comparing cohorts scans no spans
+    # and the probability each judged metric had of scoring the conversation ([sampling] rate and rules), carried
+    # into its scores, so pass rates and means weigh the sample back to all traffic
     19: """
     ALTER TABLE conversations ADD COLUMN attributes JSON;
-    """,
+    ALTER TABLE conversations ADD COLUMN inclusion JSON;
+    ALTER TABLE scores ADD COLUMN inclusion_probability DOUBLE;
+    """ + history_views("scores", ""),
 }
 
 
