@@ -18,7 +18,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tracejudge.collector.admin_guard import AdminGuard
-from tracejudge.collector.config import ReviewSettings
+from tracejudge.collector.config import CanaryWatch, ReviewSettings
 from tracejudge.collector.history.compare import CohortError, canary, compare, parse_cohort
 from tracejudge.collector.history.conversation_mapping import (
     ConversationNotFound,
@@ -45,6 +45,7 @@ from tracejudge.collector.ui.routes import WebUI
 from tracejudge.mapping.otlp_logs import feedback_carrier
 
 MAX_QUERIES = 4  # queries and reports in flight (they run one at a time); more get 429
+CANARY_EVERY_S = 30.0  # the watched canary gates are recomputed at most this often, however often /metrics is read
 JOB_STATES = ("pending", "running", "done", "failed", "budget", "waiting_for_judge")
 
 
@@ -58,7 +59,7 @@ class AdminServer:
                  allowed_hosts: list[str] | None = None, query_limits: SandboxLimits | None = None,
                  mcp_tools: dict[str, list[str]] | None = None, max_spans: int = 100_000,
                  reviewers: dict[str, str] | None = None, review_rules: ReviewSettings | None = None,
-                 saved_cohorts: dict[str, str] | None = None) -> None:
+                 saved_cohorts: dict[str, str] | None = None, watch: list[CanaryWatch] | None = None) -> None:
         self.host, self.requested_port = host, port
         self.store, self.metrics = store, metrics
         self.stage: ScoringStage | None = None
@@ -88,6 +89,8 @@ class AdminServer:
         self.app.router.add_get("/api/agreement", self._agreement)
         self.app.router.add_get("/api/compare", self._compare)
         self._saved_cohorts = saved_cohorts or {}
+        self._watch = watch or []
+        self._canaries_at = 0.0  # when the watched gates were last computed (at most every CANARY_EVERY_S)
         self.summaries = SummaryTables()
         self._budget_usd, self._trace_url = budget_usd, trace_url
         self.ui = WebUI(self._cursor, self._queries, query_token, self.summaries, budget_usd=budget_usd,
@@ -142,6 +145,9 @@ class AdminServer:
                 "SELECT coalesce(epoch(now()) - epoch(min(created_at)), 0) FROM eval_jobs "
                 "WHERE status IN ('pending', 'waiting_for_judge', 'budget')").fetchall())
             self.metrics.oldest_waiting.set(oldest)
+        if self._watch and time.monotonic() - self._canaries_at > CANARY_EVERY_S:
+            self._canaries_at = time.monotonic()
+            await asyncio.get_running_loop().run_in_executor(self._queries, self._watch_canaries)
         agreement = await asyncio.to_thread(lambda: self._cursor().execute(
             "SELECT metric, metric_config, coalesce(judge_model, ''), kappa, accuracy, reviews FROM judge_agreement"
         ).fetchall())
@@ -155,6 +161,20 @@ class AdminServer:
 
     def _cursor(self) -> duckdb.DuckDBPyConnection:
         return self.store.cursor()
+
+    def _watch_canaries(self) -> None:
+        """The gate of each watched cohort pair, as Prometheus gauges (a pair that cannot be read is skipped)."""
+        states = {"fail": 1, "pass": 0, "undecided": -1}
+        for w in self._watch:
+            labels = (w.baseline, w.candidate, w.metric)
+            try:
+                result = canary(self._cursor(), parse_cohort(w.baseline, self._saved_cohorts),
+                                parse_cohort(w.candidate, self._saved_cohorts), w.metric, w.margin, 1 - w.confidence)
+            except (CohortError, duckdb.Error):
+                continue
+            self.metrics.canary.labels(*labels).set(states[result["outcome"]])
+            if result["difference"] is not None:
+                self.metrics.canary_difference.labels(*labels).set(result["difference"])
 
     async def _query(self, request: web.Request) -> web.Response:
         if not bearer_matches(request.headers.get("Authorization"), self._query_token):

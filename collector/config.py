@@ -403,12 +403,32 @@ COHORT_ATTRIBUTES = ["service.version", "deployment.environment", "deployment.en
                      "gen_ai.request.model", "gen_ai.agent.version", "gen_ai.prompt.name", "gen_ai.prompt.version"]
 
 
+class CanaryWatch(_Section):
+    """A cohort pair whose canary gate /metrics reports (tracejudge_canary_state)."""
+
+    baseline: str = Field(min_length=1, max_length=500)
+    candidate: str = Field(min_length=1, max_length=500)
+    metric: str
+    margin: float = Field(gt=0, lt=1, description="fail when the candidate's pass rate is worse by more than this")
+    confidence: float = Field(0.95, ge=0.5, lt=1)
+
+    @field_validator("metric")
+    @classmethod
+    def _metric(cls, metric: str) -> str:
+        _only_known([metric], METRIC_IDS, "metric")
+        return metric
+
+
 class CohortSettings(_Section):
     attributes: list[str] = Field(COHORT_ATTRIBUTES, description="span and resource attribute keys whose values are "
                                   "recorded per conversation, for cohorts (`tracejudge compare 'service.version="
                                   "1.4.2' ...`); add your own, such as a prompt version attribute")
     saved: dict[str, str] = Field(default_factory=dict, description="named cohorts, e.g. {canary = "
                                   "'service.version=1.4.2,deployment.environment=prod'}")
+    watch: list[CanaryWatch] = Field(default_factory=list, max_length=20, description="cohort pairs whose canary "
+                                     "gate /metrics reports as tracejudge_canary_state, e.g. [{baseline = "
+                                     "'service.version=1.4.1', candidate = 'canary', metric = 'mcp_task_completion', "
+                                     "margin = 0.02}]")
 
     @field_validator("attributes")
     @classmethod

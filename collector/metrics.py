@@ -85,6 +85,17 @@ class CollectorMetrics:
                                buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0), registry=self.registry)
         self.scores = Counter("tracejudge_scores", "Scores written, by result (pass, fail, scored, n/a)",
                               [*labels, "result"], registry=self.registry)
+        self.scores_weighted = Counter("tracejudge_scores_weighted", "Scores written, each counted 1 / the probability "
+                                       "its conversation had of being scored (sums estimate all traffic; their "
+                                       "ratios are Hajek pass rates), by metric, service, service.version and result",
+                                       ["metric", "service", "service_version", "result"], registry=self.registry)
+        self.canary = Gauge("tracejudge_canary_state", "The canary gate of each watched cohort pair ([cohorts] "
+                            "watch): 1 the candidate is worse by more than the margin, 0 it is not, -1 not enough "
+                            "data yet (an always-valid confidence sequence: alert on it directly)",
+                            ["baseline", "candidate", "metric"], registry=self.registry)
+        self.canary_difference = Gauge("tracejudge_canary_difference", "Candidate minus baseline pass rate of each "
+                                       "watched cohort pair", ["baseline", "candidate", "metric"],
+                                       registry=self.registry)
         self.judge_cost = Counter("tracejudge_judge_cost_usd", "Judge spend of scores written (known prices only)",
                                   ["metric"], registry=self.registry)
         self.judge_tokens = Counter("tracejudge_judge_tokens", "Judge tokens of scores written", ["metric",
@@ -100,7 +111,7 @@ class CollectorMetrics:
                                        ["metric", "metric_config", "judge_model"], registry=self.registry)
         self.oldest_waiting = Gauge("tracejudge_oldest_waiting_job_seconds", "Age of the oldest job not yet scored "
                                     "(pending, waiting for a judge or the budget)", registry=self.registry)
-        self._service, self._agent = BoundedLabel(), BoundedLabel()
+        self._service, self._agent, self._version = BoundedLabel(), BoundedLabel(), BoundedLabel()
         self.table_rows = Gauge("tracejudge_table_rows", "Rows per table (DuckDB's estimate)", ["table"],
                                 registry=self.registry)
         self.db_bytes = Gauge("tracejudge_db_bytes", "Database blocks in use and free for reuse, and the WAL",
@@ -131,6 +142,8 @@ class CollectorMetrics:
         if event.score is not None:
             self.score.labels(event.metric, service, agent).observe(event.score)
         self.scores.labels(event.metric, service, agent, event.result).inc()
+        self.scores_weighted.labels(event.metric, service, self._version(event.service_version),
+                                    event.result).inc(event.weight)
         if event.cost_usd:
             self.judge_cost.labels(event.metric).inc(event.cost_usd)
         self.judge_tokens.labels(event.metric, "input").inc(event.input_tokens)

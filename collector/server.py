@@ -78,7 +78,8 @@ class Collector:
                                      settings.store.temp_limit or f"{DEFAULT_DISK}B"), folder=settings.store.db.parent),
                                  mcp_tools=settings.mapping.mcp_tools, max_spans=settings.conversations.max_spans,
                                  reviewers=reviewer_tokens(settings.server.reviewer_tokens),
-                                 review_rules=settings.review, saved_cohorts=settings.cohorts.saved)
+                                 review_rules=settings.review, saved_cohorts=settings.cohorts.saved,
+                                 watch=settings.cohorts.watch)
         self.stage: ScoringStage | None = None
         self.retention: Retention | None = None
         self.assembler: ConversationAssembler | None = None

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.support.collector_process import CollectorProcess
@@ -40,7 +41,9 @@ def tracejudge(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
 
 @pytest.fixture
 def collector(tmp_path: Path):
-    cfg = config(tmp_path, 'metrics = ["mcp_call_validity"]\n[cohorts]\nsaved = {canary = "service.version=2.0"}\n')
+    cfg = config(tmp_path, 'metrics = ["mcp_call_validity"]\n[cohorts]\nsaved = {canary = "service.version=2.0"}\n'
+                           'watch = [{baseline = "service.version=1.0", candidate = "canary", '
+                           'metric = "mcp_call_validity", margin = 0.05}]\n')
     with CollectorProcess(tmp_path / "t.duckdb", config=cfg, env={"TRACEJUDGE_QUERY_TOKEN": TOKEN}) as running:
         for version, (n, failing) in VERSIONS.items():
             export(running, traffic(version, n, failing))
@@ -89,6 +92,12 @@ def test_compare_and_the_canary_gate_on_a_running_collector_and_its_file(collect
     assert more > 5 and "more judged conversations" in early.stdout
     bad = tracejudge("compare", "service.version", "service.version=2.0", "--url", url, env=env)
     assert bad.returncode == 2 and "KEY=VALUE" in bad.stderr
+    # /metrics: the watched pair's gate, and scores counted by service.version with their weights (all 1 here)
+    metrics = httpx.get(f"{url}/metrics", timeout=30).text
+    assert 'tracejudge_canary_state{baseline="service.version=1.0",candidate="canary",metric="mcp_call_validity"} 1.0' \
+        in metrics
+    assert ('tracejudge_scores_weighted_total{metric="mcp_call_validity",result="fail",service="weather-agent",'
+            'service_version="2.0"} 30.0') in metrics
 
     if CHROMIUM is not None:
         from playwright.sync_api import sync_playwright

@@ -106,6 +106,8 @@ class ScoredEvent:
     cost_usd: float | None
     input_tokens: int
     output_tokens: int
+    weight: float = 1.0  # 1 / the probability the conversation had of being scored on this metric
+    service_version: str | None = None  # its service.version attribute, if recorded
 
 
 def metric_config(config: StageConfig, metric: str, examples: Sequence[CalibrationExample] = ()) -> str:
@@ -153,6 +155,12 @@ def _probability(inclusion: str | None, metric: str) -> float | None:
     versions assembled before it was recorded: they count with weight 1)."""
     value = json.loads(inclusion).get(metric) if inclusion else None
     return float(value) if isinstance(value, int | float) else None
+
+
+def _service_version(attributes: str | None) -> str | None:
+    """The conversation's service.version attribute (the first, when its spans hold several)."""
+    values = json.loads(attributes).get("service.version") if attributes else None
+    return str(values[0]) if isinstance(values, list) and values else None
 
 
 def _versions(jobs: list[tuple[Any, ...]]) -> pa.Table:
@@ -398,7 +406,8 @@ class ScoringStage:
             if self.on_measured is not None:
                 self.on_measured(metric_id, latency_ms / 1000, type(error).__name__ if error else None)
             if error is None:
-                self._scored(conversation_id, version, metric_id, metric, case[1], case[2])
+                self._scored(conversation_id, version, metric_id, metric, case[1], case[2],
+                             _probability(case[4], metric_id), _service_version(case[5]))
             else:
                 await self._job_failed(job_id, metric_id, attempts, error, None, None)
 
@@ -422,9 +431,10 @@ class ScoringStage:
         return [((r[0], r[1]), r[2]) for r in self._stored(keys, "strlen(c.test_case::VARCHAR)")]
 
     def _cases_of(self, keys: pa.Table) -> dict[tuple[str, int], tuple[Any, ...]]:
-        """(conversation, version) -> (test case JSON, service, agent, last span ns, inclusion JSON), for the
-        versions still stored."""
-        rows = self._stored(keys, "c.test_case, c.service_name, c.agent_name, c.last_span_ns, c.inclusion")
+        """(conversation, version) -> (test case JSON, service, agent, last span ns, inclusion JSON, attributes
+        JSON), for the versions still stored."""
+        rows = self._stored(keys, "c.test_case, c.service_name, c.agent_name, c.last_span_ns, c.inclusion, "
+                                  "c.attributes")
         return {(r[0], r[1]): tuple(r[2:]) for r in rows}
 
     def _stored(self, keys: pa.Table, columns: str) -> list[tuple[Any, ...]]:
@@ -511,19 +521,20 @@ class ScoringStage:
                        attempts: int) -> None:
         """Measure one leased job; the score is keyed by the current settings' config hash (score --pending
         re-scores old jobs with today's settings)."""
-        rows = await self._sql("SELECT test_case, service_name, agent_name, last_span_ns, inclusion FROM "
-                               "conversations WHERE conversation_id = ? AND version = ?", [conversation_id, version])
+        rows = await self._sql("SELECT test_case, service_name, agent_name, last_span_ns, inclusion, attributes "
+                               "FROM conversations WHERE conversation_id = ? AND version = ?",
+                               [conversation_id, version])
         template = self.metrics.get(metric_id)
         if not rows or template is None:
             reason = "the conversation version is gone" if not rows else self.unavailable.get(metric_id, "unknown")
             await self._sql("UPDATE eval_jobs SET status = ?, lease_until = NULL, last_error = ?, updated_at = now() "
                             "WHERE job_id = ?", ["failed" if not rows else "waiting_for_judge", reason, job_id])
             return
-        test_case_json, service, agent, last_ns, inclusion = rows[0]
-        probability = _probability(inclusion, metric_id)
+        test_case_json, service, agent, last_ns, inclusion, attributes = rows[0]
+        probability, service_version = _probability(inclusion, metric_id), _service_version(attributes)
         digest = await asyncio.to_thread(content_digest, test_case_json) if metric_id in JUDGED else None
         if digest is not None and await self._reuse(job_id, conversation_id, version, metric_id, digest,
-                                                    service, agent, last_ns, probability):
+                                                    service, agent, last_ns, probability, service_version):
             return
         metric = template.copy()
         started = time.perf_counter()
@@ -545,19 +556,20 @@ class ScoringStage:
                 outage.succeeded()
             await self._write_score(job_id, conversation_id, version, metric_id, metric, service, agent,
                                     last_ns, latency_ms, digest, probability)
-            self._scored(conversation_id, version, metric_id, metric, service, agent)
+            self._scored(conversation_id, version, metric_id, metric, service, agent, probability, service_version)
             return
         await self._job_failed(job_id, metric_id, attempts, error, outage, given_back)
 
     def _scored(self, conversation_id: str, version: int, metric_id: str, metric: BaseMetric, service: str | None,
-                agent: str | None) -> None:
+                agent: str | None, probability: float | None = None, service_version: str | None = None) -> None:
         """A score is committed: count it, tell the observers and log it."""
         self.processed += 1
         result = "n/a" if metric.score is None else "scored" if metric.success is None else (
             "pass" if metric.success else "fail")
         if self.on_scored is not None:
             self.on_scored(ScoredEvent(metric_id, service, agent, metric.score, result, metric.evaluation_cost,
-                                       metric.usage.input_tokens, metric.usage.output_tokens))
+                                       metric.usage.input_tokens, metric.usage.output_tokens,
+                                       1.0 / probability if probability else 1.0, service_version))
         self.log("info", "score written", conversation_id=conversation_id, version=version, metric=metric_id,
                  score=None if metric.score is None else round(metric.score, 4), result=result,
                  cost_usd=metric.evaluation_cost)
@@ -601,7 +613,7 @@ class ScoringStage:
 
     async def _reuse(self, job_id: int, conversation_id: str, version: int, metric_id: str, digest: str,
                      service: str | None, agent: str | None, last_ns: int | None,
-                     probability: float | None = None) -> bool:
+                     probability: float | None = None, service_version: str | None = None) -> bool:
         """Write the score of identical content measured before with the same metric config, if there is one:
         the judge is never asked twice about the same conversation (a new version, a replay)."""
         found = await self._sql(
@@ -627,7 +639,8 @@ class ScoringStage:
         result = "n/a" if score is None else "scored" if success is None else ("pass" if success else "fail")
         self.processed += 1
         if self.on_scored is not None:
-            self.on_scored(ScoredEvent(metric_id, service, agent, score, result, 0.0, 0, 0))
+            self.on_scored(ScoredEvent(metric_id, service, agent, score, result, 0.0, 0, 0,
+                                       1.0 / probability if probability else 1.0, service_version))
         self.log("info", "score reused", conversation_id=conversation_id, version=version, metric=metric_id,
                  from_conversation=source["conversation_id"], from_version=source["conversation_version"])
         return True
