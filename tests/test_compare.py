@@ -125,3 +125,26 @@ def test_compare_and_the_canary_gate_on_a_running_collector_and_its_file(collect
                          str(tmp_path / "t.duckdb"), "--format", "json", "--url", "http://127.0.0.1:9")
     assert offline.returncode == 0, offline.stderr
     assert json.loads(offline.stdout)["metrics"][0]["pass_rate_difference"]["value"] == pytest.approx(-0.4)
+
+
+def test_compare_reads_several_replicas_files_as_one_history(tmp_path) -> None:
+    """Replicas each holding one version's traffic (conversations routed to one replica each, as the README asks):
+    `--db` twice compares across them, and the gate decides across them too."""
+    files = []
+    for version in ("1.0", "2.0"):
+        folder = tmp_path / version
+        folder.mkdir()
+        cfg = config(folder, 'metrics = ["mcp_call_validity"]\n')
+        with CollectorProcess(folder / "t.duckdb", config=cfg) as running:
+            export(running, traffic(version, *VERSIONS[version]))
+            wait_for(running, "SELECT 1 FROM latest_scores", VERSIONS[version][0], timeout=120)
+            running.stop()
+        files += ["--db", str(folder / "t.duckdb")]
+    done = tracejudge("compare", "service.version=1.0", "service.version=2.0", *files, "--format", "json")
+    assert done.returncode == 0, done.stderr
+    [validity] = json.loads(done.stdout)["metrics"]
+    assert (validity["a"]["pass_rate"]["n"], validity["b"]["pass_rate"]["n"]) == (60, 60)
+    assert validity["pass_rate_difference"]["value"] == pytest.approx(-0.4)
+    gate = tracejudge("compare", "--baseline", "service.version=1.0", "--candidate", "service.version=2.0",
+                      "--fail-if-worse", "mcp_call_validity:0.05", *files)
+    assert gate.returncode == 1 and gate.stdout.startswith("FAIL"), gate.stdout + gate.stderr
