@@ -128,6 +128,14 @@ def test_two_replicas_publish_concurrently_without_loss_or_duplicates(tmp_path: 
     assert done.returncode == 0, done.stderr
     assert "replicas: replica-a, replica-b" in report.read_text() and "Failed jobs are kept" in report.read_text()
 
+    compared = _cli("compare", "service=replica-a-agent", "service=replica-b-agent", "--lake", "--config",
+                    str(tmp_path / "replica-a.toml"), "--format", "json")  # cohorts over the lake (issue 39)
+    assert compared.returncode == 0, compared.stderr
+    metrics = {m["metric"]: m for m in json.loads(compared.stdout)["metrics"]}
+    assert set(metrics) == {"mcp_use", "mcp_task_completion", "mcp_call_validity"}
+    assert {m["a"]["scored"] for m in metrics.values()} == {m["b"]["scored"] for m in metrics.values()} == {
+        CONVERSATIONS}
+
     union = _cli("query", "--db", str(tmp_path / "replica-a.duckdb"), "--db", str(tmp_path / "replica-b.duckdb"),
                  "--format", "json", "SELECT replica, count(*) FROM latest_scores GROUP BY 1 ORDER BY 1")
     assert union.returncode == 0, union.stderr
