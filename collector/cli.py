@@ -187,6 +187,48 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--timeout", type=float, default=30.0, help="seconds before the query is stopped")
     query.set_defaults(command_module="query")
 
+    simulate = sub.add_parser(
+        "simulate",
+        help="drive goldens through an agent (a scripted or simulated user) and store them as a cohort",
+        description=textwrap.fill(
+            "Run goldens against an agent: each golden's user turns are replayed (scripted), or a model plays the "
+            "user from its scenario until the expected outcome is reached or --max-turns. The conversations are "
+            "scored with the configured metrics and written to --out as the cohort tracejudge.cohort=NAME, which "
+            "`tracejudge compare` reads (with --db repeated, next to production's file). With --traced, the "
+            "agent's own OpenTelemetry spans (a TracerProvider set up when its module is imported) give each "
+            "conversation's MCP calls, as in production.", 100),
+        epilog="example:\n  tracejudge simulate --from-history 7d --history-db prod.duckdb --scripted --agent "
+        "my_agent:reply --traced --cohort v1.4.2 \\\n      --fail-if-worse mcp_task_completion:0.02 --baseline "
+        "'service.version=1.4.1' --baseline-db prod.duckdb",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    simulate.add_argument("--agent", required=True, metavar="MODULE:CALLABLE", help="the model_callback: "
+                          "(input, turns=, thread_id=) -> reply text or Turn, sync or async")
+    simulate.add_argument("--goldens", metavar="FILE", help="goldens as JSON (a list) or CSV, DeepEval's format")
+    simulate.add_argument("--from-history", metavar="SINCE", help="goldens from a history file's conversations of "
+                          "the last SINCE (7d): failing ones, or all with --all")
+    simulate.add_argument("--history-db", default="tracejudge.duckdb", help="the history file for --from-history")
+    simulate.add_argument("--all", action="store_true", help="with --from-history: passing conversations too")
+    simulate.add_argument("--scripted", action="store_true", help="replay every golden's user turns (a "
+                          "production transcript's recorded replies are produced again by the agent)")
+    simulate.add_argument("--simulator-model", help="the model that plays the user (OPENAI_BASE_URL; default "
+                          "gpt-5.4)")
+    simulate.add_argument("--max-turns", type=_positive, default=6, help="simulated user turns at most (default 6)")
+    simulate.add_argument("--traced", action="store_true", help="build each conversation from the agent's own "
+                          "OpenTelemetry spans")
+    simulate.add_argument("--metric", action="append", help="metric to score (repeat; default [scoring] metrics)")
+    simulate.add_argument("--cohort", default="candidate", help="cohort name (tracejudge.cohort=NAME)")
+    simulate.add_argument("--out", default="simulations.duckdb", help="history file the cohort is written to")
+    simulate.add_argument("--concurrency", type=_positive, default=5, help="conversations at once")
+    simulate.add_argument("--fail-if-worse", metavar="METRIC:MARGIN", help="then gate against --baseline")
+    simulate.add_argument("--baseline", default="tracejudge.cohort=baseline", metavar="COHORT",
+                          help="the gate's baseline cohort (default tracejudge.cohort=baseline)")
+    simulate.add_argument("--baseline-db", action="append", metavar="FILE", help="more history files the baseline "
+                          "is in (production's)")
+    simulate.add_argument("--confidence", type=float, default=0.95)
+    simulate.add_argument("--config", metavar="FILE", help="config file ([scoring] metrics and judge)")
+    simulate.set_defaults(command_module="simulate")
+
     compare = sub.add_parser(
         "compare",
         help="compare two cohorts of conversations, or gate a canary",

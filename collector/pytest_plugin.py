@@ -9,7 +9,6 @@ metric result a score row. Without the option the plugin does nothing. With pyte
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -113,35 +112,11 @@ class Recorder:
             terminalreporter.write_line(self.outcome)
 
     def _write(self) -> None:
-        import duckdb
+        from tracejudge.collector.store.results_file import ScoredCase, write_results
 
-        from tracejudge.collector.store.schema import migrate
-
-        now = dt.datetime.now(dt.UTC)
         seen: dict[str, int] = {}
-        with duckdb.connect(str(self.path)) as con:
-            migrate(con)
-            con.execute("BEGIN TRANSACTION")
-            for test, case, result in self.results:
-                seen[test] = seen.get(test, 0) + 1
-                cid = f"ci:{self.run}:{test}#{seen[test]}"
-                text = case.model_dump_json(exclude_none=True)
-                calls = sum(len(t.mcp_tools_called or []) + len(t.mcp_resources_called or [])
-                            + len(t.mcp_prompts_called or []) for t in case.turns)
-                con.execute("INSERT INTO conversations (conversation_id, version, content_hash, status, service_name, "
-                            "agent_name, turns, mcp_calls, trace_ids, test_case, assembled_at) VALUES "
-                            "(?, 1, ?, 'complete', 'ci', ?, ?, ?, [], ?, ?)",
-                            [cid, hashlib.sha256(text.encode()).hexdigest(), test, len(case.turns), calls, text, now])
-                for position, m in enumerate(result.metrics):  # the same metric twice keeps both rows
-                    con.execute("INSERT INTO scores (conversation_id, conversation_version, metric, metric_config, "
-                                "score, success, threshold, strict_mode, reason, judge_model, evaluation_cost, "
-                                "input_tokens, output_tokens, breakdown, error, service_name, agent_name, scored_at) "
-                                "VALUES (?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'ci', ?, ?)",
-                                [cid, m.metric, f"ci:{position}", m.score, m.success, m.threshold, m.strict_mode,
-                                 m.reason, m.evaluation_model, m.evaluation_cost, m.input_tokens, m.output_tokens,
-                                 _json(m.score_breakdown), m.error, test, now])
-            con.execute("COMMIT")
-
-
-def _json(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, default=str)
+        scored = []
+        for test, case, result in self.results:
+            seen[test] = seen.get(test, 0) + 1
+            scored.append(ScoredCase(f"ci:{self.run}:{test}#{seen[test]}", test, case, result))
+        write_results(self.path, scored, "ci", "ci")
