@@ -96,8 +96,9 @@ class AdminServer:
         self.ui = WebUI(self._cursor, self._queries, query_token, self.summaries, budget_usd=budget_usd,
                         trace_url=trace_url, reviewers=self._reviewers)
         self.ui.register(self.app)
-        self._agreement = AgreementCache()  # the API and the Agreement page share it
-        ReviewPages(self.ui, review_rules or ReviewSettings(), self._agreement).register(self.app)
+        self._agreement_cache = AgreementCache()  # the API and the Agreement page share it
+        self.review_pages = ReviewPages(self.ui, review_rules or ReviewSettings(), self._agreement_cache)
+        self.review_pages.register(self.app)
         ComparePage(self.ui, self._saved_cohorts).register(self.app)
         self._site: GuardedSite | None = None
         self._limits = (max_connections, header_timeout_s)
@@ -171,6 +172,7 @@ class AdminServer:
                 result = canary(self._cursor(), parse_cohort(w.baseline, self._saved_cohorts),
                                 parse_cohort(w.candidate, self._saved_cohorts), w.metric, w.margin, 1 - w.confidence)
             except (CohortError, duckdb.Error):
+                self.metrics.canary.labels(*labels).set(states["undecided"])  # never a stale regression
                 continue
             self.metrics.canary.labels(*labels).set(states[result["outcome"]])
             if result["difference"] is not None:
@@ -277,6 +279,7 @@ class AdminServer:
             review = ReviewIn.model_validate(await request.json())
         except ValueError as exc:
             return _error(400, f"send JSON {REVIEW_SHAPE}: {str(exc)[:300]}")
+        await self.review_pages.refreshed()  # the queue has taken what was scored since: the review's weight
         try:
             stored = await asyncio.get_running_loop().run_in_executor(
                 self._queries, lambda: record_review(self._cursor(), review, reviewer))
@@ -291,7 +294,7 @@ class AdminServer:
         if not bearer_matches(header, self._query_token) and self._reviewer(request) is None:
             return _error(401, "missing or wrong bearer token (TRACEJUDGE_QUERY_TOKEN or a reviewer's)")
         report = await asyncio.get_running_loop().run_in_executor(
-            self._queries, lambda: self._agreement.report(self._cursor()))
+            self._queries, lambda: self._agreement_cache.report(self._cursor()))
         return web.Response(text=json.dumps({"agreement": report}), content_type="application/json")
 
     async def _compare(self, request: web.Request) -> web.Response:
@@ -313,6 +316,8 @@ class AdminServer:
                 else compare(self._cursor(), a, b))
         except _Busy:
             return _error(429, "too many queries and reports are running; retry shortly")
+        except CohortError as exc:
+            return _error(400, str(exc))
         except duckdb.Error as exc:
             return _error(400, f"cannot compare: {exc}")
         return web.Response(text=json.dumps(result, default=str), content_type="application/json")

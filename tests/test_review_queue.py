@@ -105,6 +105,9 @@ def test_the_queue_reads_forward_and_serves_each_reviewer_what_they_have_not_rev
     second = queue.next_item(con, "alice", rules)
     assert second is not None and second.conversation_id != first.conversation_id
     assert queue.next_item(con, "bob", rules).conversation_id == first.conversation_id
+    # skipping moves on, however many were skipped in a row
+    assert queue.next_item(con, "bob", rules, [first.conversation_id]).conversation_id == second.conversation_id
+    assert queue.next_item(con, "bob", rules, [first.conversation_id, second.conversation_id]) is None
     # a newer version of a conversation leaves its older version's item behind
     _score(con, second.conversation_id, "mcp_use", True, version=2)
     queue.refresh(con, rules)

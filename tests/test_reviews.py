@@ -34,13 +34,13 @@ def test_two_reviewers_and_the_agreement_their_verdicts_imply(tmp_path) -> None:
         verdicts = [(ALICE, "conv-a", "agree"), (ALICE, "conv-b", "disagree"), (BOB, "conv-a", "agree"),
                     (BOB, "conv-b", "agree")]
         for token, conversation, verdict in verdicts:
-            reply = review(token, conversation, verdict, queue_rule="random", sampling_probability=0.5)
+            reply = review(token, conversation, verdict)
             assert reply.status_code == 201, reply.text
             assert reply.json()["reviewer"] == ("alice" if token == ALICE else "bob")
 
         judge = [scores[c] for _, c, _ in verdicts]
         human = [scores[c] if v == "agree" else not scores[c] for _, c, v in verdicts]
-        expected = agreement(judge, human, [0.5] * 4, resamples=0)
+        expected = agreement(judge, human, resamples=0)  # not queued: manual reviews, equal weights
         assert expected.kappa.value == pytest.approx(0.5) and expected.accuracy.value == pytest.approx(0.75)
 
         reply = httpx.get(f"{collector.admin_url}/api/agreement", headers={"Authorization": f"Bearer {BOB}"},

@@ -56,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _from_files(args: argparse.Namespace, params: dict[str, Any]) -> dict[str, Any] | None:
+    import duckdb
+
     from tracejudge.collector.commands.history_files import history  # DuckDB: only when no collector answered
     from tracejudge.collector.config import ConfigError, load_settings
     from tracejudge.collector.history.compare import CohortError, canary, compare, parse_cohort
@@ -76,6 +78,10 @@ def _from_files(args: argparse.Namespace, params: dict[str, Any]) -> dict[str, A
         return compare(con, a, b)
     except CohortError as exc:
         print(f"tracejudge compare: {exc}", file=sys.stderr)
+        return None
+    except duckdb.Error as exc:
+        print(f"tracejudge compare: cannot compare on this history ({exc}); a file written by an older collector "
+              "is brought up to date by starting this version's collector on it once", file=sys.stderr)
         return None
     finally:
         con.close()

@@ -8,15 +8,16 @@ failures alone would overstate how often the judge fails).
 - AUC: the weighted chance that a conversation people passed has a higher judge score than one they failed;
 - per task and per call: kappa and accuracy over the labelled tasks or calls, each weighted as its review;
 - between reviewers: kappa between the first two reviewers of an item.
-Interval: the percentile bootstrap, resampling reviewed items (a review's tasks and calls go with it), so the
-intervals hold the dependence between the parts of one conversation (`bench/agreement.py` checks coverage and bias
-of the kappa estimator by simulation). Pure: numbers in, numbers out.
+Interval: the percentile bootstrap, resampling reviewed conversations (a conversation's reviews, tasks and calls
+go with it), so the intervals hold the dependence between the reviews and parts of one conversation
+(`bench/agreement.py --all-figures` checks every figure's coverage and bias by simulation). Pure: numbers in,
+numbers out.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -55,6 +56,7 @@ class ReviewedItem:
     tasks: tuple[tuple[bool, bool], ...] = ()
     calls: tuple[tuple[bool, bool], ...] = ()
     second_human_pass: bool | None = None
+    cluster: Hashable | None = None  # the reviewed conversation version: its reviews are resampled together
     weight: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -176,26 +178,37 @@ def _auc(items: Sequence[ReviewedItem]) -> float | None:
 
 def full_agreement(items: Sequence[ReviewedItem], *, resamples: int = DEFAULT_RESAMPLES, level: float = 0.95,
                    seed: int = 0) -> FullAgreement:
-    """Every figure of one group of reviews (see the module docstring for the estimators)."""
+    """Every figure of one group of reviews (see the module docstring for the estimators). The bootstrap resamples
+    reviewed conversations (`cluster`), so two reviews of one conversation never count as independent evidence."""
     kw = {"resamples": resamples, "level": level, "seed": seed}
-    items = list(items)
-    pairs = [(i.judge_pass, i.human_pass, i.weight) for i in items]
-    with_tasks = [i for i in items if i.tasks]
-    with_calls = [i for i in items if i.calls]
-    paired = [(i.human_pass, i.second_human_pass, i.weight) for i in items if i.second_human_pass is not None]
+    groups: dict[Hashable, list[ReviewedItem]] = {}
+    for position, item in enumerate(items):
+        groups.setdefault(item.cluster if item.cluster is not None else ("review", position), []).append(item)
+    clusters = list(groups.values())
 
-    def parts(which: str, k: int) -> Callable[[Sequence[ReviewedItem]], float | None]:
-        return lambda s: _kappa_and_accuracy(_parts(s, which))[k]
+    def over(statistic: Callable[[list[ReviewedItem]], float | None]) -> Callable[[Sequence[list[ReviewedItem]]],
+                                                                               float | None]:
+        return lambda drawn: statistic([i for cluster in drawn for i in cluster])
 
+    def pairs(which: str, k: int) -> Callable[[list[ReviewedItem]], float | None]:
+        return lambda flat: _kappa_and_accuracy(
+            [(i.judge_pass, i.human_pass, i.weight) for i in flat] if which == "verdicts" else
+            [(i.human_pass, i.second_human_pass, i.weight) for i in flat if i.second_human_pass is not None]
+            if which == "reviewers" else _parts(flat, which))[k]
+
+    def figure(statistic: Callable[[list[ReviewedItem]], float | None], n: int) -> Estimate:
+        return bootstrap(clusters, over(statistic), n=n, **kw)
+
+    flat = list(items)
     return FullAgreement(
-        kappa=bootstrap(pairs, lambda s: _kappa_and_accuracy(s)[0], **kw),
-        accuracy=bootstrap(pairs, lambda s: _kappa_and_accuracy(s)[1], **kw),
-        mean_abs_diff=bootstrap(items, _mean_abs_diff, n=sum(
-            1 for i in items if i.judge_score is not None and i.human_score is not None), **kw),
-        auc=bootstrap(items, _auc, n=sum(1 for i in items if i.judge_score is not None), **kw),
-        task_kappa=bootstrap(with_tasks, parts("tasks", 0), n=len(_parts(with_tasks, "tasks")), **kw),
-        task_accuracy=bootstrap(with_tasks, parts("tasks", 1), n=len(_parts(with_tasks, "tasks")), **kw),
-        call_kappa=bootstrap(with_calls, parts("calls", 0), n=len(_parts(with_calls, "calls")), **kw),
-        call_accuracy=bootstrap(with_calls, parts("calls", 1), n=len(_parts(with_calls, "calls")), **kw),
-        reviewer_kappa=bootstrap(paired, lambda s: _kappa_and_accuracy(s)[0], **kw),  # type: ignore[arg-type]
+        kappa=figure(pairs("verdicts", 0), len(flat)),
+        accuracy=figure(pairs("verdicts", 1), len(flat)),
+        mean_abs_diff=figure(_mean_abs_diff, sum(1 for i in flat
+                                                 if i.judge_score is not None and i.human_score is not None)),
+        auc=figure(_auc, sum(1 for i in flat if i.judge_score is not None)),
+        task_kappa=figure(pairs("tasks", 0), len(_parts(flat, "tasks"))),
+        task_accuracy=figure(pairs("tasks", 1), len(_parts(flat, "tasks"))),
+        call_kappa=figure(pairs("calls", 0), len(_parts(flat, "calls"))),
+        call_accuracy=figure(pairs("calls", 1), len(_parts(flat, "calls"))),
+        reviewer_kappa=figure(pairs("reviewers", 0), sum(1 for i in flat if i.second_human_pass is not None)),
     )

@@ -28,9 +28,11 @@ from tracejudge.collector.history.cohort_stats import (
     rate_p_value,
     wilson,
 )
+from tracejudge.metric_ids import METRIC_IDS
 
 KEY = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
 EXAMPLES = 5
+MAX_TOOLS = 50  # the busiest tools shown (and adjusted for): past that a page is no longer read
 
 
 class CohortError(ValueError):
@@ -80,13 +82,16 @@ def parse_cohort(spec: str, saved: dict[str, str] | None = None, _depth: int = 0
             raise CohortError(f"cannot read the cohort term {term[:80]!r}: write KEY=VALUE terms separated by commas, "
                               f"e.g. 'service.version=1.4.2,since=24h' (keys: service, agent, since, until, or an "
                               f"attribute recorded per conversation){known}")
+        if key in found or key in found["attributes"]:
+            raise CohortError(f"the cohort names {key} twice: one value per key (a cohort's terms all hold)")
         if key in ("service", "agent"):
             found[key] = value
         elif key in ("since", "until"):
             try:
                 found[key] = _instant(value)
-            except DurationError as exc:
-                raise CohortError(f"{key}={value}: {exc}") from exc
+            except (DurationError, ValueError, OverflowError) as exc:
+                raise CohortError(f"{key}={value}: write a duration like 24h or 7d, or a date like 2026-12-01 "
+                                  f"({exc})") from exc
         else:
             found["attributes"][key] = value
     return Cohort(spec.strip(), **found)
@@ -113,11 +118,18 @@ def _instant(value: str) -> dt.datetime:
 def _cohort_table(con: duckdb.DuckDBPyConnection, name: str, cohort: Cohort) -> int:
     """A temporary table of the cohort's conversations (latest versions); how many."""
     where, params = cohort.where()
+    for key in cohort.attributes:  # a key no conversation records makes an empty cohort: say so instead
+        [(recorded,)] = con.execute("SELECT count(*) FROM (SELECT 1 FROM conversations WHERE "
+                                    "json_exists(attributes, ?) LIMIT 1)", [f'$."{key}"']).fetchall()
+        if not recorded:
+            raise CohortError(f"no conversation records the attribute {key!r}: add it to [cohorts] attributes "
+                              "(conversations assembled from then on record it), or use service= or agent=")
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE {name} AS
-        SELECT c.conversation_id, c.version, c.first_span_ns, c.last_span_ns FROM conversations c
-        WHERE {where}
-        QUALIFY row_number() OVER (PARTITION BY c.conversation_id ORDER BY c.version DESC) = 1""", params)
+        SELECT c.conversation_id, c.version, c.first_span_ns, c.last_span_ns
+        FROM (SELECT * FROM conversations
+              QUALIFY row_number() OVER (PARTITION BY conversation_id ORDER BY version DESC) = 1) c
+        WHERE {where}""", params)
     [(n,)] = con.execute(f"SELECT count(*) FROM {name}").fetchall()
     return n
 
@@ -236,8 +248,9 @@ def compare(con: duckdb.DuckDBPyConnection, a: Cohort, b: Cohort, level: float =
         })
     tools_a, tools_b = _tools(con, "cohort_a"), _tools(con, "cohort_b")
     tools = []
-    for key in sorted(set(tools_a) | set(tools_b), key=lambda k: -(tools_a.get(k, {}).get("calls", 0)
-                                                                  + tools_b.get(k, {}).get("calls", 0))):
+    shown = sorted(set(tools_a) | set(tools_b), key=lambda k: -(tools_a.get(k, {}).get("calls", 0)
+                                                               + tools_b.get(k, {}).get("calls", 0)))[:MAX_TOOLS]
+    for key in shown:
         ta, tb = tools_a.get(key, {}), tools_b.get(key, {})
         row: dict[str, Any] = {"server": key[0], "kind": key[1], "name": key[2], "a": {}, "b": {}}
         for side, t in (("a", ta), ("b", tb)):
@@ -263,7 +276,7 @@ def compare(con: duckdb.DuckDBPyConnection, a: Cohort, b: Cohort, level: float =
         m["examples"] = _worst_tool_examples(con, m["metric"], tools)
     return {"a": {"cohort": a.spec, **_per_conversation(con, "cohort_a")},
             "b": {"cohort": b.spec, **_per_conversation(con, "cohort_b")},
-            "conversations": {"a": n_a, "b": n_b}, "level": level, "metrics": metrics, "tools": tools[:50],
+            "conversations": {"a": n_a, "b": n_b}, "level": level, "metrics": metrics, "tools": tools,
             "multiple_comparisons": "Holm step-down over every p-value shown (metrics and tools)"}
 
 
@@ -287,6 +300,10 @@ def _worst_tool_examples(con: duckdb.DuckDBPyConnection, metric: str, tools: lis
 def canary(con: duckdb.DuckDBPyConnection, baseline: Cohort, candidate: Cohort, metric: str, margin: float,
            alpha: float = 0.05) -> dict[str, Any]:
     """The canary gate on one metric's pass rate (see cohort_stats.gate)."""
+    if metric not in METRIC_IDS:
+        raise CohortError(f"the gate needs a metric of {', '.join(METRIC_IDS)}, not {metric!r}")
+    if not (0 < margin < 1 and 0 < alpha <= 0.5):
+        raise CohortError("the gate takes a margin between 0 and 1 and a confidence in [0.5, 1)")
     _cohort_table(con, "cohort_a", baseline)
     _cohort_table(con, "cohort_b", candidate)
     a, b = _metrics(con, "cohort_a").get(metric, {}), _metrics(con, "cohort_b").get(metric, {})

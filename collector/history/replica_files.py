@@ -11,7 +11,7 @@ from pathlib import Path
 
 import duckdb
 
-from tracejudge.collector.store.schema import history_views, mcp_calls_view
+from tracejudge.collector.store.schema import history_views, mcp_calls_view, union_view
 from tracejudge.collector.store.span_store import lock_down
 from tracejudge.errors import TracejudgeError
 
@@ -55,7 +55,7 @@ def open_replica_files(paths: list[Path]) -> duckdb.DuckDBPyConnection:
         union = " UNION ALL BY NAME ".join(f"SELECT '{alias}' AS replica, * FROM \"{alias}\".{table}"
                                            for alias in aliases)
         try:
-            con.execute(f"CREATE TEMP VIEW {table} AS {union}")
+            union_view(con, table, union)
         except duckdb.CatalogException as exc:
             con.close()
             raise ReplicaFileError(f"a file has no {table} table, so it is not a tracejudge database: {exc}") \

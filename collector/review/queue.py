@@ -139,15 +139,15 @@ _WAITING = """
 
 
 def next_item(con: duckdb.DuckDBPyConnection, reviewer: str, rules: ReviewSettings,
-              skip: str | None = None) -> QueueItem | None:
+              skip: list[str] | None = None) -> QueueItem | None:
     """The next item for this reviewer: one they have not reviewed, still short of `reviews_per_item`; items
     others started first (so they reach their reviewers), then in a random order fixed by the conversation id, so
     the items reviewed of a long queue are a random part of it and the sampling weights stay right."""
     row = con.execute(f"""
         SELECT conversation_id, conversation_version, queue_rule, sampling_probability, reviews FROM ({_WAITING}) w
-        WHERE NOT mine AND reviews < ? AND conversation_id IS DISTINCT FROM ?
+        WHERE NOT mine AND reviews < ? AND NOT list_contains(?, conversation_id)
         ORDER BY reviews DESC, md5(conversation_id), conversation_id LIMIT 1""",
-                      [reviewer, rules.reviews_per_item, skip]).fetchone()
+                      [reviewer, rules.reviews_per_item, skip or []]).fetchone()
     return QueueItem(*row) if row is not None else None
 
 

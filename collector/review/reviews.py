@@ -15,10 +15,11 @@ import duckdb
 from pydantic import BaseModel, ConfigDict, Field
 
 from tracejudge.collector.history.agreement import FullAgreement, ReviewedItem, full_agreement
+from tracejudge.collector.review.queue import queue_item
 
 REVIEWER_NAME = re.compile(r"[A-Za-z0-9_.@-]{1,64}")  # recorded with each review and carried in a cookie
 REVIEW_SHAPE = ('{"conversation_id": "...", "metric": "mcp_use", "verdict": "agree" | "disagree", '
-                '"human_score": 0.4, "note": "...", "queue_rule": "failing", "sampling_probability": 1}')
+                '"human_score": 0.4, "note": "...", "tasks": [{"index": 0, "verdict": "disagree"}]}')
 
 
 class ReviewError(ValueError):
@@ -79,8 +80,6 @@ class ReviewIn(BaseModel):
     verdict: Literal["agree", "disagree"]
     human_score: float | None = Field(None, ge=0, le=1)
     note: str | None = Field(None, max_length=8192)
-    queue_rule: str = Field("manual", min_length=1, max_length=64)
-    sampling_probability: float = Field(1.0, gt=0, le=1, description="the chance the queue rule chose this item")
     tasks: list[PartLabel] = Field([], max_length=1000, description="per-task verdicts, where the metric decides per "
                                    "task (unlisted tasks: not reviewed)")
     calls: list[PartLabel] = Field([], max_length=1000, description="per-call verdicts (call validity)")
@@ -109,25 +108,31 @@ def record_review(con: duckdb.DuckDBPyConnection, review: ReviewIn, reviewer: st
                             [review.conversation_id]).fetchone()
         version = found[0] if found else None
     scored = con.execute(
-        "SELECT metric_config, score, success, judge_model, breakdown, threshold FROM scores "
+        "SELECT metric_config, score, success, judge_model, breakdown, threshold, inclusion_probability FROM scores "
         "WHERE conversation_id = ? AND conversation_version = ? AND metric = ? ORDER BY scored_at DESC LIMIT 1",
         [review.conversation_id, version, review.metric]).fetchall() if version is not None else []
     if not scored:
         raise ReviewError(f"no {review.metric} score of conversation {review.conversation_id!r}"
                           f"{f' version {version}' if version else ''}; review a scored conversation")
-    config, score, success, judge_model, breakdown, threshold = scored[0]
+    config, score, success, judge_model, breakdown, threshold, inclusion = scored[0]
     if success is None:
         raise ReviewError(f"this {review.metric} score has no pass/fail (not applicable, or no threshold) to agree "
                           "or disagree with")
     human_pass = success if review.verdict == "agree" else not success
     labels = _part_labels(review, judged_parts(json.loads(breakdown or "{}"), threshold))
+    # weighed as it was chosen, never as a client says: by the queue (else a manual review, 1), times the chance the
+    # conversation had of being scored at all ([sampling] rate and rules)
+    entry = queue_item(con, review.conversation_id)
+    rule, probability = (entry.queue_rule, entry.sampling_probability) \
+        if entry is not None and entry.conversation_version == version else ("manual", 1.0)
+    probability *= inclusion if inclusion else 1.0
     review_id = uuid.uuid4().hex
     con.execute("INSERT INTO reviews VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [
         review_id, review.conversation_id, version, review.metric, config, reviewer, review.verdict, human_pass,
-        review.human_score, review.note, review.queue_rule, review.sampling_probability, score, success,
+        review.human_score, review.note, rule, probability, score, success,
         judge_model, datetime.now(UTC), json.dumps(labels) if labels else None])
     return {"review_id": review_id, "conversation_version": version, "judge_success": success,
-            "human_pass": human_pass}
+            "human_pass": human_pass, "queue_rule": rule, "sampling_probability": probability}
 
 
 def _part_labels(review: ReviewIn, parts: list[JudgedPart]) -> dict[str, list[dict[str, Any]]]:
@@ -168,8 +173,8 @@ def agreement_report(con: duckdb.DuckDBPyConnection, resamples: int = 1000) -> l
                 first[key] = position
             elif reviews[first[key]][6] != r[6] and first[key] not in second:
                 second[first[key]] = r[4]
-        items = [ReviewedItem(r[3], r[4], r[5], r[7], r[8], *_label_pairs(r[9]), second.get(position))
-                 for position, r in enumerate(reviews)]
+        items = [ReviewedItem(r[3], r[4], r[5], r[7], r[8], *_label_pairs(r[9]), second.get(position),
+                              cluster=(r[10], r[11])) for position, r in enumerate(reviews)]
         figures = full_agreement(items, resamples=resamples)
         out.append({"metric": metric, "metric_config": config, "judge_model": model, "reviews": len(reviews),
                     "reviewers": len({r[6] for r in reviews}),

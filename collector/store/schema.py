@@ -517,6 +517,21 @@ MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
 }
 
 
+# columns later schemas added, which a file or lake written by an older collector lacks
+LATER_COLUMNS = {"scores": {"inclusion_probability": "DOUBLE"}, "conversations": {"attributes": "JSON",
+                                                                                   "inclusion": "JSON"}}
+
+
+def union_view(con: duckdb.DuckDBPyConnection, table: str, source_sql: str) -> None:
+    """TEMP VIEW `table` over `source_sql` (several replicas' files, the lake), with the columns later schemas
+    added as NULL where no source has them, so the same queries run over old and new histories."""
+    con.execute(f"CREATE OR REPLACE TEMP VIEW {table} AS {source_sql}")
+    present = {row[0] for row in con.execute(f"DESCRIBE {table}").fetchall()}
+    missing = [f"NULL::{kind} AS {name}" for name, kind in LATER_COLUMNS.get(table, {}).items() if name not in present]
+    if missing:
+        con.execute(f"CREATE OR REPLACE TEMP VIEW {table} AS SELECT *, {', '.join(missing)} FROM ({source_sql})")
+
+
 def migrate(con: duckdb.DuckDBPyConnection) -> int:
     """Bring the schema to SCHEMA_VERSION; returns the version found before."""
     con.execute("CREATE TABLE IF NOT EXISTS tracejudge_schema (version INTEGER NOT NULL, applied_at TIMESTAMPTZ)")

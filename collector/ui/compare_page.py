@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import duckdb
 from aiohttp import web
 
 from tracejudge.collector.history.compare import CohortError, compare, parse_cohort
@@ -28,5 +29,7 @@ class ComparePage:
                 result = await self.ui.data(lambda con: compare(con, *cohorts))
             except CohortError as exc:
                 error = str(exc)
+            except duckdb.Error as exc:
+                error = f"cannot compare on this history: {exc}"
         return self.ui.render(request, "compare.html", page="compare", a=a, b=b, result=result, error=error,
                               saved=self.saved, live=False)

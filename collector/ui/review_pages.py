@@ -31,6 +31,7 @@ from tracejudge.collector.ui import views
 from tracejudge.collector.ui.routes import WebUI
 
 MAX_FORM_BYTES = 256 * 1024  # a review form: notes of a few metrics and a checkbox per task or call
+MAX_SKIPPED = 50  # conversations a reviewer skipped in a row, carried in the next link
 
 
 class ReviewPages:
@@ -47,7 +48,7 @@ class ReviewPages:
         app.router.add_post("/review/rules", guard(self.edit_rules))
         app.router.add_get("/agreement", guard(self.agreement))
 
-    async def _refreshed(self) -> ReviewSettings:
+    async def refreshed(self) -> ReviewSettings:
         """The rules in force, after the queue has taken what was scored since it last looked."""
         async with self._refreshing:
             def work(con: duckdb.DuckDBPyConnection) -> ReviewSettings:
@@ -57,7 +58,7 @@ class ReviewPages:
             return await self.ui.data(work)
 
     async def queue_page(self, request: web.Request) -> web.StreamResponse:
-        rules = await self._refreshed()
+        rules = await self.refreshed()
         reviewer = self.ui.reviewer(request) or ""
         summary, edited = await self.ui.data(lambda con: (queue.summary(con, reviewer, rules),
                                                           queue.current_rules(con, self.configured)[1]))
@@ -67,11 +68,15 @@ class ReviewPages:
 
     async def next_item(self, request: web.Request) -> web.StreamResponse:
         reviewer = self.ui.reviewer(request)
-        rules = await self._refreshed()
-        item = await self.ui.data(queue.next_item, reviewer or "", rules, request.query.get("skip"))
+        rules = await self.refreshed()
+        skipped = _skipped(request)
+        item = await self.ui.data(queue.next_item, reviewer or "", rules, skipped)
         if item is None:
-            raise web.HTTPSeeOther("/review?message=" + quote("Nothing is waiting for you in the queue."))
-        raise web.HTTPSeeOther(f"/review/items/{quote(item.conversation_id, safe='')}")
+            message = "Nothing else is waiting for you in the queue." if skipped else \
+                "Nothing is waiting for you in the queue."
+            raise web.HTTPSeeOther("/review?message=" + quote(message))
+        after = f"?skipped={quote(','.join(skipped))}" if skipped else ""
+        raise web.HTTPSeeOther(f"/review/items/{quote(item.conversation_id, safe='')}{after}")
 
     async def item(self, request: web.Request) -> web.StreamResponse:
         conversation_id = request.match_info["conversation_id"]
@@ -79,9 +84,12 @@ class ReviewPages:
         if c is None:
             return self.ui.render(request, "missing.html", conversation_id=conversation_id, page="review", status=404)
         entry = await self.ui.data(queue.queue_item, conversation_id)
+        if entry is None and not self.ui.allowed(request):  # a reviewer sees what the queue holds, nothing else
+            return self.ui.render(request, "missing.html", conversation_id=conversation_id, page="review", status=404)
         metrics = _reviewable(c.scores)
+        skip = ",".join([*_skipped(request), conversation_id][-MAX_SKIPPED:])
         return self.ui.render(request, "review_item.html", page="review", c=c, metrics=metrics, entry=entry,
-                              live=False, error=request.query.get("error", "")[:500])
+                              live=False, error=request.query.get("error", "")[:500], skip=skip)
 
     async def record(self, request: web.Request) -> web.StreamResponse:
         reviewer = self.ui.reviewer(request)
@@ -101,10 +109,6 @@ class ReviewPages:
             raise web.HTTPSeeOther(f"{item}?error={quote(str(exc)[:400])}") from exc
         if not reviews:
             raise web.HTTPSeeOther(f"{item}?error={quote('Choose agree or disagree for at least one metric.')}")
-        entry = await self.ui.data(queue.queue_item, conversation_id)
-        for review in reviews:  # weighted as the queue chose this version; else a manual review, weight 1
-            if entry is not None and entry.conversation_version == version:
-                review.queue_rule, review.sampling_probability = entry.queue_rule, entry.sampling_probability
         try:
             await self.ui.data(lambda con: [record_review(con, r, reviewer) for r in reviews])
         except ReviewError as exc:
@@ -139,6 +143,12 @@ class ReviewPages:
         return self.ui.render(request, "agreement.html", page="agreement", rows=rows, live=False)
 
 
+def _skipped(request: web.Request) -> list[str]:
+    """The conversations this reviewer skipped in a row (the skip link carries them), so skipping moves on."""
+    text = request.query.get("skipped", "") or request.query.get("skip", "")
+    return [part for part in text.split(",") if part][-MAX_SKIPPED:]
+
+
 def _reviewable(scores: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The latest score of each metric that has a pass/fail to agree with, with the tasks or calls it decided."""
     seen: set[str] = set()
@@ -161,8 +171,11 @@ def _reviews_from_form(conversation_id: str, version: int, form: Any) -> list[Re
     for metric in sorted(metrics):
         score = str(form.get(f"score.{metric}", "")).strip()
         labels: dict[str, list[PartLabel]] = {"task": [], "call": []}
-        for part in json.loads(str(form.get(f"parts.{metric}", "[]")))[:1000]:
-            kind, index = str(part).split(".", 1)
+        parts = json.loads(str(form.get(f"parts.{metric}", "[]")))
+        if not isinstance(parts, list):
+            raise ValueError(f"parts.{metric} must be a list of task or call keys")
+        for part in parts[:1000]:
+            kind, _, index = str(part).partition(".")
             if kind in labels:
                 wrong = f"wrong.{metric}.{kind}.{index}" in form
                 labels[kind].append(PartLabel(index=int(index), verdict="disagree" if wrong else "agree"))
