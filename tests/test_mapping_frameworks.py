@@ -132,4 +132,5 @@ def test_every_framework_fixture_is_checked() -> None:
     generators = {p.name.removeprefix("generate_").removesuffix(".py") for p in REAL.glob("generate_*.py")}
     # pydantic_ai_session: a whole MCP session, checked by tests/test_mapping_sessions.py
     checked = set(FRAMEWORKS) | NO_CONTENT
-    assert generators - {"openinference", "openllmetry", "pydantic_ai", "pydantic_ai_session"} <= checked
+    assert generators - {"openinference", "openllmetry", "pydantic_ai", "pydantic_ai_session",
+                         "simulated_pydantic_ai"} <= checked

@@ -9,8 +9,9 @@
   turns were simulated. Its calls are costed apart from any judge's (`simulation_cost`, and per test case in
   `metadata["simulation"]`).
 - Each conversation gets its own thread id, passed to the callback and, when OpenTelemetry is installed, set as the
-  baggage `gen_ai.conversation.id` around every callback call, so an instrumented agent's spans carry it
-  (`tracejudge.collector.simulation` builds the test cases from those spans).
+  baggage `gen_ai.conversation.id` and `tracejudge.simulation.thread_id` around every callback call, so an
+  instrumented agent's spans carry it (`tracejudge.collector.simulation` builds the test cases from those spans;
+  the second key survives a framework that puts its own conversation id in the baggage, as pydantic-ai does).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from tracejudge.simulator.template import ConversationSimulatorTemplate
 from tracejudge.test_case import ConversationalTestCase, Turn
 
 CONVERSATION_ID = "gen_ai.conversation.id"  # the baggage key (and span attribute) a simulated conversation carries
+THREAD_ID = "tracejudge.simulation.thread_id"  # the same, under a key no framework sets: it survives their own ids
 
 
 class SimulatedInput(BaseModel):
@@ -253,7 +255,8 @@ def _conversation_baggage(thread_id: str) -> Iterator[None]:
     except ImportError:
         yield
         return
-    token = context.attach(baggage.set_baggage(CONVERSATION_ID, thread_id))
+    token = context.attach(baggage.set_baggage(THREAD_ID, thread_id,
+                                               baggage.set_baggage(CONVERSATION_ID, thread_id)))
     try:
         yield
     finally:
