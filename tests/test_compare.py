@@ -19,6 +19,7 @@ import pytest
 from tests.support.collector_process import CollectorProcess
 from tests.test_pipeline import config, export, recorded, turn, wait_for
 from tests.test_web_ui import CHROMIUM
+from tracejudge.judges.pricing import known_price
 
 TOKEN = "compare-query-token"
 # version -> (conversations, how many of them have a failing MCP call)
@@ -29,6 +30,11 @@ def traffic(version: str, conversations: int, failing: int) -> list:
     def agent(tracer: Any) -> None:
         for i in range(conversations):
             failed = i < failing
+            with tracer.start_as_current_span("chat gpt-4o-mini", attributes={  # the agent's own model call
+                    "gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-4o-mini",
+                    "gen_ai.conversation.id": f"v{version}-{i}", "gen_ai.usage.input_tokens": 1000,
+                    "gen_ai.usage.output_tokens": 200}):
+                pass
             turn(tracer, f"v{version}-{i}", f"Forecast for city {i}?", "get_forecast", {"city": f"c{i}"},
                  "upstream timeout" if failed else "Sunny", "Sorry." if failed else "Sunny.", failed=failed, end=True)
     return recorded("weather-agent", agent, {"service.version": version})
@@ -59,6 +65,9 @@ def test_compare_and_the_canary_gate_on_a_running_collector_and_its_file(collect
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["conversations"] == {"a": 60, "b": 60}
+    # the agent's own tokens from its chat spans, priced at gpt-4o-mini's list price
+    assert (result["a"]["agent_input_tokens"], result["a"]["agent_output_tokens"]) == (1000, 200)
+    assert result["a"]["agent_cost_usd"] == pytest.approx(known_price("gpt-4o-mini").cost(1000, 200))
     [validity] = result["metrics"]
     assert validity["a"]["pass_rate"]["value"] == pytest.approx(0.9)
     assert validity["b"]["pass_rate"]["value"] == pytest.approx(0.5)

@@ -106,8 +106,14 @@ def _print_comparison(result: dict[str, Any], fmt: str) -> None:
         print(json.dumps(result, indent=2, default=str))
         return
     a, b = result["a"], result["b"]
-    print(f"A: {a['cohort']}  ({a['conversations']} conversations)\nB: {b['cohort']}  ({b['conversations']} "
-          f"conversations)\n")
+    for label, side in (("A", a), ("B", b)):
+        agent = ""
+        if side.get("agent_input_tokens") is not None:
+            cost = side.get("agent_cost_usd")
+            agent = (f"; agent {side['agent_input_tokens']:.0f} tokens in, {side['agent_output_tokens']:.0f} out, "
+                     f"{'cost unknown' if cost is None else f'${cost:.5f}'} per conversation")
+        print(f"{label}: {side['cohort']}  ({side['conversations']} conversations{agent})")
+    print()
     rows = [[m["metric"], _interval(m["a"]["pass_rate"]), m["a"]["pass_rate"]["n"], _interval(m["b"]["pass_rate"]),
              m["b"]["pass_rate"]["n"], _interval(m["pass_rate_difference"]),
              _p(m["pass_rate_difference"]["p_holm"]), _interval(m["mean_score_difference"], pct=False),

@@ -11,6 +11,7 @@ gen_ai.request.model, ...), or a saved name (`[cohorts] saved`). The queries rea
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,7 @@ from tracejudge.collector.history.cohort_stats import (
     rate_p_value,
     wilson,
 )
+from tracejudge.judges.pricing import known_price
 from tracejudge.metric_ids import METRIC_IDS
 
 KEY = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
@@ -126,7 +128,7 @@ def _cohort_table(con: duckdb.DuckDBPyConnection, name: str, cohort: Cohort) -> 
                               "(conversations assembled from then on record it), or use service= or agent=")
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE {name} AS
-        SELECT c.conversation_id, c.version, c.first_span_ns, c.last_span_ns
+        SELECT c.conversation_id, c.version, c.first_span_ns, c.last_span_ns, c.agent_usage
         FROM (SELECT * FROM conversations
               QUALIFY row_number() OVER (PARTITION BY conversation_id ORDER BY version DESC) = 1) c
         WHERE {where}""", params)
@@ -194,12 +196,30 @@ def _tools(con: duckdb.DuckDBPyConnection, name: str) -> dict[tuple[str, str, st
 
 
 def _per_conversation(con: duckdb.DuckDBPyConnection, name: str) -> dict[str, Any]:
+    """Time, the judge's cost and the agent's own tokens and cost per conversation (the agent's from its spans'
+    usage attributes, priced by the model's list price; a conversation with an unpriced model is left out of the
+    cost, and `agent_cost_conversations` says how many had one)."""
     [(n, duration, judge_cost)] = con.execute(f"""
         SELECT count(*), avg((k.last_span_ns - k.first_span_ns) / 1e9),
                sum((SELECT sum(s.evaluation_cost) FROM latest_scores s WHERE s.conversation_id = k.conversation_id
                                                          AND s.conversation_version = k.version)) / count(*)
         FROM {name} k""").fetchall()
-    return {"conversations": n, "mean_duration_s": duration, "judge_cost_usd": judge_cost}
+    tokens_in = tokens_out = with_usage = priced = 0
+    cost = 0.0
+    for (usage,) in con.execute(f"SELECT agent_usage FROM {name} WHERE agent_usage IS NOT NULL").fetchall():
+        models = json.loads(usage)
+        with_usage += 1
+        tokens_in += sum(t[0] for t in models.values())
+        tokens_out += sum(t[1] for t in models.values())
+        prices = [known_price(model) for model in models]
+        if all(p is not None for p in prices):
+            priced += 1
+            cost += sum(p.cost(t[0], t[1], 0) for p, t in zip(prices, models.values(), strict=True))  # type: ignore[union-attr]
+    return {"conversations": n, "mean_duration_s": duration, "judge_cost_usd": judge_cost,
+            "agent_input_tokens": tokens_in / with_usage if with_usage else None,
+            "agent_output_tokens": tokens_out / with_usage if with_usage else None,
+            "agent_cost_usd": cost / priced if priced else None, "agent_cost_conversations": priced,
+            "agent_usage_conversations": with_usage}
 
 
 def _examples(con: duckdb.DuckDBPyConnection, name: str, metric: str, tool: tuple[str, str, str], passed: bool

@@ -31,7 +31,14 @@ import pyarrow.compute as pc
 from tracejudge.collector.config import Settings
 from tracejudge.collector.log import Logger
 from tracejudge.collector.pipeline.mapped_traces import ENTRY_OVERHEAD, TEXT_FACTOR, KeptTrace, MappedTraceCache
-from tracejudge.collector.pipeline.sampling import attribute_keys, attribute_values, decide, findings, needs_findings
+from tracejudge.collector.pipeline.sampling import (
+    attribute_keys,
+    attribute_values,
+    decide,
+    findings,
+    model_usage,
+    needs_findings,
+)
 from tracejudge.collector.pipeline.session_index import SessionIndex
 from tracejudge.collector.receivers.span_rows import plain_strings
 from tracejudge.collector.store.id_table import id_table, registered
@@ -55,7 +62,8 @@ _VERSION_SCHEMA = pa.schema([
     ("key_source", pa.string()), ("service_name", pa.string()), ("agent_name", pa.string()), ("turns", pa.int32()),
     ("mcp_calls", pa.int32()), ("trace_ids", pa.list_(pa.string())), ("first_span_ns", pa.int64()),
     ("last_span_ns", pa.int64()), ("test_case", pa.string()), ("sample_value", pa.float64()),
-    ("sampled", pa.string()), ("assembled_at", _UTC_US), ("attributes", pa.string()), ("inclusion", pa.string())])
+    ("sampled", pa.string()), ("assembled_at", _UTC_US), ("attributes", pa.string()), ("inclusion", pa.string()),
+    ("agent_usage", pa.string())])
 _JOB_SCHEMA = pa.schema([
     ("conversation_id", pa.string()), ("conversation_version", pa.int32()), ("metric", pa.string()),
     ("metric_config", pa.string()), ("status", pa.string()), ("created_at", _UTC_US), ("updated_at", _UTC_US)])
@@ -68,7 +76,8 @@ _NO_SCOPE = ("", "")
 _Resources = dict[int, dict]
 
 
-_Built = tuple[Conversation, dict[str, set[str]]]  # a rebuilt conversation and its sampling attribute values
+# a rebuilt conversation, its attribute values (sampling filters' and cohorts' keys), its agent's tokens per model
+_Built = tuple[Conversation, dict[str, set[str]], dict[str, tuple[int, int]]]
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # A span committed after its trace's first commit was received at most this much before that commit's oldest
 # span (a request waits in the decode pool and the writer's queue for seconds; a retried export is stamped anew).
@@ -659,7 +668,8 @@ class ConversationAssembler:
         received = [r[14] for r in rows]
         return KeptTrace(rows[0][0], mapped[0] if mapped else None, attribute_values(self._attribute_keys, spans),
                          len(rows), min(received), max(received),
-                         ENTRY_OVERHEAD + TEXT_FACTOR * sum(len(r[11]) + len(r[12]) for r in rows))
+                         ENTRY_OVERHEAD + TEXT_FACTOR * sum(len(r[11]) + len(r[12]) for r in rows),
+                         model_usage(spans))
 
     def _compose(self, conversation_id: str, parts: list[KeptTrace]) -> list[_Built]:
         """The conversation composed from its traces' mapped parts, with the sampling filters' attribute values
@@ -672,10 +682,14 @@ class ConversationAssembler:
         if conversation is None:
             return []
         values: dict[str, set[str]] = {}
+        usage: dict[str, tuple[int, int]] = {}
         for part in mine:
             for key, found in part.attributes.items():
                 values.setdefault(key, set()).update(found)
-        return [(conversation, values)]
+            for model, (tokens_in, tokens_out) in part.usage.items():
+                seen_in, seen_out = usage.get(model, (0, 0))
+                usage[model] = (seen_in + tokens_in, seen_out + tokens_out)
+        return [(conversation, values, usage)]
 
     def _write_all(self, built: dict[str, list[_Built]], unjudged: set[str] | None = None) -> set[str]:
         """Write a batch's new versions in one transaction (a commit per conversation cost 7 ms of CPU); when
@@ -703,7 +717,7 @@ class ConversationAssembler:
         Each item: the conversation and the values of the sampling filters' attribute keys in its spans."""
         if not built:
             return []
-        with id_table(self.con, {c.conversation_id for c, _ in built}) as ids:
+        with id_table(self.con, {c.conversation_id for c, *_ in built}) as ids:
             pruned = {cid for (cid,) in self.con.execute(
                 f"SELECT conversation_id FROM pruned_conversations WHERE conversation_id IN (SELECT id FROM {ids})"
             ).fetchall()}
@@ -717,7 +731,7 @@ class ConversationAssembler:
         jobs: list[dict[str, object]] = []
         written: list[tuple[Conversation, int, list[str]]] = []  # logged once they are committed
         late: list[Conversation] = []  # so are these, so a batch retried alone does not count them twice
-        for conversation, attributes in built:
+        for conversation, attributes, usage in built:
             cid = conversation.conversation_id
             if cid in pruned:  # its earlier spans were pruned by retention: the rest would be a truncated conversation
                 late.append(conversation)
@@ -746,7 +760,8 @@ class ConversationAssembler:
                          "test_case": conversation.test_case.model_dump_json(exclude_none=True),
                          "sample_value": value, "sampled": json.dumps(sampled), "assembled_at": now,
                          "attributes": json.dumps({k: sorted(v) for k, v in sorted(attributes.items())}),
-                         "inclusion": json.dumps(inclusion)})
+                         "inclusion": json.dumps(inclusion),
+                         "agent_usage": json.dumps({m: list(t) for m, t in usage.items()}) if usage else None})
             jobs.extend({"conversation_id": cid, "conversation_version": version, "metric": metric,
                          "metric_config": self.metric_configs[metric], "status": self.job_status(metric),
                          "created_at": now, "updated_at": now} for metric, chosen in sampled.items() if chosen)

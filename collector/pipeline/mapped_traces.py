@@ -33,6 +33,7 @@ class KeptTrace(NamedTuple):
     first: datetime  # its oldest span's received_at: later reads of it start there
     newest: datetime  # its newest span's received_at
     weight: int  # estimated bytes (TEXT_FACTOR, ENTRY_OVERHEAD)
+    usage: dict[str, tuple[int, int]] = {}  # the agent's own model -> input and output tokens its spans report
 
 
 class MappedTraceCache:

@@ -54,6 +54,28 @@ def attribute_values(keys: frozenset[str], spans: Iterable[Span]) -> dict[str, s
     return found
 
 
+MODEL_CALLS = frozenset({"chat", "text_completion", "generate_content"})
+
+
+def model_usage(spans: Iterable[Span]) -> dict[str, tuple[int, int]]:
+    """The agent's own LLM tokens per model, from the GenAI usage attributes (`gen_ai.usage.*`, the model from
+    `gen_ai.response.model`, else `gen_ai.request.model`) of its model-call spans; where none reports usage, of
+    its agent spans (frameworks that total a run there). Never both: a run's total would count every call twice."""
+    calls: dict[str, tuple[int, int]] = {}
+    runs: dict[str, tuple[int, int]] = {}
+    for span in spans:
+        a = span.attributes
+        tokens_in, tokens_out = a.get("gen_ai.usage.input_tokens"), a.get("gen_ai.usage.output_tokens")
+        if not isinstance(tokens_in, int) and not isinstance(tokens_out, int):
+            continue
+        target = calls if a.get("gen_ai.operation.name") in MODEL_CALLS else runs
+        model = str(a.get("gen_ai.response.model") or a.get("gen_ai.request.model") or "unknown")[:128]
+        seen_in, seen_out = target.get(model, (0, 0))
+        target[model] = (seen_in + (tokens_in if isinstance(tokens_in, int) else 0),
+                         seen_out + (tokens_out if isinstance(tokens_out, int) else 0))
+    return calls or runs
+
+
 def _any_match(filters: dict[str, list[str]], values: dict[str, set[str]]) -> bool:
     return any(values.get(key, set()) & set(wanted) for key, wanted in filters.items())
 

@@ -248,7 +248,7 @@ def summary_tables_ddl(temporary: bool = False) -> str:
     """.replace("{create}", create)
 
 
-SCHEMA_VERSION = 19
+SCHEMA_VERSION = 20
 # SQL, or a function of the connection where the migration needs Python (ids computed as ingest computes them)
 MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     1: f"""
@@ -514,12 +514,16 @@ MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     ALTER TABLE conversations ADD COLUMN inclusion JSON;
     ALTER TABLE scores ADD COLUMN inclusion_probability DOUBLE;
     """ + history_views("scores", ""),
+    # the agent's own LLM tokens per model, from its spans' GenAI usage attributes: cohorts compare them and their cost
+    20: """
+    ALTER TABLE conversations ADD COLUMN agent_usage JSON;
+    """,
 }
 
 
 # columns later schemas added, which a file or lake written by an older collector lacks
-LATER_COLUMNS = {"scores": {"inclusion_probability": "DOUBLE"}, "conversations": {"attributes": "JSON",
-                                                                                   "inclusion": "JSON"}}
+LATER_COLUMNS = {"scores": {"inclusion_probability": "DOUBLE"},
+                 "conversations": {"attributes": "JSON", "inclusion": "JSON", "agent_usage": "JSON"}}
 
 
 def union_view(con: duckdb.DuckDBPyConnection, table: str, source_sql: str) -> None:
