@@ -12,7 +12,16 @@ import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from tracejudge.collector.durations import parse_duration
 from tracejudge.collector.sizes import parse_size
@@ -235,12 +244,24 @@ class MappingSettings(_Section):
 
 
 class SamplingRule(_Section):
-    """Judge conversations where the deterministic checks found something at their own rate."""
+    """Judge some conversations at a rate of their own: where the deterministic checks found something, or the
+    first conversations of a new cohort (a new service.version, say)."""
 
-    when: Literal["mcp_error", "invalid_call"] = Field(description="mcp_error: an MCP call returned an error; "
-                                                       "invalid_call: call validity found a call that breaks its "
-                                                       "schema or the inventory")
+    when: Literal["mcp_error", "invalid_call", "new_cohort"] = Field(
+        description="mcp_error: an MCP call returned an error; invalid_call: call validity found a call that breaks "
+        "its schema or the inventory; new_cohort: one of the first `first` conversations this collector saw with "
+        "a value of `key`")
     rate: float = Field(ge=0, le=1, description="share of such conversations the judged metrics score")
+    first: int | None = Field(None, ge=1, le=10_000_000, description="new_cohort: how many conversations of each "
+                              "new value")
+    key: str = Field("service.version", min_length=1, max_length=128, description="new_cohort: the attribute whose "
+                     "values are cohorts")
+
+    @model_validator(mode="after")
+    def _new_cohort_needs_first(self) -> SamplingRule:
+        if self.when == "new_cohort" and self.first is None:
+            raise ValueError("a new_cohort rule needs first = N (the first N conversations of each new value)")
+        return self
 
 
 class SamplingSettings(_Section):

@@ -6,6 +6,7 @@ report is that of all conversations, not of the error-heavy sample."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -66,4 +67,38 @@ def test_error_heavy_sampling_is_weighed_back_to_all_traffic(tmp_path, judge_ser
         assert metric["a"]["pass_rate"]["value"] == pytest.approx(expected)
         assert metric["a"]["pass_rate"]["n"] == FAILED + judged_clean
         assert metric["a"]["pass_rate"]["effective_n"] == pytest.approx(effective_n)
+        collector.stop()
+
+
+def test_the_first_conversations_of_a_new_version_are_judged_then_the_base_rate(tmp_path, judge_server) -> None:
+    """`{when = "new_cohort", first = 5, rate = 1.0}` with a base rate of 0: the first five conversations of each
+    service.version are judged (inclusion probability 1), the rest are not (0); the counts survive a restart."""
+    judge_server.script = judge
+    cfg = config(tmp_path, 'metrics = ["mcp_task_completion"]\n[sampling]\nrate = 0.0\n'
+                           'rules = [{when = "new_cohort", first = 5, rate = 1.0}]\n')
+    env = {"OPENAI_BASE_URL": judge_server.base_url, "OPENAI_API_KEY": "sk-test-not-a-secret",
+           "TRACEJUDGE_QUERY_TOKEN": TOKEN}
+
+    def version(name: str, first: int, n: int) -> list:
+        return recorded("weather-agent", lambda tracer: [
+            turn(tracer, f"{name}-{i}", f"clean forecast {i}?", "get_forecast", {"city": "x"}, "Sunny", "Sunny.",
+                 end=True) for i in range(first, first + n)], {"service.version": name})
+
+    with CollectorProcess(tmp_path / "t.duckdb", config=cfg, env=env) as collector:
+        export(collector, version("1.0", 0, 8))
+        wait_for(collector, "SELECT 1 FROM conversations", 8, token=TOKEN)
+        wait_for(collector, "SELECT 1 FROM scores", 5, token=TOKEN)
+        collector.stop()
+    with CollectorProcess(tmp_path / "t.duckdb", config=cfg, env=env) as collector:
+        export(collector, version("1.0", 8, 3))  # the same version after a restart: its first five are done
+        export(collector, version("2.0", 0, 7))  # a new version: its first five
+        wait_for(collector, "SELECT 1 FROM conversations", 18, token=TOKEN)
+        wait_for(collector, "SELECT 1 FROM scores", 10, token=TOKEN)
+        time.sleep(1.5)  # nothing more is judged
+        judged = query(collector, "SELECT split_part(conversation_id, '-', 1), count(*) FROM scores "
+                                  "WHERE inclusion_probability = 1.0 GROUP BY 1 ORDER BY 1", TOKEN)
+        assert judged == [["1.0", 5], ["2.0", 5]]
+        assert query(collector, "SELECT count(*) FROM scores", TOKEN) == [[10]]
+        assert query(collector, "SELECT key, value, conversations FROM cohort_counts ORDER BY 2", TOKEN) == [
+            ["service.version", "1.0", 11], ["service.version", "2.0", 7]]
         collector.stop()

@@ -128,6 +128,8 @@ class ConversationAssembler:
         self.job_status = job_status  # metric -> the status a new job starts in
         self.metric_configs = metric_configs  # metric -> config hash (part of the job and score key)
         self._attribute_keys = attribute_keys(settings.sampling, settings.cohorts.attributes)
+        self._new_cohorts = [rule for rule in settings.sampling.rules if rule.when == "new_cohort"]
+        self._cohort_counts: dict[tuple[str, str], int] | None = None  # read once, then kept as it is written
         self.writer_busy_s = writer_busy_s  # the span writer's seconds spent committing so far (None: not known)
         self._group_of: dict[str, str] = {}  # waiting trace -> the conversation its spans name so far
         # a waiting trace's key precedence (_UNKEYED: none) is its conversation's in _key_rank, except where it
@@ -721,14 +723,19 @@ class ConversationAssembler:
             pruned = {cid for (cid,) in self.con.execute(
                 f"SELECT conversation_id FROM pruned_conversations WHERE conversation_id IN (SELECT id FROM {ids})"
             ).fetchall()}
-            latest = {cid: (version, digest) for cid, version, digest in self.con.execute(
-                f"SELECT conversation_id, max(version), arg_max(content_hash, version) FROM conversations "
-                f"WHERE conversation_id IN (SELECT id FROM {ids}) GROUP BY conversation_id").fetchall()}
+            latest: dict[str, tuple[int, str]] = {}
+            previous: dict[str, str | None] = {}  # each conversation's latest inclusion probabilities
+            for cid, version, digest, inclusion in self.con.execute(
+                    f"SELECT conversation_id, max(version), arg_max(content_hash, version), "
+                    f"arg_max(inclusion, version) FROM conversations WHERE conversation_id IN (SELECT id FROM {ids}) "
+                    f"GROUP BY conversation_id").fetchall():
+                latest[cid], previous[cid] = (version, digest), inclusion
         now = datetime.now(UTC)
         metrics = self.settings.scoring.metrics
         versions: list[int | None] = []
         rows: list[dict[str, object]] = []
         jobs: list[dict[str, object]] = []
+        counted: dict[tuple[str, str], int] = {}  # new conversations per cohort value, for the new_cohort rules
         written: list[tuple[Conversation, int, list[str]]] = []  # logged once they are committed
         late: list[Conversation] = []  # so are these, so a batch retried alone does not count them twice
         for conversation, attributes, usage in built:
@@ -744,8 +751,15 @@ class ConversationAssembler:
             version = (last[0] if last else 0) + 1
             latest[cid] = (version, conversation.content_hash)
             found = findings(conversation.test_case) if needs_findings(self.settings.sampling) else set()
+            if self._new_cohorts and self._is_new(attributes, counted if version == 1 else None):
+                found.add("new_cohort")
             value, sampled, inclusion = decide(self.settings.sampling, metrics, cid, conversation.service_name,
                                                conversation.agent_name, attributes, found)
+            if previous.get(cid):  # a later version keeps the chance its conversation already had (sticky up)
+                for metric, p in json.loads(previous[cid] or "{}").items():
+                    if metric in inclusion and p > inclusion[metric]:
+                        inclusion[metric] = p
+                        sampled[metric] = sampled[metric] or value < p
             # MCP calls outside any run, in no known session: kept, never scored; a conversation about to get its
             # context: its next version is scored
             if conversation.context_only or cid in (unjudged or ()):
@@ -768,7 +782,11 @@ class ConversationAssembler:
             versions.append(version)
             written.append((conversation, version, [m for m, chosen in sampled.items() if chosen]))
         if rows:
-            self._insert(rows, jobs)
+            try:
+                self._insert(rows, jobs, counted)
+            except Exception:
+                self._cohort_counts = None  # read again: this batch's counts were not committed
+                raise
         for conversation in late:
             self.late_after_prune += 1
             self.log.warning("late spans for a pruned conversation: stored, not assembled",
@@ -780,10 +798,34 @@ class ConversationAssembler:
                           metrics_queued=queued)
         return versions
 
-    def _insert(self, rows: list[dict[str, object]], jobs: list[dict[str, object]]) -> None:
-        """The versions and their jobs, as two Arrow appends in one transaction."""
+    def _is_new(self, attributes: dict[str, set[str]], counted: dict[tuple[str, str], int] | None) -> bool:
+        """Whether a conversation is among the first `first` of a value of a new_cohort rule's key; a first
+        version (`counted` given) is counted, so the next one sees it."""
+        if self._cohort_counts is None:
+            self._cohort_counts = {(k, v): n for k, v, n in self.con.execute(
+                "SELECT key, value, conversations FROM cohort_counts").fetchall()}
+        new = False
+        for rule in self._new_cohorts:
+            for value in attributes.get(rule.key, ()):
+                seen = self._cohort_counts.get((rule.key, value), 0)
+                new = new or (rule.first is not None and seen < rule.first)
+        if counted is not None:
+            for key in {rule.key for rule in self._new_cohorts}:
+                for value in attributes.get(key, ()):
+                    self._cohort_counts[(key, value)] = self._cohort_counts.get((key, value), 0) + 1
+                    counted[(key, value)] = counted.get((key, value), 0) + 1
+        return new
+
+    def _insert(self, rows: list[dict[str, object]], jobs: list[dict[str, object]],
+                counted: dict[tuple[str, str], int] | None = None) -> None:
+        """The versions and their jobs, as two Arrow appends in one transaction, with the cohort counts."""
         self.con.execute("BEGIN TRANSACTION")
         try:
+            if counted:
+                self.con.executemany(
+                    "INSERT INTO cohort_counts VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET "
+                    "conversations = cohort_counts.conversations + excluded.conversations",
+                    [[k, v, n] for (k, v), n in counted.items()])
             with registered(self.con, pa.Table.from_pylist(rows, schema=_VERSION_SCHEMA)) as name:
                 self.con.execute(f"INSERT INTO conversations BY NAME SELECT * FROM {name}")
             if jobs:

@@ -36,7 +36,8 @@ MAX_VALUE_CHARS = 256
 
 def attribute_keys(sampling: SamplingSettings, cohort_keys: Iterable[str] = ()) -> frozenset[str]:
     """The attribute keys whose values a conversation keeps: the sampling filters' and the cohorts'."""
-    return frozenset(sampling.include_attributes) | frozenset(sampling.exclude_attributes) | frozenset(cohort_keys)
+    return (frozenset(sampling.include_attributes) | frozenset(sampling.exclude_attributes) | frozenset(cohort_keys)
+            | {rule.key for rule in sampling.rules if rule.when == "new_cohort"})
 
 
 def attribute_values(keys: frozenset[str], spans: Iterable[Span]) -> dict[str, set[str]]:

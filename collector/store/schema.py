@@ -248,7 +248,7 @@ def summary_tables_ddl(temporary: bool = False) -> str:
     """.replace("{create}", create)
 
 
-SCHEMA_VERSION = 20
+SCHEMA_VERSION = 21
 # SQL, or a function of the connection where the migration needs Python (ids computed as ingest computes them)
 MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     1: f"""
@@ -517,6 +517,15 @@ MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     # the agent's own LLM tokens per model, from its spans' GenAI usage attributes: cohorts compare them and their cost
     20: """
     ALTER TABLE conversations ADD COLUMN agent_usage JSON;
+    """,
+    # conversations seen per value of a new_cohort sampling rule's key ([sampling] rules), for "the first N"
+    21: """
+    CREATE TABLE IF NOT EXISTS cohort_counts (
+        key VARCHAR NOT NULL,
+        value VARCHAR NOT NULL,
+        conversations BIGINT NOT NULL,
+        PRIMARY KEY (key, value)
+    );
     """,
 }
 
