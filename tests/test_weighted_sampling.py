@@ -68,6 +68,15 @@ def test_error_heavy_sampling_is_weighed_back_to_all_traffic(tmp_path, judge_ser
         assert metric["a"]["pass_rate"]["n"] == FAILED + judged_clean
         assert metric["a"]["pass_rate"]["effective_n"] == pytest.approx(effective_n)
         collector.stop()
+    import duckdb
+
+    from tracejudge.collector.pipeline.summary_tables import SummaryTables
+    from tracejudge.collector.ui import views
+
+    with duckdb.connect(str(tmp_path / "t.duckdb")) as con:  # the web UI's overview weighs the same way
+        SummaryTables().refresh(con)
+        [overview] = views.overview(con, "7d", "", None).metrics
+        assert overview["pass_rate"] == pytest.approx(expected) and overview["conversations"] == FAILED + judged_clean
 
 
 def test_the_first_conversations_of_a_new_version_are_judged_then_the_base_rate(tmp_path, judge_server) -> None:

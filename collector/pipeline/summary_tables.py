@@ -88,14 +88,15 @@ SELECT conversation_id, metric, conversation_version, score, success, evaluation
             FROM (SELECT unnest(from_json(breakdown, '{"calls": [{"turn": "VARCHAR", "kind": "VARCHAR",
                                                       "name": "VARCHAR", "violations": "JSON"}]}').calls) AS c)
             WHERE contains(CAST(c.violations AS VARCHAR), 'inputSchema')) END,
-       scored_at
+       scored_at, 1.0 / coalesce(nullif(inclusion_probability, 0), 1.0)
 FROM scores WHERE scored_at >= ?
 QUALIFY row_number() OVER (PARTITION BY conversation_id, metric
                            ORDER BY conversation_version DESC, scored_at DESC) = 1
 ON CONFLICT (conversation_id, metric) DO UPDATE SET
     conversation_version = excluded.conversation_version, score = excluded.score, success = excluded.success,
     evaluation_cost = excluded.evaluation_cost, service_name = excluded.service_name,
-    agent_name = excluded.agent_name, invalid_calls = excluded.invalid_calls, scored_at = excluded.scored_at
+    agent_name = excluded.agent_name, invalid_calls = excluded.invalid_calls, scored_at = excluded.scored_at,
+    weight = excluded.weight
 WHERE excluded.conversation_version > score_summary.conversation_version
    OR (excluded.conversation_version = score_summary.conversation_version
        AND excluded.scored_at >= score_summary.scored_at)

@@ -243,12 +243,13 @@ def summary_tables_ddl(temporary: bool = False) -> str:
         agent_name VARCHAR,
         invalid_calls VARCHAR[],
         scored_at TIMESTAMPTZ NOT NULL,
+        weight DOUBLE,
         PRIMARY KEY (conversation_id, metric)
     );
     """.replace("{create}", create)
 
 
-SCHEMA_VERSION = 21
+SCHEMA_VERSION = 22
 # SQL, or a function of the connection where the migration needs Python (ids computed as ingest computes them)
 MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     1: f"""
@@ -526,6 +527,10 @@ MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
         conversations BIGINT NOT NULL,
         PRIMARY KEY (key, value)
     );
+    """,
+    # the UI's latest scores carry their weight (1 / inclusion probability): the overview's rates are Hajek's too
+    22: """
+    ALTER TABLE score_summary ADD COLUMN IF NOT EXISTS weight DOUBLE;
     """,
 }
 

@@ -116,6 +116,11 @@ class Overview:
     jobs_known: bool = True  # False over the lake: jobs stay in each replica's own file
 
 
+WEIGHTED_MEAN = "sum(coalesce(weight, 1) * score) / sum(coalesce(weight, 1))"
+WEIGHTED_PASS = ("sum(coalesce(weight, 1) * CASE WHEN success THEN 1.0 WHEN NOT success THEN 0.0 END) / "
+                 "sum(CASE WHEN success IS NOT NULL THEN coalesce(weight, 1) END)")
+
+
 def overview(con: duckdb.DuckDBPyConnection, window: str, split: str, budget: float | None) -> Overview:
     since = window_start(window)
     bucket = "hour" if dt.datetime.now(dt.UTC) - since <= dt.timedelta(days=2) else "day"
@@ -123,16 +128,17 @@ def overview(con: duckdb.DuckDBPyConnection, window: str, split: str, budget: fl
         "SELECT count(*), count(*) FROM conversation_summary WHERE assembled_at >= ?", [since]).fetchall()
     [(scored,)] = con.execute("SELECT count(DISTINCT conversation_id) FROM score_summary WHERE scored_at >= ? "
                               "AND score IS NOT NULL", [since]).fetchall()
-    metrics = _rows(con, "SELECT metric, count(*) AS conversations, avg(score) AS mean, "
-                         "quantile_cont(score, 0.1) AS p10, avg(CASE WHEN success THEN 1.0 WHEN NOT success "
-                         "THEN 0.0 END) AS pass_rate FROM score_summary WHERE scored_at >= ? AND score IS NOT NULL "
-                         "GROUP BY metric ORDER BY metric", [since])
+    # Hajek: each score weighs 1 / the chance its conversation had of being judged ([sampling] rules); p10 is of
+    # the scored sample
+    metrics = _rows(con, f"SELECT metric, count(*) AS conversations, {WEIGHTED_MEAN} AS mean, "
+                         f"quantile_cont(score, 0.1) AS p10, {WEIGHTED_PASS} AS pass_rate FROM score_summary "
+                         "WHERE scored_at >= ? AND score IS NOT NULL GROUP BY metric ORDER BY metric", [since])
     group = {"service": "coalesce(service_name, '-')", "agent": "coalesce(agent_name, '-')"}.get(split, "'all'")
     width = 3_600_000_000 if bucket == "hour" else 86_400_000_000  # UTC buckets by arithmetic: no time zone lookups
     points = con.execute(
         f"SELECT metric, {group} AS grp, to_timestamp(epoch_us(scored_at) // {width} * {width // 1_000_000}) "
         "AS bucket, "
-        "avg(score), quantile_cont(score, 0.1), avg(CASE WHEN success THEN 1.0 WHEN NOT success THEN 0.0 END) "
+        f"{WEIGHTED_MEAN}, quantile_cont(score, 0.1), {WEIGHTED_PASS} "
         "FROM score_summary WHERE scored_at >= ? AND score IS NOT NULL GROUP BY ALL ORDER BY 1, 2, 3",
         [since]).fetchall()
     trends: dict[tuple[str, str], Trend] = {}
