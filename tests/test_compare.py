@@ -157,3 +157,25 @@ def test_compare_reads_several_replicas_files_as_one_history(tmp_path) -> None:
     gate = tracejudge("compare", "--baseline", "service.version=1.0", "--candidate", "service.version=2.0",
                       "--fail-if-worse", "mcp_call_validity:0.05", *files)
     assert gate.returncode == 1 and gate.stdout.startswith("FAIL"), gate.stdout + gate.stderr
+
+
+def test_an_mcp_servers_own_version_is_a_cohort_key_apart_from_the_agents() -> None:
+    """Resource values are kept under `<service.name>:<key>` too: an instrumented MCP server's version is not
+    mixed into the agent's."""
+    from tracejudge.collector.config import SamplingSettings
+    from tracejudge.collector.pipeline.sampling import attribute_keys, attribute_values
+    from tracejudge.mapping.spans import Span
+
+    def span(i: int, service: str, version: str) -> Span:
+        return Span.from_record({"trace_id": "t" * 32, "span_id": f"{i:016x}", "attributes": {},
+                                 "resource": {"service.name": service, "service.version": version}})
+
+    found = attribute_values(attribute_keys(SamplingSettings(), ["service.version"]),
+                             [span(1, "weather-agent", "1.4.2"), span(2, "shop-mcp-server", "2.0.1")])
+    assert found["service.version"] == {"1.4.2", "2.0.1"}
+    assert found["weather-agent:service.version"] == {"1.4.2"}
+    assert found["shop-mcp-server:service.version"] == {"2.0.1"}
+    from tracejudge.collector.history.compare import parse_cohort
+
+    assert parse_cohort("shop-mcp-server:service.version=2.0.1").attributes == {
+        "shop-mcp-server:service.version": "2.0.1"}

@@ -32,7 +32,7 @@ from tracejudge.collector.history.cohort_stats import (
 from tracejudge.judges.pricing import known_price
 from tracejudge.metric_ids import METRIC_IDS
 
-KEY = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
+KEY = re.compile(r"[A-Za-z0-9_.:\-]{1,200}")  # an attribute key, or `<service.name>:<key>` for one service's
 EXAMPLES = 5
 MAX_TOOLS = 50  # the busiest tools shown (and adjusted for): past that a page is no longer read
 

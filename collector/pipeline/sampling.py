@@ -42,16 +42,26 @@ def attribute_keys(sampling: SamplingSettings, cohort_keys: Iterable[str] = ()) 
 
 def attribute_values(keys: frozenset[str], spans: Iterable[Span]) -> dict[str, set[str]]:
     """The values (as text) the conversation's spans and resources hold for these keys (at most MAX_VALUES per
-    key, each at most MAX_VALUE_CHARS)."""
+    key, each at most MAX_VALUE_CHARS). A resource's values are kept under `<its service.name>:<key>` too, so an
+    instrumented MCP server's own version (`shop-mcp-server:service.version`) is a cohort key apart from the
+    agent's."""
     found: dict[str, set[str]] = {}
     if not keys:
         return found
+
+    def keep(key: str, value: Any) -> None:
+        values = found.setdefault(key, set())
+        if len(values) < MAX_VALUES:
+            values.add(_text(value)[:MAX_VALUE_CHARS])
+
     for span in spans:
-        for source in (span.attributes, span.resource):
-            for key in keys & source.keys():
-                values = found.setdefault(key, set())
-                if len(values) < MAX_VALUES:
-                    values.add(_text(source[key])[:MAX_VALUE_CHARS])
+        for key in keys & span.attributes.keys():
+            keep(key, span.attributes[key])
+        service = span.resource.get("service.name")
+        for key in keys & span.resource.keys():
+            keep(key, span.resource[key])
+            if isinstance(service, str) and service:
+                keep(f"{service[:64]}:{key}", span.resource[key])
     return found
 
 
