@@ -1,0 +1,122 @@
+"""Does the pipeline keep pace with ingest? The same traffic sent twice to a fresh collector: once with a quiet
+period of an hour (nothing completes: ingest alone), once with 2 s (conversations complete while spans arrive:
+assembly, the deterministic checks, versions, jobs and summary tables run too). Pace = ingest alone's wall time /
+the whole pipeline's (until the last conversation's call validity score is written); issue 41's goal is >= 0.6.
+
+Traffic: bench/ingest.py's agent spans, 8 spans per trace and 64 per conversation (`gen_ai.conversation.id`), 512
+per export, 8 exports in flight; the judged metrics have no judge (their jobs wait), call validity scores every
+conversation. Prints both wall times, the pace, CPU seconds per process (server, decode workers, query children)
+and per conversation, peak RSS, and export latency percentiles.
+
+    python bench/pipeline_pace.py [--requests 750]     # 384k spans, 6,000 conversations (the issue's traffic)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.ingest import EXPORT, build_requests, export_retrying, peak_rss_mb, percentile, process_tree, run  # noqa: E402
+from tests.support.collector_process import CollectorProcess  # noqa: E402
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> dict[int, float]:
+    """utime + stime of the process and each of its children (their own threads included)."""
+    out = {}
+    for proc in process_tree(pid):
+        try:
+            fields = Path(f"/proc/{proc}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[proc] = (int(fields[11]) + int(fields[12])) / TICKS
+    return out
+
+
+def scored(url: str) -> int:
+    reply = httpx.post(f"{url}/api/query", json={"sql": "SELECT count(*) FROM scores WHERE metric = "
+                                                        "'mcp_call_validity'"}, timeout=60)
+    reply.raise_for_status()
+    return reply.json()["rows"][0][0]
+
+
+def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, conversations: int) -> dict[str, object]:
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "tracejudge.toml"
+        config.write_text(f"[conversations]\nquiet_period_s = \"{quiet}\"\n")
+        collector = CollectorProcess(Path(tmp) / "pace.duckdb", config=config).start()
+        try:
+            pid = collector.proc.pid  # type: ignore[union-attr]
+            before = sum(cpu_seconds(pid).values())
+            channel = grpc.insecure_channel(collector.grpc_endpoint,
+                                            options=[("grpc.max_send_message_length", 64 * 1024 * 1024)])
+            export = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
+            started = time.perf_counter()
+            wall, latencies = run(lambda body: export_retrying(export, body), requests, args.in_flight, None,
+                                  args.spans)
+            done_at, last = None, 0
+            if quiet != "1h":
+                deadline = time.perf_counter() + args.timeout
+                while time.perf_counter() < deadline:
+                    last = scored(collector.admin_url)
+                    if last >= conversations:
+                        done_at = time.perf_counter() - started
+                        break
+                    time.sleep(0.5)
+            cpu = cpu_seconds(pid)
+            rss = peak_rss_mb(pid)
+            channel.close()
+        finally:
+            collector.stop()
+    return {"ingest_wall_s": round(wall, 2), "pipeline_wall_s": round(done_at, 2) if done_at else None,
+            "scored": last, "cpu_s_server": round(cpu.get(pid, 0.0), 1),
+            "cpu_s_children": round(sum(v for p, v in cpu.items() if p != pid), 1),
+            "cpu_s_total": round(sum(cpu.values()) - before, 1), "peak_rss_mb": round(rss),
+            "p50_ms": round(percentile(latencies, 50) * 1000, 1), "p99_ms": round(percentile(latencies, 99) * 1000, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=750, help="exports (default 750: 384k spans)")
+    parser.add_argument("--spans", type=int, default=512, help="spans per export (a multiple of 64)")
+    parser.add_argument("--in-flight", type=int, default=8)
+    parser.add_argument("--timeout", type=float, default=900, help="seconds to wait for the last score")
+    args = parser.parse_args()
+    requests = build_requests(args.requests, args.spans)
+    spans = args.requests * args.spans
+    conversations = spans // 64
+    print(f"traffic: {spans:,} spans, {conversations:,} conversations of 64 spans, {args.spans} per export, "
+          f"{args.in_flight} in flight")
+    alone = one_run("1h", requests, args, conversations)
+    print(f"ingest alone (quiet period 1h): {alone['ingest_wall_s']} s, {spans / alone['ingest_wall_s']:,.0f} "
+          f"spans/s; CPU {alone['cpu_s_total']} s; peak RSS {alone['peak_rss_mb']} MB; export p99 "
+          f"{alone['p99_ms']} ms")
+    whole = one_run("2s", requests, args, conversations)
+    if whole["pipeline_wall_s"] is None:
+        print(f"whole pipeline (quiet period 2s): {whole['scored']} of {conversations} scored within "
+              f"{args.timeout:.0f} s")
+    else:
+        pipeline = whole["pipeline_wall_s"]
+        pace = alone["ingest_wall_s"] / pipeline
+        extra_cpu = whole["cpu_s_total"] - alone["cpu_s_total"]
+        print(f"whole pipeline (quiet period 2s): ingest {whole['ingest_wall_s']} s, last conversation scored after "
+              f"{pipeline} s: {conversations / pipeline:,.0f} conversations/s, {spans / pipeline:,.0f} spans/s")
+        print(f"pace {pace:.2f} (goal >= 0.6); CPU {whole['cpu_s_total']} s (server {whole['cpu_s_server']}, "
+              f"children {whole['cpu_s_children']}): {extra_cpu * 1000 / conversations:.2f} ms of CPU per "
+              f"conversation beyond ingest; peak RSS {whole['peak_rss_mb']} MB; export p99 {whole['p99_ms']} ms")
+        whole["pace"] = round(pace, 3)
+    print(json.dumps({"ingest_alone": alone, "whole_pipeline": whole}))
+
+
+if __name__ == "__main__":
+    main()
