@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -44,10 +46,11 @@ def cpu_seconds(pid: int) -> dict[int, float]:
 
 
 def scored(url: str) -> int:
-    reply = httpx.post(f"{url}/api/query", json={"sql": "SELECT count(*) FROM scores WHERE metric = "
-                                                        "'mcp_call_validity'"}, timeout=60)
-    reply.raise_for_status()
-    return reply.json()["rows"][0][0]
+    """Call validity scores written so far, from /metrics (a query through /api/query would copy the tables into
+    its sandbox every poll and cost the server the CPU this bench measures)."""
+    text = httpx.get(f"{url}/metrics", timeout=60).text
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("tracejudge_score_count{") and 'metric="mcp_call_validity"' in line))
 
 
 def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, conversations: int) -> dict[str, object]:
@@ -58,6 +61,9 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
         try:
             pid = collector.proc.pid  # type: ignore[union-attr]
             before = sum(cpu_seconds(pid).values())
+            spy = subprocess.Popen(["py-spy", "record", "-p", str(pid), "-o", args.profile, "-f", "raw", "-r", "50",
+                                    "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) \
+                if args.profile and quiet != "1h" else None
             channel = grpc.insecure_channel(collector.grpc_endpoint,
                                             options=[("grpc.max_send_message_length", 64 * 1024 * 1024)])
             export = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
@@ -75,6 +81,9 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
                     time.sleep(0.5)
             cpu = cpu_seconds(pid)
             rss = peak_rss_mb(pid)
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)
+                spy.wait(60)
             channel.close()
         finally:
             collector.stop()
@@ -91,6 +100,8 @@ def main() -> None:
     parser.add_argument("--spans", type=int, default=512, help="spans per export (a multiple of 64)")
     parser.add_argument("--in-flight", type=int, default=8)
     parser.add_argument("--timeout", type=float, default=900, help="seconds to wait for the last score")
+    parser.add_argument("--profile", metavar="FILE", help="record the whole pipeline run's server with py-spy "
+                        "(collapsed stacks, for the CPU budget; py-spy on the PATH)")
     args = parser.parse_args()
     requests = build_requests(args.requests, args.spans)
     spans = args.requests * args.spans
