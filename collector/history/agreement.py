@@ -196,6 +196,9 @@ def full_agreement(items: Sequence[ReviewedItem], *, resamples: int = DEFAULT_RE
             [(i.human_pass, i.second_human_pass, i.weight) for i in flat if i.second_human_pass is not None]
             if which == "reviewers" else _parts(flat, which))[k]
 
+    # the work bound counts reviews, not conversations: each resample walks every review
+    kw["resamples"] = min(resamples, max(200, MAX_BOOTSTRAP_WORK // max(len(items), 1)))
+
     def figure(statistic: Callable[[list[ReviewedItem]], float | None], n: int) -> Estimate:
         return bootstrap(clusters, over(statistic), n=n, **kw)
 
