@@ -31,6 +31,8 @@ def test_two_reviewers_and_the_agreement_their_verdicts_imply(tmp_path) -> None:
                               json={"conversation_id": conversation, "metric": "mcp_call_validity",
                                     "verdict": verdict, **extra})
 
+        first = review(ALICE, "conv-b", "agree")  # alice changes her mind below: her second verdict replaces it
+        assert first.status_code == 201 and first.json()["replaced"] is False
         verdicts = [(ALICE, "conv-a", "agree"), (ALICE, "conv-b", "disagree"), (BOB, "conv-a", "agree"),
                     (BOB, "conv-b", "agree")]
         for token, conversation, verdict in verdicts:

@@ -127,12 +127,22 @@ def record_review(con: duckdb.DuckDBPyConnection, review: ReviewIn, reviewer: st
         if entry is not None and entry.conversation_version == version else ("manual", 1.0)
     probability *= inclusion if inclusion else 1.0
     review_id = uuid.uuid4().hex
-    con.execute("INSERT INTO reviews VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [
-        review_id, review.conversation_id, version, review.metric, config, reviewer, review.verdict, human_pass,
-        review.human_score, review.note, rule, probability, score, success,
-        judge_model, datetime.now(UTC), json.dumps(labels) if labels else None])
+    con.execute("BEGIN TRANSACTION")
+    try:  # a reviewer's second verdict on the same score replaces the first: one voice per reviewer and item
+        replaced = con.execute("DELETE FROM reviews WHERE reviewer = ? AND conversation_id = ? AND "
+                               "conversation_version = ? AND metric = ? AND metric_config = ? RETURNING 1",
+                               [reviewer, review.conversation_id, version, review.metric, config]).fetchall()
+        con.execute("INSERT INTO reviews VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [
+            review_id, review.conversation_id, version, review.metric, config, reviewer, review.verdict, human_pass,
+            review.human_score, review.note, rule, probability, score, success,
+            judge_model, datetime.now(UTC), json.dumps(labels) if labels else None])
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
     return {"review_id": review_id, "conversation_version": version, "judge_success": success,
-            "human_pass": human_pass, "queue_rule": rule, "sampling_probability": probability}
+            "human_pass": human_pass, "queue_rule": rule, "sampling_probability": probability,
+            "replaced": bool(replaced)}
 
 
 def _part_labels(review: ReviewIn, parts: list[JudgedPart]) -> dict[str, list[dict[str, Any]]]:
