@@ -9,6 +9,7 @@ by a share of the judge's prompt budget. System One decisions take no examples: 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Sequence
@@ -78,9 +79,8 @@ def calibration_digest(examples: Sequence[CalibrationExample]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def fitting_examples(examples: Sequence[CalibrationExample], budget: int,
-                     counter: TokenCounter) -> list[dict[str, Any]]:
-    """The examples, most informative first, that fit in 1 / BUDGET_SHARE of the prompt budget."""
+@functools.lru_cache(maxsize=64)
+def _fitting(examples: tuple[CalibrationExample, ...], budget: int, counter: TokenCounter) -> tuple[str, ...]:
     room = budget // BUDGET_SHARE
     out: list[dict[str, Any]] = []
     for example in examples:
@@ -88,4 +88,11 @@ def fitting_examples(examples: Sequence[CalibrationExample], budget: int,
         if counter.count(json.dumps(candidate, ensure_ascii=False)) > room:
             break
         out = candidate
-    return out
+    return tuple(json.dumps(item, ensure_ascii=False) for item in out)
+
+
+def fitting_examples(examples: Sequence[CalibrationExample], budget: int,
+                     counter: TokenCounter) -> list[dict[str, Any]]:
+    """The examples, most informative first, that fit in 1 / BUDGET_SHARE of the prompt budget (counted once
+    per examples, budget and tokenizer)."""
+    return [json.loads(item) for item in _fitting(tuple(examples), budget, counter)]

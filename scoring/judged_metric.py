@@ -112,7 +112,6 @@ class JudgedMetric(BaseMetric):
         self.system_one_model = system_one_model
         self._prefetched: Decision | BaseException | None = None
         self.calibration_examples = tuple(calibration_examples)
-        self._fitted: tuple[int, list[dict[str, Any]]] | None = None  # (prompt budget, the examples that fit it)
 
     def _reset(self) -> None:
         super()._reset()
@@ -208,13 +207,11 @@ class JudgedMetric(BaseMetric):
         return Verdict(verdict.score, verdict.reason, self.model.id, fallback=fallback)
 
     def _calibration(self) -> list[dict[str, Any]]:
-        """The calibration examples that fit this judge's prompt budget (computed once per budget)."""
+        """The calibration examples that fit this judge's prompt budget (cached in `fitting_examples`: every job's
+        copy of the metric asks again)."""
         if not self.calibration_examples or self.model is None:
             return []
-        budget = self.model.prompt_tokens
-        if self._fitted is None or self._fitted[0] != budget:
-            self._fitted = (budget, fitting_examples(self.calibration_examples, budget, self.model.tokens))
-        return self._fitted[1]
+        return fitting_examples(self.calibration_examples, self.model.prompt_tokens, self.model.tokens)
 
     async def _llm(self, usage: Usage, name: str, instructions: str, data: dict[str, Any], output: type[Any],
                    part: str = "final_reason", render: Callable[[dict[str, Any]], str] | None = None) -> Any:
