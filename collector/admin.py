@@ -34,7 +34,14 @@ from tracejudge.collector.receivers.http_guard import GuardedSite
 from tracejudge.collector.receivers.ingest import bearer_matches
 from tracejudge.collector.receivers.span_rows import spans_to_arrow
 from tracejudge.collector.review.feedback import FEEDBACK_SHAPE, FeedbackIn
-from tracejudge.collector.review.reviews import REVIEW_SHAPE, AgreementCache, ReviewError, ReviewIn, record_review
+from tracejudge.collector.review.reviews import (
+    REVIEW_SHAPE,
+    AgreementCache,
+    ReviewError,
+    ReviewIn,
+    record_review,
+    reviewer_named,
+)
 from tracejudge.collector.store.memory_release import release_duckdb_memory
 from tracejudge.collector.store.span_store import SpanStore, StoreError
 from tracejudge.collector.ui.compare_page import ComparePage
@@ -268,7 +275,7 @@ class AdminServer:
     def _reviewer(self, request: web.Request) -> str | None:
         """The name of the reviewer whose token the request carries (compared in constant time), if any."""
         header = request.headers.get("Authorization")
-        return next((name for token, name in self._reviewers.items() if bearer_matches(header, token)), None)
+        return reviewer_named(header, self._reviewers)
 
     async def _review(self, request: web.Request) -> web.Response:
         """A reviewer's verdict on a score: only a named reviewer token records one (the name goes with it)."""

@@ -150,7 +150,7 @@ def test_an_instrumented_agents_conversations_come_from_its_own_spans(judge_serv
         assert case.scenario == f"weather in {city}" and case.expected_outcome == "a forecast"
         [calls] = [t.mcp_tools_called for t in case.turns if t.mcp_tools_called]
         assert [(c.name, c.args) for c in calls] == [("get_forecast", {"city": city})]
-        assert json.dumps(case.metadata["simulation"]["traced"]) and case.turns[0].content == f"Weather in {city}?"
+        assert case.metadata["simulation"]["traced"] == "1 traces" and case.turns[0].content == f"Weather in {city}?"
     # a conversation whose agent recorded no span keeps its simulated turns and says why
     [plain] = traced.test_cases(ConversationSimulator(model_callback=lambda input: "hi").simulate(goldens[:1]))
     assert "no span of the agent" in plain.metadata["simulation"]["traced"]

@@ -28,15 +28,12 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     params: dict[str, Any] = {"a": a, "b": b}
     if gate:
-        metric, sep, margin = args.fail_if_worse.partition(":")
         try:
-            params.update(gate=metric, margin=float(margin), confidence=args.confidence)
-        except ValueError:
-            sep = ""
-        if not sep or not metric:
-            print(f"tracejudge compare: --fail-if-worse takes METRIC:MARGIN, e.g. mcp_task_completion:0.02, not "
-                  f"{args.fail_if_worse!r}", file=sys.stderr)
+            metric, margin = parse_gate(args.fail_if_worse)
+        except ValueError as exc:
+            print(f"tracejudge compare: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
+        params.update(gate=metric, margin=margin, confidence=args.confidence)
     reply = from_collector(args, lambda url, headers: httpx.get(f"{url}/api/compare", params=params,
                                                                 headers=headers, timeout=args.timeout))
     if reply is not None:
@@ -50,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_BAD_INPUT
         result = computed
     if gate:
-        return _gate_answer(result, args.format)
+        return gate_answer(result, args.format)
     _print_comparison(result, args.format)
     return EXIT_PASS
 
@@ -137,7 +134,19 @@ def _print_comparison(result: dict[str, Any], fmt: str) -> None:
           f"{result['multiple_comparisons']}.")
 
 
-def _gate_answer(result: dict[str, Any], fmt: str) -> int:
+def parse_gate(spec: str) -> tuple[str, float]:
+    """`--fail-if-worse METRIC:MARGIN` -> (metric, margin); ValueError saying how to write it."""
+    metric, sep, margin = spec.partition(":")
+    try:
+        value = float(margin)
+    except ValueError:
+        sep = ""
+    if not sep or not metric:
+        raise ValueError(f"--fail-if-worse takes METRIC:MARGIN, e.g. mcp_task_completion:0.02, not {spec!r}")
+    return metric, value
+
+
+def gate_answer(result: dict[str, Any], fmt: str) -> int:
     outcome = result["outcome"]
     if fmt == "json":
         print(json.dumps(result, indent=2, default=str))

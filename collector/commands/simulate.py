@@ -58,6 +58,7 @@ def _goldens(args: argparse.Namespace) -> list[Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tracejudge.collector.commands.compare import gate_answer, parse_gate
     from tracejudge.collector.config import ConfigError, load_settings
     from tracejudge.collector.store.results_file import ScoredCase, write_results
     from tracejudge.dataset import DatasetError
@@ -73,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         goldens = _goldens(args)
         names = args.metric or list(settings.scoring.metrics)
         metrics = [_metric(n, settings.scoring) for n in names]
+        gate = parse_gate(args.fail_if_worse) if args.fail_if_worse else None  # before the run, not after it
     except (ValueError, ConfigError, DatasetError, DurationError, OSError) as exc:
         print(f"tracejudge simulate: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -110,20 +112,18 @@ def run(args: argparse.Namespace) -> int:
     print(f"simulated {len(cases)} conversations as cohort {COHORT_KEY}={args.cohort} in {args.out}: {passed} "
           f"passed every metric; simulated user cost "
           f"{'unknown' if cost is None else f'${cost:.4f}'} (the judge's is in the scores)")
-    if args.fail_if_worse:
-        from tracejudge.collector.commands.compare import _gate_answer
+    if gate is not None:
         from tracejudge.collector.history.compare import CohortError, canary, parse_cohort
         from tracejudge.collector.history.history_sources import open_history
 
-        metric, _, margin = args.fail_if_worse.partition(":")
         con, _ = open_history(False, [args.out, *(args.baseline_db or [])], None)
         try:
-            result = canary(con, parse_cohort(args.baseline), parse_cohort(f"{COHORT_KEY}={args.cohort}"), metric,
-                            float(margin), 1 - args.confidence)
-        except (CohortError, ValueError) as exc:
+            result = canary(con, parse_cohort(args.baseline), parse_cohort(f"{COHORT_KEY}={args.cohort}"), *gate,
+                            1 - args.confidence)
+        except CohortError as exc:
             print(f"tracejudge simulate: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
         finally:
             con.close()
-        return _gate_answer(result, "table")
+        return gate_answer(result, "table")
     return EXIT_PASS

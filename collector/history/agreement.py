@@ -176,42 +176,53 @@ def _auc(items: Sequence[ReviewedItem]) -> float | None:
                         [i.human_pass for i in scored], [i.weight for i in scored])
 
 
+Pairs = Callable[[Sequence[ReviewedItem]], list[tuple[bool, bool, float]]]
+
+
+def _verdicts(items: Sequence[ReviewedItem]) -> list[tuple[bool, bool, float]]:
+    return [(i.judge_pass, i.human_pass, i.weight) for i in items]
+
+
+def _between_reviewers(items: Sequence[ReviewedItem]) -> list[tuple[bool, bool, float]]:
+    return [(i.human_pass, i.second_human_pass, i.weight) for i in items if i.second_human_pass is not None]
+
+
+def _tasks(items: Sequence[ReviewedItem]) -> list[tuple[bool, bool, float]]:
+    return _parts(items, "tasks")
+
+
+def _calls(items: Sequence[ReviewedItem]) -> list[tuple[bool, bool, float]]:
+    return _parts(items, "calls")
+
+
 def full_agreement(items: Sequence[ReviewedItem], *, resamples: int = DEFAULT_RESAMPLES, level: float = 0.95,
                    seed: int = 0) -> FullAgreement:
     """Every figure of one group of reviews (see the module docstring for the estimators). The bootstrap resamples
     reviewed conversations (`cluster`), so two reviews of one conversation never count as independent evidence."""
-    kw = {"resamples": resamples, "level": level, "seed": seed}
+    flat = list(items)
     groups: dict[Hashable, list[ReviewedItem]] = {}
-    for position, item in enumerate(items):
+    for position, item in enumerate(flat):
         groups.setdefault(item.cluster if item.cluster is not None else ("review", position), []).append(item)
     clusters = list(groups.values())
-
-    def over(statistic: Callable[[list[ReviewedItem]], float | None]) -> Callable[[Sequence[list[ReviewedItem]]],
-                                                                               float | None]:
-        return lambda drawn: statistic([i for cluster in drawn for i in cluster])
-
-    def pairs(which: str, k: int) -> Callable[[list[ReviewedItem]], float | None]:
-        return lambda flat: _kappa_and_accuracy(
-            [(i.judge_pass, i.human_pass, i.weight) for i in flat] if which == "verdicts" else
-            [(i.human_pass, i.second_human_pass, i.weight) for i in flat if i.second_human_pass is not None]
-            if which == "reviewers" else _parts(flat, which))[k]
-
     # the work bound counts reviews, not conversations: each resample walks every review
-    kw["resamples"] = min(resamples, max(200, MAX_BOOTSTRAP_WORK // max(len(items), 1)))
+    draws = min(resamples, max(200, MAX_BOOTSTRAP_WORK // max(len(flat), 1)))
 
     def figure(statistic: Callable[[list[ReviewedItem]], float | None], n: int) -> Estimate:
-        return bootstrap(clusters, over(statistic), n=n, **kw)
+        return bootstrap(clusters, lambda drawn: statistic([i for cluster in drawn for i in cluster]), n=n,
+                         resamples=draws, level=level, seed=seed)
 
-    flat = list(items)
+    def agreement_of(pairs: Pairs, k: int) -> Estimate:  # k: 0 kappa, 1 accuracy
+        return figure(lambda reviews: _kappa_and_accuracy(pairs(reviews))[k], len(pairs(flat)))
+
     return FullAgreement(
-        kappa=figure(pairs("verdicts", 0), len(flat)),
-        accuracy=figure(pairs("verdicts", 1), len(flat)),
+        kappa=agreement_of(_verdicts, 0),
+        accuracy=agreement_of(_verdicts, 1),
         mean_abs_diff=figure(_mean_abs_diff, sum(1 for i in flat
                                                  if i.judge_score is not None and i.human_score is not None)),
         auc=figure(_auc, sum(1 for i in flat if i.judge_score is not None)),
-        task_kappa=figure(pairs("tasks", 0), len(_parts(flat, "tasks"))),
-        task_accuracy=figure(pairs("tasks", 1), len(_parts(flat, "tasks"))),
-        call_kappa=figure(pairs("calls", 0), len(_parts(flat, "calls"))),
-        call_accuracy=figure(pairs("calls", 1), len(_parts(flat, "calls"))),
-        reviewer_kappa=figure(pairs("reviewers", 0), sum(1 for i in flat if i.second_human_pass is not None)),
+        task_kappa=agreement_of(_tasks, 0),
+        task_accuracy=agreement_of(_tasks, 1),
+        call_kappa=agreement_of(_calls, 0),
+        call_accuracy=agreement_of(_calls, 1),
+        reviewer_kappa=agreement_of(_between_reviewers, 0),
     )

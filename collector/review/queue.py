@@ -10,7 +10,6 @@ recorded probability is the chance that it was chosen at all.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -126,6 +125,8 @@ def refresh(con: duckdb.DuckDBPyConnection, rules: ReviewSettings) -> int:
     return len(changed)
 
 
+# items others started first (so they reach their reviewers), then a random order fixed by the conversation id
+_SERVING_ORDER = "reviews DESC, md5(conversation_id), conversation_id"
 _WAITING = """
     WITH latest AS (SELECT conversation_id, max(version) AS version FROM conversations
                     WHERE conversation_id IN (SELECT conversation_id FROM review_queue) GROUP BY 1),
@@ -146,7 +147,7 @@ def next_item(con: duckdb.DuckDBPyConnection, reviewer: str, rules: ReviewSettin
     row = con.execute(f"""
         SELECT conversation_id, conversation_version, queue_rule, sampling_probability, reviews FROM ({_WAITING}) w
         WHERE NOT mine AND reviews < ? AND NOT list_contains(?, conversation_id)
-        ORDER BY reviews DESC, md5(conversation_id), conversation_id LIMIT 1""",
+        ORDER BY {_SERVING_ORDER} LIMIT 1""",
                       [reviewer, rules.reviews_per_item, skip or []]).fetchone()
     return QueueItem(*row) if row is not None else None
 
@@ -160,7 +161,7 @@ def queue_item(con: duckdb.DuckDBPyConnection, conversation_id: str) -> QueueIte
 
 def summary(con: duckdb.DuckDBPyConnection, reviewer: str, rules: ReviewSettings, limit: int = 50) -> QueueSummary:
     rows = con.execute(f"SELECT conversation_id, conversation_version, queue_rule, sampling_probability, reviews, "
-                       f"mine FROM ({_WAITING}) w", [reviewer]).fetchall()
+                       f"mine FROM ({_WAITING}) w ORDER BY {_SERVING_ORDER}", [reviewer]).fetchall()
     counts: dict[str, list[int]] = {rule: [0, 0] for rule in RULES}
     waiting: list[QueueItem] = []
     for cid, version, rule, probability, reviews, mine in rows:
@@ -168,7 +169,6 @@ def summary(con: duckdb.DuckDBPyConnection, reviewer: str, rules: ReviewSettings
         counts.setdefault(rule, [0, 0])[1 if done else 0] += 1
         if not done and not mine:
             waiting.append(QueueItem(cid, version, rule, probability, reviews))
-    waiting.sort(key=lambda item: (-item.reviews, hashlib.md5(item.conversation_id.encode()).hexdigest()))
     return QueueSummary([(rule, w, d) for rule, (w, d) in counts.items()], waiting[:limit])
 
 

@@ -15,6 +15,7 @@ import duckdb
 from pydantic import BaseModel, ConfigDict, Field
 
 from tracejudge.collector.history.agreement import FullAgreement, ReviewedItem, full_agreement
+from tracejudge.collector.receivers.ingest import bearer_matches
 from tracejudge.collector.review.queue import queue_item
 
 REVIEWER_NAME = re.compile(r"[A-Za-z0-9_.@-]{1,64}")  # recorded with each review and carried in a cookie
@@ -98,6 +99,11 @@ def reviewer_tokens(spec: str | None) -> dict[str, str]:
                              "(openssl rand -hex 16)")
         out[token] = name
     return out
+
+
+def reviewer_named(header: str | None, reviewers: dict[bytes, str]) -> str | None:
+    """The name of the reviewer whose token `Authorization: Bearer ...` carries (constant-time compares), if any."""
+    return next((name for token, name in reviewers.items() if bearer_matches(header, token)), None)
 
 
 def record_review(con: duckdb.DuckDBPyConnection, review: ReviewIn, reviewer: str) -> dict[str, Any]:

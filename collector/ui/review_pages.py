@@ -145,7 +145,7 @@ class ReviewPages:
 
 def _skipped(request: web.Request) -> list[str]:
     """The conversations this reviewer skipped in a row (the skip link carries them), so skipping moves on."""
-    text = request.query.get("skipped", "") or request.query.get("skip", "")
+    text = request.query.get("skipped", "")
     return [part for part in text.split(",") if part][-MAX_SKIPPED:]
 
 

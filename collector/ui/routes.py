@@ -24,6 +24,7 @@ from aiohttp import web
 
 from tracejudge.collector.pipeline.summary_tables import SummaryTables
 from tracejudge.collector.receivers.ingest import bearer_matches
+from tracejudge.collector.review.reviews import reviewer_named
 from tracejudge.collector.ui import views
 from tracejudge.collector.ui.charts import trend_chart
 from tracejudge.collector.ui.rendering import environment
@@ -127,7 +128,7 @@ class WebUI:
             return web.json_response({"error": "the form came from another page; sign in from /login"}, status=403)
         target = _safe_next(str(form.get("next", "/")))
         header = f"Bearer {form.get('token', '')}"
-        reviewer = next((name for token, name in self.reviewers.items() if bearer_matches(header, token)), None)
+        reviewer = reviewer_named(header, self.reviewers)
         if reviewer is not None:
             response = web.HTTPSeeOther(target if target.startswith(("/review", "/agreement")) else "/review")
             response.set_cookie(REVIEWER_COOKIE, f"{reviewer}.{self._reviewer_session(reviewer)}", httponly=True,
