@@ -202,6 +202,10 @@ class ConversationSettings(_Section):
                              "of conversations that went on after their first version, so their next version maps "
                              "only its new trace and reads none of their earlier spans; evicted at random when "
                              "full; 0 re-reads them all; bytes or 32MB")
+    assembly_workers: int = Field(-1, ge=-1, le=64, description="processes that map and compose conversations and "
+                                  "run the deterministic checks, so the server's own process serves the receivers "
+                                  "and the span writer; at a lower priority than the server, so ingest keeps its "
+                                  "cores; -1: one per core (none on one core); 0: in the server")
 
     @field_validator("quiet_period_s", "poll_s", mode="before")
     @classmethod

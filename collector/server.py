@@ -110,7 +110,8 @@ class Collector:
                                   self.metrics.on_measured, self.metrics.on_scored)
         self.assembler = ConversationAssembler(self.store.cursor(), self.settings, self.log,
                                                self.stage.initial_status, self.stage.configs,
-                                               writer_busy_s=lambda: self.store.stats.busy_s)
+                                               writer_busy_s=lambda: self.store.stats.busy_s,
+                                               checks=self.stage.deterministic, on_checked=self.stage.checked)
         self.store.listeners.append(self.assembler.observe)
         self.store.on_listener_error = self._assembler_missed
         self.metrics.traces_waiting.set_function(self.assembler.pending_traces)
@@ -210,6 +211,8 @@ class Collector:
             await asyncio.to_thread(self.score_export.close)
         await asyncio.to_thread(self.store.close)
         await asyncio.to_thread(self.decoder.stop)
+        if self.assembler is not None:
+            await asyncio.to_thread(self.assembler.pool.stop)
         await self.admin.stop()
         self.log.info("stopped", spans_committed=self.store.stats.spans_committed,
                       spans_duplicate=self.store.stats.duplicates)

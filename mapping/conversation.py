@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
-import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -60,6 +59,12 @@ class Conversation:
     content_hash: str
     explanation: tuple[dict[str, Any], ...] = ()  # with build_conversations(explain=True): where each turn came from
     context_only: bool = False  # only MCP calls made outside any agent run: nothing to score (see MappedTrace)
+    # the test case as stored (`model_dump_json(exclude_none=True)`), made once for the content hash ("": not made)
+    test_case_json: str = field(default="", repr=False, compare=False)
+
+    def stored_json(self) -> str:
+        """The test case's JSON as the collector stores it."""
+        return self.test_case_json or self.test_case.model_dump_json(exclude_none=True)
 
     def document(self, explain: bool = False) -> dict[str, Any]:
         """The conversation as JSON (`tracejudge inspect --format json`, the admin API's mapping of a stored one)."""
@@ -899,8 +904,8 @@ def compose_conversation(traces: Sequence[MappedTrace], servers: Sequence[MCPSer
             explanation.append({"turn": None, "role": "content missing", "source": _gap_text(gaps)})
     test_case = ConversationalTestCase.model_validate(  # the Turns hold only copies (`_owned`): no deep copy
         case, context={OWNED_TURNS: True})
-    digest = hashlib.sha256(json.dumps(test_case.model_dump(mode="json"), sort_keys=True,
-                                       ensure_ascii=False).encode()).hexdigest()
+    stored = test_case.model_dump_json(exclude_none=True)  # the hash is of what is stored: one encoding, not two
+    digest = hashlib.sha256(stored.encode()).hexdigest()
     return Conversation(
         conversation_id=conversation_id,
         key=key,
@@ -913,4 +918,5 @@ def compose_conversation(traces: Sequence[MappedTrace], servers: Sequence[MCPSer
         content_hash=digest,
         explanation=tuple(explanation),
         context_only=context_only,
+        test_case_json=stored,
     )

@@ -19,8 +19,9 @@ import contextlib
 import json
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
@@ -30,24 +31,32 @@ import pyarrow.compute as pc
 
 from tracejudge.collector.config import Settings
 from tracejudge.collector.log import Logger
-from tracejudge.collector.pipeline.mapped_traces import ENTRY_OVERHEAD, TEXT_FACTOR, KeptTrace, MappedTraceCache
-from tracejudge.collector.pipeline.sampling import (
-    attribute_keys,
-    attribute_values,
-    decide,
-    findings,
-    model_usage,
-    needs_findings,
+from tracejudge.collector.pipeline.assembly_pool import AssemblyPool, default_workers
+from tracejudge.collector.pipeline.conversation_builder import (
+    SPAN_COLUMNS,
+    BatchResult,
+    BuildConfig,
+    Built,
+    CheckedScore,
+    Resources,
+    Scopes,
+    TracePart,
+    build,
+    map_trace,
+    rows_by_trace,
 )
+from tracejudge.collector.pipeline.mapped_traces import KeptTrace, MappedTraceCache
+from tracejudge.collector.pipeline.sampling import attribute_keys, decide, needs_findings
+from tracejudge.collector.pipeline.scoring_stage import SCORE_SCHEMA, checked_score_row
 from tracejudge.collector.pipeline.session_index import SessionIndex
 from tracejudge.collector.receivers.span_rows import plain_strings
 from tracejudge.collector.store.id_table import id_table, registered
 from tracejudge.collector.store.transaction import in_transaction
-from tracejudge.mapping import Conversation, Span, compose_conversation, map_traces
 from tracejudge.mapping.conversation_key import KEY_PRECEDENCE, TRACE_KEY
 
-MAX_PER_POLL = 256  # conversations assembled per poll: a backlog never hides a newly end-marked one for long
-SPANS_PER_READ = 50_000  # spans read back in one query while assembling; bounds the assembler's memory
+MAX_PER_POLL = 512  # conversations assembled per poll: a backlog never hides a newly end-marked one for long
+SPANS_PER_READ = 16_000  # spans read back in one query while assembling; with the batches in flight (workers + 1)
+# it bounds the assembler's memory
 END_MARKER = '"tracejudge.conversation.end":true'
 CONTEXT_ONLY = "context_only"  # conversations.status of MCP calls made outside any agent run, in no known session
 _RANK = "CASE conversation_key_source " + " ".join(
@@ -67,17 +76,14 @@ _VERSION_SCHEMA = pa.schema([
 _JOB_SCHEMA = pa.schema([
     ("conversation_id", pa.string()), ("conversation_version", pa.int32()), ("metric", pa.string()),
     ("metric_config", pa.string()), ("status", pa.string()), ("created_at", _UTC_US), ("updated_at", _UTC_US)])
-# from span_records, not the spans view: a batch's resources and scopes are read and parsed once each
-# (`_dictionaries`), not joined onto every span and parsed again per span
-_COLUMNS = ("trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, status_code, status_message, "
-            "scope_id, resource_id, attributes, events, links, received_at")
-_Scopes = dict[int, tuple[str, str]]
-_NO_SCOPE = ("", "")
-_Resources = dict[int, dict]
-
-
-# a rebuilt conversation, its attribute values (sampling filters' and cohorts' keys), its agent's tokens per model
-_Built = tuple[Conversation, dict[str, set[str]], dict[str, tuple[int, int]]]
+_CONVERSATION_SUMMARY_SCHEMA = pa.schema([
+    ("conversation_id", pa.string()), ("version", pa.int32()), ("service_name", pa.string()),
+    ("agent_name", pa.string()), ("turns", pa.int32()), ("mcp_calls", pa.int32()), ("mcp_errors", pa.int32()),
+    ("assembled_at", _UTC_US), ("summary_note", pa.string())])
+_CALL_SUMMARY_SCHEMA = pa.schema([
+    ("conversation_id", pa.string()), ("version", pa.int32()), ("turn", pa.int32()), ("call_index", pa.int32()),
+    ("kind", pa.string()), ("server", pa.string()), ("name", pa.string()), ("is_error", pa.bool_()),
+    ("assembled_at", _UTC_US)])
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # A span committed after its trace's first commit was received at most this much before that commit's oldest
 # span (a request waits in the decode pool and the writer's queue for seconds; a retried export is stamped anew).
@@ -90,9 +96,31 @@ class _Due(NamedTuple):
     traces: set[str]
 
 
-def _calls(conversation: Conversation) -> int:
-    return sum(len(t.mcp_tools_called or []) + len(t.mcp_resources_called or []) + len(t.mcp_prompts_called or [])
-               for t in conversation.test_case.turns)
+class _Batch(NamedTuple):
+    """A batch read and sent to the workers, waiting to be finished."""
+
+    batch: list[str]
+    here: list[str]  # built in the server (traces kept from their earlier versions)
+    local_rows: pa.Table | None  # their spans
+    scopes: Scopes
+    resources: Resources
+    future: Future[BatchResult]
+
+
+class _Rows:
+    """What one batch of versions writes, table by table."""
+
+    def __init__(self) -> None:
+        self.versions: list[dict[str, object]] = []
+        self.jobs: list[dict[str, object]] = []
+        self.checked: list[CheckedScore] = []
+        self.summaries: list[dict[str, object]] = []
+        self.calls: list[dict[str, object]] = []
+
+
+def _only(table: pa.Table, traces: list[str]) -> pa.Table:
+    """The rows of these traces."""
+    return table.filter(pc.is_in(table.column("trace_id"), pa.array(traces, pa.string())))
 
 
 def _at(since_us: int) -> datetime:
@@ -121,13 +149,25 @@ class ConversationAssembler:
 
     def __init__(self, con: duckdb.DuckDBPyConnection, settings: Settings, logger: Logger,
                  job_status: Callable[[str], str], metric_configs: dict[str, str],
-                 writer_busy_s: Callable[[], float] | None = None) -> None:
+                 writer_busy_s: Callable[[], float] | None = None, checks: tuple[str, ...] = (),
+                 on_checked: Callable[[list[CheckedScore]], None] | None = None) -> None:
         self.con = con
         self.settings = settings
         self.log = logger
         self.job_status = job_status  # metric -> the status a new job starts in
         self.metric_configs = metric_configs  # metric -> config hash (part of the job and score key)
         self._attribute_keys = attribute_keys(settings.sampling, settings.cohorts.attributes)
+        # `checks`: the deterministic metrics scored as each conversation is built, written with its version (the
+        # scoring stage's, told through `on_checked`); a check that raises leaves its job pending for the stage
+        self.on_checked = on_checked
+        self.build_config = BuildConfig(
+            mcp_tools={server: tuple(tools) for server, tools in settings.mapping.mcp_tools.items()},
+            attribute_keys=self._attribute_keys, with_findings=needs_findings(settings.sampling), checks=checks,
+            threshold=settings.scoring.threshold, strict_mode=settings.scoring.strict_mode)
+        workers = settings.conversations.assembly_workers
+        self.pool = AssemblyPool(default_workers() if workers < 0 else workers, self.build_config,
+                                 on_start=lambda n: self.log.info("assembly workers started", workers=n))
+        self.pool_wait_s = 0.0  # seconds spent waiting for the workers (not the server's CPU)
         self._new_cohorts = [rule for rule in settings.sampling.rules if rule.when == "new_cohort"]
         self._cohort_counts: dict[tuple[str, str], int] | None = None  # read once, then kept as it is written
         self.writer_busy_s = writer_busy_s  # the span writer's seconds spent committing so far (None: not known)
@@ -305,15 +345,17 @@ class ConversationAssembler:
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             done = 0
-            started, busy = time.monotonic(), self._writer_busy()
+            started, busy, waited = time.monotonic(), self._writer_busy(), self.pool_wait_s
             try:
                 await asyncio.to_thread(self.take_in)
                 done = await asyncio.to_thread(self.assemble_due, False, MAX_PER_POLL)
             except Exception as exc:  # a bad conversation must not stop the loop; it is logged and retried
                 self.log.error("assembly failed", reason=f"{type(exc).__name__}: {exc}")
-            # a backlog: go on at once (looking again for end-marked conversations first), unless ingest presses
+            # a backlog: go on at once (looking again for end-marked conversations first), unless ingest presses;
+            # the time the workers built (on other cores) is not time taken from ingest
+            spent = time.monotonic() - started - (self.pool_wait_s - waited)
             wait = max(0.0 if done >= MAX_PER_POLL else self.settings.conversations.poll_s,
-                       self.pause_for_ingest(time.monotonic() - started, self._writer_busy() - busy))
+                       self.pause_for_ingest(spent, self._writer_busy() - busy))
             if wait > 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), wait)
@@ -499,9 +541,9 @@ class ConversationAssembler:
                 "GROUP BY trace_id", [_at(since_us)]).fetchall())
         counts.update((t, k.spans) for t, k in kept.items())
         limit = self.settings.conversations.max_spans
-        failed: set[str] = set()
-        mapped: dict[str, KeptTrace] = {}
-        batch: list[str] = []
+        # at least a batch per worker, so a poll keeps them all busy
+        per_batch = min(SPANS_PER_READ, max(1, sum(counts.get(t, 0) for t in unread) // max(1, self.pool.workers)))
+        batches: list[list[str]] = [[]]
         size = 0
         for conversation_id, members in conversations.items():
             count = sum(counts.get(t, 0) for t in members)
@@ -512,55 +554,81 @@ class ConversationAssembler:
                 self._mark_assembled({conversation_id: members}, {}, {})
                 continue
             unread_count = sum(counts.get(t, 0) for t in members if t not in kept)
-            if batch and size + unread_count > SPANS_PER_READ:
-                failed |= self._assemble_batch(batch, conversations, since_us, kept, mapped, going_on)
-                batch, size = [], 0
-            batch.append(conversation_id)
+            if batches[-1] and size + unread_count > per_batch:
+                batches.append([])
+                size = 0
+            batches[-1].append(conversation_id)
             size += unread_count
-        if batch:
-            failed |= self._assemble_batch(batch, conversations, since_us, kept, mapped, going_on)
+        # read ahead while the workers build: every worker busy, one batch more waiting, no more rows in memory;
+        # what comes back (the built conversations) is small, and is written once the whole poll is built, so the
+        # context traces are matched to their conversations over all of it, whichever batch each came in
+        result = BatchResult()
+        local: dict[str, list[KeptTrace]] = {}
+        in_flight: deque[_Batch] = deque()
+        for batch in (b for b in batches if b):
+            in_flight.append(self._read_and_submit(batch, conversations, since_us, kept, going_on))
+            if len(in_flight) > self.pool.workers:
+                self._collect(in_flight.popleft(), conversations, kept, result, local)
+        while in_flight:
+            self._collect(in_flight.popleft(), conversations, kept, result, local)
+        mapped: dict[str, KeptTrace] = {}
+        failed = self._write_built(result, local, conversations, since_us, kept, mapped, going_on)
         return failed, mapped
 
-    def _assemble_batch(self, batch: list[str], conversations: dict[str, set[str]], since_us: int,
-                        kept: dict[str, KeptTrace], mapped: dict[str, KeptTrace], going_on: set[str]) -> set[str]:
-        """Read, map and write these conversations; the traces mapped here of those `going_on` go to `mapped`."""
+    def _read_and_submit(self, batch: list[str], conversations: dict[str, set[str]], since_us: int,
+                         kept: dict[str, KeptTrace], going_on: set[str]) -> _Batch:
+        """Read these conversations' spans and send those seen for the first time (nearly all) to the workers;
+        those that went on are built here, where the traces kept from their earlier versions are."""
         unread = {t for c in batch for t in conversations[c]} - kept.keys()
         self.con.execute("BEGIN TRANSACTION")  # the spans and their resources from one snapshot: none pruned between
         try:
             with id_table(self.con, unread) as ids:
                 # a span sent again inside another request is stored twice: the last copy received counts, once
-                rows = self.con.execute(
-                    f"SELECT {_COLUMNS} FROM span_records WHERE received_at >= ? AND trace_id IN "
+                table = self.con.execute(
+                    f"SELECT {', '.join(SPAN_COLUMNS)} FROM span_records WHERE received_at >= ? AND trace_id IN "
                     f"(SELECT id FROM {ids}) "
                     "QUALIFY row_number() OVER (PARTITION BY trace_id, span_id ORDER BY received_at DESC) = 1",
-                    [_at(since_us)]).fetchall()
-            scopes, resources = self._dictionaries({r[9] for r in rows}, {r[10] for r in rows})
+                    [_at(since_us)]).to_arrow_table()
+            scopes, resources = self._dictionaries(set(pc.unique(table.column("scope_id")).to_pylist()),
+                                                   set(pc.unique(table.column("resource_id")).to_pylist()))
         finally:
             with contextlib.suppress(duckdb.Error):  # read only: nothing to keep or lose
                 self.con.execute("ROLLBACK")
-        by_trace: dict[str, list[tuple]] = {}
-        for row in rows:
-            by_trace.setdefault(row[0], []).append(row)
-        failed: set[str] = set()
-        built: dict[str, list[_Built]] = {}
-        parts_of: dict[str, list[KeptTrace]] = {}
-        for conversation_id in batch:
-            try:
-                parts = [kept.get(t) or self._map_trace(by_trace[t], scopes, resources)
-                         for t in conversations[conversation_id]
-                         if t in kept or t in by_trace]
-                built[conversation_id] = self._compose(conversation_id, parts)
-            except Exception as exc:  # one bad conversation must not hold up the others; it is retried later
-                self._failed(conversation_id, exc)
-                failed.add(conversation_id)
-                continue
-            parts_of[conversation_id] = parts
-        attach = self._plan_attachments(parts_of)
+        here = [c for c in batch if c in going_on or not conversations[c].isdisjoint(kept)]
+        there = {c: sorted(conversations[c]) for c in batch if c not in set(here)}
+        future = self.pool.submit(
+            _only(table, [t for traces in there.values() for t in traces]) if here else table, there, scopes, resources)
+        return _Batch(batch, here, _only(table, [t for c in here for t in conversations[c]]) if here else None,
+                      scopes, resources, future)
+
+    def _collect(self, read: _Batch, conversations: dict[str, set[str]], kept: dict[str, KeptTrace],
+                 result: BatchResult, local: dict[str, list[KeptTrace]]) -> None:
+        """Build what stayed here and wait for the workers' part of a batch, into `result` (and `local`: the traces
+        mapped here)."""
+        local.update(self._build_here(read.here, conversations, read.local_rows, read.scopes, read.resources, kept,
+                                      result))
+        started = time.monotonic()
+        built_there = self.pool.result(read.future, list(read.batch))
+        self.pool_wait_s += time.monotonic() - started
+        result.built.update(built_there.built)
+        result.failed.update(built_there.failed)
+        result.parts.update(built_there.parts)
+
+    def _write_built(self, result: BatchResult, local: dict[str, list[KeptTrace]],
+                     conversations: dict[str, set[str]], since_us: int, kept: dict[str, KeptTrace],
+                     mapped: dict[str, KeptTrace], going_on: set[str]) -> set[str]:
+        """Write the conversations built, mark their traces assembled and attach context traces; the traces mapped
+        here of those `going_on` go to `mapped`. The ids that failed."""
+        for conversation_id, reason in result.failed.items():
+            self._failed(conversation_id, reason)
+        failed = set(result.failed)
+        built = {c: [b] if b is not None else [] for c, b in result.built.items()}
+        attach = self._plan_attachments(result.parts)
         failed |= self._write_all(built, unjudged=set(attach.values()))
-        done = {c: parts for c, parts in parts_of.items() if c not in failed}
-        for conversation_id, parts in done.items():
+        done = {c: parts for c, parts in result.parts.items() if c not in failed}
+        for conversation_id in done:
             if conversation_id in going_on:
-                mapped.update((p.trace_id, p) for p in parts if p.trace_id not in kept)
+                mapped.update((p.trace_id, p) for p in local.get(conversation_id, []) if p.trace_id not in kept)
         self._mark_assembled(  # a kept trace's row already names this conversation and is newer than its spans
             {c: conversations[c] - kept.keys() for c in done},
             # the newest span assembled, not the clock: a span committed meanwhile is still newer after a restart
@@ -571,7 +639,26 @@ class ConversationAssembler:
             self._attach(attach, since_us)
         return failed
 
-    def _plan_attachments(self, parts_of: dict[str, list[KeptTrace]]) -> dict[str, str]:
+    def _build_here(self, here: list[str], conversations: dict[str, set[str]], table: pa.Table | None,
+                    scopes: Scopes, resources: Resources, kept: dict[str, KeptTrace],
+                    result: BatchResult) -> dict[str, list[KeptTrace]]:
+        """Build in this process the conversations with traces kept from before (into `result`); their mapped
+        traces, for the cache."""
+        by_trace = rows_by_trace(table) if table is not None else {}
+        local: dict[str, list[KeptTrace]] = {}
+        for conversation_id in here:
+            try:
+                parts = [kept.get(t) or map_trace(by_trace[t], scopes, resources, self._attribute_keys)
+                         for t in conversations[conversation_id] if t in kept or t in by_trace]
+                result.built[conversation_id] = build(conversation_id, parts, self.build_config)
+            except Exception as exc:  # one bad conversation must not hold up the others; it is retried later
+                result.failed[conversation_id] = f"{type(exc).__name__}: {exc}"
+                continue
+            local[conversation_id] = parts
+            result.parts[conversation_id] = [TracePart.of(p) for p in parts]
+        return local
+
+    def _plan_attachments(self, parts_of: dict[str, list[TracePart]]) -> dict[str, str]:
         """Context traces (MCP calls outside any run, no key of their own) that join the one conversation sharing
         their MCP session: decided after the whole batch is known (the conversations of the batch first, so which
         comes first in it does not decide), from the sessions remembered as conversations are assembled, in
@@ -579,16 +666,16 @@ class ConversationAssembler:
         written without jobs, since its next version (with the context) follows within a quiet period."""
         context: dict[str, frozenset[str]] = {}
         for conversation_id, parts in parts_of.items():
-            mapped = [p.mapped for p in parts if p.mapped is not None]
-            sessions = frozenset(s for m in mapped for s in m.sessions)
-            if mapped and all(m.context_only and m.key == TRACE_KEY for m in mapped):
+            mapped = [p for p in parts if p.mapped]
+            sessions = frozenset(s for p in mapped for s in p.sessions)
+            if mapped and all(p.context_trace for p in mapped):
                 context[conversation_id] = sessions
             else:
                 self.sessions.owned(conversation_id, sessions)
         attach: dict[str, str] = {}
         candidates = set(context) | self.sessions.waiting_for(s for ss in context.values() for s in ss) | \
             self.sessions.waiting_for(s for c, parts in parts_of.items() if c not in context
-                                      for p in parts if p.mapped is not None for s in p.mapped.sessions)
+                                      for p in parts for s in p.sessions)
         for candidate in candidates:  # a context conversation's id is its one trace's id
             sessions = context.get(candidate) or self.sessions.sessions_of(candidate)
             owner = self.sessions.owner(sessions)
@@ -624,8 +711,8 @@ class ConversationAssembler:
             self.log.info("context attached", trace_id=trace, conversation_id=conversation_id)
         self._attached.extend((trace, since_us) for trace in attach)  # waits again once this round forgets it
 
-    def _failed(self, conversation_id: str, exc: Exception) -> None:
-        self.log.error("assembly failed", conversation_id=conversation_id, reason=f"{type(exc).__name__}: {exc}")
+    def _failed(self, conversation_id: str, reason: str) -> None:
+        self.log.error("assembly failed", conversation_id=conversation_id, reason=reason)
 
     def _mark_assembled(self, conversations: dict[str, set[str]], newest: dict[str, datetime],
                         first: dict[str, datetime]) -> None:
@@ -645,7 +732,7 @@ class ConversationAssembler:
         with registered(self.con, table) as name:
             self.con.execute(f"INSERT OR REPLACE INTO assembled_traces BY NAME SELECT * FROM {name}")
 
-    def _dictionaries(self, scope_ids: set[int], resource_ids: set[int]) -> tuple[_Scopes, _Resources]:
+    def _dictionaries(self, scope_ids: set[int], resource_ids: set[int]) -> tuple[Scopes, Resources]:
         """The scopes (name, version) and resources (parsed attributes) these spans refer to, each read once."""
         with id_table(self.con, scope_ids, pa.int64()) as ids:
             scopes = {i: (n, v) for i, n, v in self.con.execute(
@@ -656,44 +743,7 @@ class ConversationAssembler:
             ).fetchall()}
         return scopes, resources
 
-    def _map_trace(self, rows: list[tuple], scopes: _Scopes, resources: _Resources) -> KeptTrace:
-        """One trace mapped from its stored rows, with what the sampling filters and `assembled_traces` need. Spans
-        of one resource share its parsed attributes, as the spans of one ResourceSpans do when decoded."""
-        spans = [Span.from_record({
-            "trace_id": r[0], "span_id": r[1], "parent_span_id": r[2], "name": r[3], "kind": r[4],
-            "start_ns": r[5], "end_ns": r[6], "status_code": r[7], "status_message": r[8],
-            "scope_name": (scope := scopes.get(r[9], _NO_SCOPE))[0], "scope_version": scope[1],
-            "attributes": json.loads(r[11]), "resource": resources.get(r[10], {}),
-            "events": json.loads(r[12]), "links": json.loads(r[13]),
-        }) for r in rows]
-        mapped = map_traces(spans)
-        received = [r[14] for r in rows]
-        return KeptTrace(rows[0][0], mapped[0] if mapped else None, attribute_values(self._attribute_keys, spans),
-                         len(rows), min(received), max(received),
-                         ENTRY_OVERHEAD + TEXT_FACTOR * sum(len(r[11]) + len(r[12]) for r in rows),
-                         model_usage(spans))
-
-    def _compose(self, conversation_id: str, parts: list[KeptTrace]) -> list[_Built]:
-        """The conversation composed from its traces' mapped parts, with the sampling filters' attribute values
-        (none when it has no turn)."""
-        # traces with no key of their own are here because they were attached to it: even once they show a run
-        mine = [p for p in parts if p.mapped is not None and (p.mapped.conversation_id == conversation_id
-                                                               or p.mapped.key == TRACE_KEY)]
-        conversation = compose_conversation([p.mapped for p in mine if p.mapped is not None],
-                                            mcp_tools=self.settings.mapping.mcp_tools)
-        if conversation is None:
-            return []
-        values: dict[str, set[str]] = {}
-        usage: dict[str, tuple[int, int]] = {}
-        for part in mine:
-            for key, found in part.attributes.items():
-                values.setdefault(key, set()).update(found)
-            for model, (tokens_in, tokens_out) in part.usage.items():
-                seen_in, seen_out = usage.get(model, (0, 0))
-                usage[model] = (seen_in + tokens_in, seen_out + tokens_out)
-        return [(conversation, values, usage)]
-
-    def _write_all(self, built: dict[str, list[_Built]], unjudged: set[str] | None = None) -> set[str]:
+    def _write_all(self, built: dict[str, list[Built]], unjudged: set[str] | None = None) -> set[str]:
         """Write a batch's new versions in one transaction (a commit per conversation cost 7 ms of CPU); when
         that fails, each conversation alone, so one that cannot be written does not hold up the rest. The ids
         that failed."""
@@ -702,24 +752,24 @@ class ConversationAssembler:
             return set()
         except Exception as exc:
             if len(built) == 1:
-                self._failed(next(iter(built)), exc)
+                self._failed(next(iter(built)), f"{type(exc).__name__}: {exc}")
                 return set(built)
         failed = set()
         for conversation_id, items in built.items():
             try:
                 self.write_versions(items, unjudged)
             except Exception as exc:
-                self._failed(conversation_id, exc)
+                self._failed(conversation_id, f"{type(exc).__name__}: {exc}")
                 failed.add(conversation_id)
         return failed
 
-    def write_versions(self, built: list[_Built], unjudged: set[str] | None = None) -> list[int | None]:
-        """A new version of each conversation whose content changed, with its jobs, in one transaction; per
-        conversation its version, or None when this content is already stored (or its spans were pruned).
-        Each item: the conversation and the values of the sampling filters' attribute keys in its spans."""
+    def write_versions(self, built: list[Built], unjudged: set[str] | None = None) -> list[int | None]:
+        """A new version of each conversation whose content changed, with its jobs, its UI summary rows and the
+        scores of the checks that ran as it was built, in one transaction; per conversation its version, or None
+        when this content is already stored (or its spans were pruned)."""
         if not built:
             return []
-        with id_table(self.con, {c.conversation_id for c, *_ in built}) as ids:
+        with id_table(self.con, {b.conversation_id for b in built}) as ids:
             pruned = {cid for (cid,) in self.con.execute(
                 f"SELECT conversation_id FROM pruned_conversations WHERE conversation_id IN (SELECT id FROM {ids})"
             ).fetchall()}
@@ -733,28 +783,27 @@ class ConversationAssembler:
         now = datetime.now(UTC)
         metrics = self.settings.scoring.metrics
         versions: list[int | None] = []
-        rows: list[dict[str, object]] = []
-        jobs: list[dict[str, object]] = []
+        out = _Rows()
         counted: dict[tuple[str, str], int] = {}  # new conversations per cohort value, for the new_cohort rules
-        written: list[tuple[Conversation, int, list[str]]] = []  # logged once they are committed
-        late: list[Conversation] = []  # so are these, so a batch retried alone does not count them twice
-        for conversation, attributes, usage in built:
-            cid = conversation.conversation_id
+        written: list[tuple[Built, int, list[str]]] = []  # logged once they are committed
+        late: list[Built] = []  # so are these, so a batch retried alone does not count them twice
+        for b in built:
+            cid = b.conversation_id
             if cid in pruned:  # its earlier spans were pruned by retention: the rest would be a truncated conversation
-                late.append(conversation)
+                late.append(b)
                 versions.append(None)
                 continue
             last = latest.get(cid)
-            if last is not None and last[1] == conversation.content_hash:
+            if last is not None and last[1] == b.content_hash:
                 versions.append(None)
                 continue
             version = (last[0] if last else 0) + 1
-            latest[cid] = (version, conversation.content_hash)
-            found = findings(conversation.test_case) if needs_findings(self.settings.sampling) else set()
-            if self._new_cohorts and self._is_new(attributes, counted if version == 1 else None):
+            latest[cid] = (version, b.content_hash)
+            found = set(b.findings)
+            if self._new_cohorts and self._is_new(b.attributes, counted if version == 1 else None):
                 found.add("new_cohort")
-            value, sampled, inclusion = decide(self.settings.sampling, metrics, cid, conversation.service_name,
-                                               conversation.agent_name, attributes, found)
+            value, sampled, inclusion = decide(self.settings.sampling, metrics, cid, b.service_name,
+                                               b.agent_name, b.attributes, found)
             if previous.get(cid):  # a later version keeps the chance its conversation already had (sticky up)
                 for metric, p in json.loads(previous[cid] or "{}").items():
                     if metric in inclusion and p > inclusion[metric]:
@@ -762,40 +811,52 @@ class ConversationAssembler:
                         sampled[metric] = sampled[metric] or value < p
             # MCP calls outside any run, in no known session: kept, never scored; a conversation about to get its
             # context: its next version is scored
-            if conversation.context_only or cid in (unjudged or ()):
+            if b.context_only or cid in (unjudged or ()):
                 sampled = dict.fromkeys(sampled, False)
-            rows.append({"conversation_id": cid, "version": version, "content_hash": conversation.content_hash,
-                         "status": CONTEXT_ONLY if conversation.context_only else "complete",
-                         "key_source": conversation.key,
-                         "service_name": conversation.service_name, "agent_name": conversation.agent_name,
-                         "turns": len(conversation.test_case.turns), "mcp_calls": _calls(conversation),
-                         "trace_ids": list(conversation.trace_ids), "first_span_ns": conversation.first_span_ns,
-                         "last_span_ns": conversation.last_span_ns,
-                         "test_case": conversation.test_case.model_dump_json(exclude_none=True),
-                         "sample_value": value, "sampled": json.dumps(sampled), "assembled_at": now,
-                         "attributes": json.dumps({k: sorted(v) for k, v in sorted(attributes.items())}),
-                         "inclusion": json.dumps(inclusion),
-                         "agent_usage": json.dumps({m: list(t) for m, t in usage.items()}) if usage else None})
-            jobs.extend({"conversation_id": cid, "conversation_version": version, "metric": metric,
-                         "metric_config": self.metric_configs[metric], "status": self.job_status(metric),
-                         "created_at": now, "updated_at": now} for metric, chosen in sampled.items() if chosen)
+            attributes = json.dumps({k: sorted(v) for k, v in sorted(b.attributes.items())})
+            out.versions.append({
+                "conversation_id": cid, "version": version, "content_hash": b.content_hash,
+                "status": CONTEXT_ONLY if b.context_only else "complete", "key_source": b.key,
+                "service_name": b.service_name, "agent_name": b.agent_name, "turns": b.turns, "mcp_calls": b.mcp_calls,
+                "trace_ids": list(b.trace_ids), "first_span_ns": b.first_span_ns, "last_span_ns": b.last_span_ns,
+                "test_case": b.test_case_json, "sample_value": value, "sampled": json.dumps(sampled),
+                "assembled_at": now, "attributes": attributes, "inclusion": json.dumps(inclusion),
+                "agent_usage": json.dumps({m: list(t) for m, t in b.usage.items()}) if b.usage else None})
+            for metric, chosen in sampled.items():
+                if not chosen:
+                    continue
+                check = b.checks.get(metric)
+                out.jobs.append({"conversation_id": cid, "conversation_version": version, "metric": metric,
+                                 "metric_config": self.metric_configs[metric],
+                                 "status": "done" if check is not None else self.job_status(metric),
+                                 "created_at": now, "updated_at": now})
+                if check is not None:
+                    out.checked.append(CheckedScore(cid, version, metric, check, b.service_name, b.agent_name,
+                                                    b.last_span_ns, inclusion.get(metric), attributes))
+            out.summaries.append({"conversation_id": cid, "version": version, "service_name": b.service_name,
+                                  "agent_name": b.agent_name, "turns": b.turns, "mcp_calls": b.mcp_calls,
+                                  "mcp_errors": b.mcp_errors, "assembled_at": now, "summary_note": None})
+            out.calls.extend({"conversation_id": cid, "version": version, "turn": turn, "call_index": index,
+                              "kind": kind, "server": server, "name": name, "is_error": is_error, "assembled_at": now}
+                             for turn, index, kind, server, name, is_error in b.calls)
             versions.append(version)
-            written.append((conversation, version, [m for m, chosen in sampled.items() if chosen]))
-        if rows:
+            written.append((b, version, [m for m, chosen in sampled.items() if chosen]))
+        if out.versions:
             try:
-                self._insert(rows, jobs, counted)
+                self._insert(out, counted)
             except Exception:
                 self._cohort_counts = None  # read again: this batch's counts were not committed
                 raise
-        for conversation in late:
+        for b in late:
             self.late_after_prune += 1
             self.log.warning("late spans for a pruned conversation: stored, not assembled",
-                             conversation_id=conversation.conversation_id, traces=len(conversation.trace_ids))
-        for conversation, version, queued in written:
+                             conversation_id=b.conversation_id, traces=len(b.trace_ids))
+        for b, version, queued in written:
             self.assembled += 1
-            self.log.info("conversation complete", conversation_id=conversation.conversation_id, version=version,
-                          turns=len(conversation.test_case.turns), mcp_calls=_calls(conversation),
-                          metrics_queued=queued)
+            self.log.info("conversation complete", conversation_id=b.conversation_id, version=version,
+                          turns=b.turns, mcp_calls=b.mcp_calls, metrics_queued=queued)
+        if out.checked and self.on_checked is not None:
+            self.on_checked(out.checked)
         return versions
 
     def _is_new(self, attributes: dict[str, set[str]], counted: dict[tuple[str, str], int] | None) -> bool:
@@ -816,9 +877,9 @@ class ConversationAssembler:
                     counted[(key, value)] = counted.get((key, value), 0) + 1
         return new
 
-    def _insert(self, rows: list[dict[str, object]], jobs: list[dict[str, object]],
-                counted: dict[tuple[str, str], int] | None = None) -> None:
-        """The versions and their jobs, as two Arrow appends in one transaction, with the cohort counts."""
+    def _insert(self, out: _Rows, counted: dict[str, int] | dict[tuple[str, str], int] | None = None) -> None:
+        """The versions, their jobs, summary rows and check scores, as Arrow appends in one transaction, with the
+        cohort counts."""
         self.con.execute("BEGIN TRANSACTION")
         try:
             if counted:
@@ -826,15 +887,25 @@ class ConversationAssembler:
                     "INSERT INTO cohort_counts VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET "
                     "conversations = cohort_counts.conversations + excluded.conversations",
                     [[k, v, n] for (k, v), n in counted.items()])
-            with registered(self.con, pa.Table.from_pylist(rows, schema=_VERSION_SCHEMA)) as name:
-                self.con.execute(f"INSERT INTO conversations BY NAME SELECT * FROM {name}")
-            if jobs:
-                with registered(self.con, pa.Table.from_pylist(jobs, schema=_JOB_SCHEMA)) as name:
-                    self.con.execute(f"INSERT INTO eval_jobs BY NAME SELECT * FROM {name}")
+            self._append("conversations", out.versions, _VERSION_SCHEMA)
+            self._append("eval_jobs", out.jobs, _JOB_SCHEMA)
+            if out.checked:
+                self._append("scores", [checked_score_row(c.conversation_id, c.version, c.metric,
+                                                          self.metric_configs[c.metric], c.check, c.service_name,
+                                                          c.agent_name, c.last_span_ns, c.probability)
+                                        for c in out.checked], SCORE_SCHEMA, "INSERT OR IGNORE")
+            # the UI's summaries of the latest version: a later version replaces its conversation's row
+            self._append("conversation_summary", out.summaries, _CONVERSATION_SUMMARY_SCHEMA, "INSERT OR REPLACE")
+            self._append("call_summary", out.calls, _CALL_SUMMARY_SCHEMA)
             self.con.execute("COMMIT")
         except Exception:
             self.con.execute("ROLLBACK")
             raise
+
+    def _append(self, table: str, rows: list[dict[str, object]], schema: pa.Schema, verb: str = "INSERT") -> None:
+        if rows:
+            with registered(self.con, pa.Table.from_pylist(rows, schema=schema)) as name:
+                self.con.execute(f"{verb} INTO {table} BY NAME SELECT * FROM {name}")
 
     def pending_traces(self) -> int:
         with self._lock:

@@ -25,6 +25,7 @@ import pyarrow as pa
 from tracejudge.calibration import CalibrationExample, calibration_digest
 from tracejudge.call_validity import MCPCallValidityMetric
 from tracejudge.collector.pipeline.batch_ledger import DuckDBBatchLedger
+from tracejudge.collector.pipeline.conversation_builder import Check, CheckedScore, measure_recorded, not_applicable
 from tracejudge.collector.review.calibration import calibration_examples
 from tracejudge.collector.store.id_table import id_table, registered
 from tracejudge.errors import (
@@ -40,12 +41,11 @@ from tracejudge.judged_metric import JudgedMetric
 from tracejudge.judges.llm import LLMJudge, load_client_library
 from tracejudge.judges.resolve import JudgeOptions
 from tracejudge.judges.secret_mask import mask_url
-from tracejudge.mapping.conversation import CONTENT_MISSING
 from tracejudge.mcp_use import MultiTurnMCPUseMetric
 from tracejudge.metric import BaseMetric
 from tracejudge.outage import JudgeOutage
 from tracejudge.task_completion import MCPTaskCompletionMetric
-from tracejudge.test_case import ConversationalTestCase, load_test_case
+from tracejudge.test_case import load_test_case
 
 JUDGED = {"mcp_use": MultiTurnMCPUseMetric, "mcp_task_completion": MCPTaskCompletionMetric}
 OUTAGE_GIVE_UP_STREAK = 4  # `score --pending` stops waiting for a judge after this many failures in a row
@@ -54,23 +54,6 @@ DETERMINISTIC_BATCH = 256  # deterministic jobs leased, measured and committed t
 BATCH_CASE_BYTES = 16 * 1024 * 1024  # test-case JSON of a batch loaded at once (a batch is read in parts past it)
 OWN_FAILURE_STRIKES = 3  # unavailable this often while the judge answered others: the job's own failure
 Log = Callable[..., None]
-
-
-async def _measure_recorded(metric: BaseMetric, metric_id: str, case: ConversationalTestCase) -> None:
-    """Measure the case, unless its spans recorded none of what the metric reads (no messages for a judged metric,
-    no arguments for call validity): then it is not applicable, with what to turn on to record it."""
-    gaps = (case.metadata or {}).get(CONTENT_MISSING)
-    needed = "messages" if metric_id in JUDGED else "arguments"
-    if isinstance(gaps, dict) and needed in (gaps.get("missing") or []):
-        raise NoTaskError(f"the conversation's spans recorded no {needed}, so there is nothing to score; to "
-                          f"record them: {gaps.get('how_to_record')}")
-    await metric.a_measure(case)
-
-
-def _not_applicable(metric: BaseMetric, reason: Exception) -> None:
-    """Nothing to judge is neither a pass nor a fail: no score, no success, the reason kept."""
-    metric.error = f"not applicable: {reason}"
-    metric.score = metric.success = None
 
 
 @dataclass(frozen=True)
@@ -127,7 +110,7 @@ def metric_config(config: StageConfig, metric: str, examples: Sequence[Calibrati
 
 
 _UTC_US = pa.timestamp("us", tz="UTC")
-_SCORE_SCHEMA = pa.schema([  # the `scores` table's columns, in order: a score row, and a batch's Arrow append
+SCORE_SCHEMA = pa.schema([  # the `scores` table's columns, in order: a score row, and a batch's Arrow append
     ("conversation_id", pa.string()), ("conversation_version", pa.int32()), ("metric", pa.string()),
     ("metric_config", pa.string()), ("eval_mode", pa.string()), ("score", pa.float64()), ("success", pa.bool_()),
     ("threshold", pa.float64()), ("strict_mode", pa.bool_()), ("reason", pa.string()), ("confidence", pa.float64()),
@@ -136,7 +119,21 @@ _SCORE_SCHEMA = pa.schema([  # the `scores` table's columns, in order: a score r
     ("latency_ms", pa.float64()), ("breakdown", pa.string()), ("fallback_reason", pa.string()), ("error", pa.string()),
     ("service_name", pa.string()), ("agent_name", pa.string()), ("conversation_end_time", _UTC_US),
     ("scored_at", _UTC_US), ("inclusion_probability", pa.float64())])
-SCORE_COLUMNS = tuple(_SCORE_SCHEMA.names)
+SCORE_COLUMNS = tuple(SCORE_SCHEMA.names)
+
+
+def checked_score_row(conversation_id: str, version: int, metric_id: str, config: str, check: Check,
+                      service: str | None, agent: str | None, last_ns: int | None,
+                      probability: float | None) -> dict[str, Any]:
+    """The `scores` row of a deterministic check run as its conversation was built (no judge: no cost, tokens or
+    model)."""
+    return {"conversation_id": conversation_id, "conversation_version": version, "metric": metric_id,
+            "metric_config": config, "score": check.score, "success": check.success, "threshold": check.threshold,
+            "strict_mode": check.strict_mode, "reason": check.reason, "evaluation_cost": 0.0, "input_tokens": 0,
+            "output_tokens": 0, "judge_calls": 0, "latency_ms": check.latency_ms, "breakdown": check.breakdown,
+            "error": check.error, "service_name": service, "agent_name": agent, "conversation_end_time":
+            datetime.fromtimestamp(last_ns / 1e9, UTC) if last_ns else None, "scored_at": datetime.now(UTC),
+            "inclusion_probability": probability}
 
 
 def content_digest(test_case_json: str) -> str | None:
@@ -196,7 +193,7 @@ class ScoringStage:
         self._running: set[asyncio.Task[None]] = set()
         self._slot_freed = asyncio.Event()  # a running job (or deterministic batch) ended: room to lease into
         # metrics that need no judge: leased in batches, apart from the judged jobs' `concurrency`
-        self._deterministic = [m for m, t in self.metrics.items() if not isinstance(t, JudgedMetric)]
+        self.deterministic = tuple(m for m, t in self.metrics.items() if not isinstance(t, JudgedMetric))
         self._batch: asyncio.Task[None] | None = None
         self._active: set[int] = set()  # job ids this process is measuring: their leases never expire here
         # job id -> (its metric's success count when an outage first gave its attempt back, failures since)
@@ -301,7 +298,7 @@ class ScoringStage:
         async with self._db:
             await asyncio.to_thread(self._expire_leases, now, list(self._active))
         batch = 0
-        if self._deterministic and (self._batch is None or self._batch.done()):
+        if self.deterministic and (self._batch is None or self._batch.done()):
             batch = await self._lease_deterministic(now)
         judged_allowed = await self._within_budget(now)
         # a batch answers within hours: lease enough jobs to fill one, since each waits without using the judge
@@ -314,7 +311,7 @@ class ScoringStage:
         paused = [m for m, outage in self.outages.items() if outage.blocks(now)]
         if not judged_allowed:
             paused = list(JUDGED)
-        paused += self._deterministic  # leased in batches above
+        paused += self.deterministic  # leased in batches above
         only = f"AND metric NOT IN ({', '.join('?' * len(paused))})" if paused else ""
         leased = await self._sql(
             "UPDATE eval_jobs SET status = 'running', attempts = attempts + 1, lease_until = ?, updated_at = ? "
@@ -344,13 +341,13 @@ class ScoringStage:
 
     async def _lease_deterministic(self, now: datetime) -> int:
         """Lease up to DETERMINISTIC_BATCH jobs of the metrics that need no judge and measure them as one batch."""
-        marks = ", ".join("?" * len(self._deterministic))
+        marks = ", ".join("?" * len(self.deterministic))
         jobs = await self._sql(
             "UPDATE eval_jobs SET status = 'running', attempts = attempts + 1, lease_until = ?, updated_at = ? "
             "WHERE job_id IN (SELECT job_id FROM eval_jobs WHERE status = 'pending' AND "
             f"(not_before IS NULL OR not_before <= ?) AND metric IN ({marks}) ORDER BY job_id LIMIT ?) "
             "RETURNING job_id, conversation_id, conversation_version, metric, attempts",
-            [now + timedelta(seconds=self.config.lease_s), now, now, *self._deterministic, DETERMINISTIC_BATCH])
+            [now + timedelta(seconds=self.config.lease_s), now, now, *self.deterministic, DETERMINISTIC_BATCH])
         if jobs:
             self._active.update(job[0] for job in jobs)  # measured here: their leases never expire meanwhile
             self._batch = asyncio.create_task(self._run_deterministic(jobs))
@@ -457,9 +454,9 @@ class ScoringStage:
                 started, error = time.perf_counter(), None
                 if case is not None:
                     try:
-                        await _measure_recorded(metric, metric_id, load_test_case(case[0]))
+                        await measure_recorded(metric, metric_id, load_test_case(case[0]))
                     except (NoTaskError, InvalidTestCaseError) as exc:
-                        _not_applicable(metric, exc)  # recorded as a score row, not retried
+                        not_applicable(metric, exc)  # recorded as a score row, not retried
                     except Exception as exc:  # noqa: BLE001 - retried or failed like any job's error
                         error = exc
                 out.append((metric, error, (time.perf_counter() - started) * 1000))
@@ -473,7 +470,7 @@ class ScoringStage:
         try:
             if rows:
                 table = pa.Table.from_pylist([dict(zip(SCORE_COLUMNS, row, strict=True)) for row in rows],
-                                             schema=_SCORE_SCHEMA)
+                                             schema=SCORE_SCHEMA)
                 with registered(self.con, table) as name:
                     self.con.execute(f"INSERT OR IGNORE INTO scores BY NAME SELECT * FROM {name}")
             for ids, change in ((done, "status = 'done', last_error = NULL"),
@@ -540,9 +537,9 @@ class ScoringStage:
         started = time.perf_counter()
         error: BaseException | None = None
         try:
-            await _measure_recorded(metric, metric_id, load_test_case(test_case_json))
+            await measure_recorded(metric, metric_id, load_test_case(test_case_json))
         except (NoTaskError, InvalidTestCaseError) as exc:
-            _not_applicable(metric, exc)  # deterministic: recorded as a score row, not retried
+            not_applicable(metric, exc)  # deterministic: recorded as a score row, not retried
         except Exception as exc:
             error = exc
         latency_ms = (time.perf_counter() - started) * 1000
@@ -563,16 +560,29 @@ class ScoringStage:
     def _scored(self, conversation_id: str, version: int, metric_id: str, metric: BaseMetric, service: str | None,
                 agent: str | None, probability: float | None = None, service_version: str | None = None) -> None:
         """A score is committed: count it, tell the observers and log it."""
+        self._report(conversation_id, version, metric_id, metric.score, metric.success, metric.evaluation_cost,
+                     metric.usage.input_tokens, metric.usage.output_tokens, service, agent, probability,
+                     service_version)
+
+    def checked(self, scores: Sequence[CheckedScore]) -> None:
+        """Scores the assembler wrote with their conversations' versions (checks run as they were built)."""
+        for c in scores:
+            if self.on_measured is not None:
+                self.on_measured(c.metric, c.check.latency_ms / 1000, None)
+            self._report(c.conversation_id, c.version, c.metric, c.check.score, c.check.success, 0.0, 0, 0,
+                         c.service_name, c.agent_name, c.probability, _service_version(c.attributes))
+
+    def _report(self, conversation_id: str, version: int, metric_id: str, score: float | None,
+                success: bool | None, cost: float | None, input_tokens: int, output_tokens: int,
+                service: str | None, agent: str | None, probability: float | None,
+                service_version: str | None) -> None:
         self.processed += 1
-        result = "n/a" if metric.score is None else "scored" if metric.success is None else (
-            "pass" if metric.success else "fail")
+        result = "n/a" if score is None else "scored" if success is None else ("pass" if success else "fail")
         if self.on_scored is not None:
-            self.on_scored(ScoredEvent(metric_id, service, agent, metric.score, result, metric.evaluation_cost,
-                                       metric.usage.input_tokens, metric.usage.output_tokens,
+            self.on_scored(ScoredEvent(metric_id, service, agent, score, result, cost, input_tokens, output_tokens,
                                        1.0 / probability if probability else 1.0, service_version))
         self.log("info", "score written", conversation_id=conversation_id, version=version, metric=metric_id,
-                 score=None if metric.score is None else round(metric.score, 4), result=result,
-                 cost_usd=metric.evaluation_cost)
+                 score=None if score is None else round(score, 4), result=result, cost_usd=cost)
 
     async def _job_failed(self, job_id: int, metric_id: str, attempts: int, error: BaseException,
                           outage: JudgeOutage | None, given_back: tuple[int, int] | None) -> None:

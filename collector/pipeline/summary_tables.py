@@ -28,14 +28,21 @@ _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 # The latest version of each conversation written since the last refresh, not yet summarised: its id, version and
 # the size of its test case, so a refresh can take them in batches of bounded size.
+# The test case is not read here: the assembler summarises what it writes in the same transaction, so nearly every
+# refresh finds nothing, and reading every recent test case to learn that cost a core's share at high traffic.
 _FRESH_IDS = """
-SELECT c.conversation_id, c.version, strlen(CAST(c.test_case AS VARCHAR)) AS size
+SELECT c.conversation_id, c.version
 FROM conversations c
 WHERE c.assembled_at >= ?
   AND NOT EXISTS (SELECT 1 FROM conversation_summary s
                   WHERE s.conversation_id = c.conversation_id AND s.version >= c.version)
 QUALIFY row_number() OVER (PARTITION BY c.conversation_id ORDER BY c.version DESC) = 1
 ORDER BY c.assembled_at
+"""
+_SIZES = """
+SELECT c.conversation_id, c.version, strlen(CAST(c.test_case AS VARCHAR))
+FROM conversations c JOIN {ids} i ON i.conversation_id = c.conversation_id AND i.version = c.version
+WHERE c.assembled_at >= ?
 """
 
 _FRESH_CONVERSATIONS = """
@@ -89,7 +96,11 @@ SELECT conversation_id, metric, conversation_version, score, success, evaluation
                                                       "name": "VARCHAR", "violations": "JSON"}]}').calls) AS c)
             WHERE contains(CAST(c.violations AS VARCHAR), 'inputSchema')) END,
        scored_at, 1.0 / coalesce(nullif(inclusion_probability, 0), 1.0)
-FROM scores WHERE scored_at >= ?
+FROM scores x WHERE scored_at >= ?
+  AND NOT EXISTS (SELECT 1 FROM score_summary s  -- already there: most of the window, every refresh
+                  WHERE s.conversation_id = x.conversation_id AND s.metric = x.metric
+                    AND (s.conversation_version > x.conversation_version
+                         OR (s.conversation_version = x.conversation_version AND s.scored_at >= x.scored_at)))
 QUALIFY row_number() OVER (PARTITION BY conversation_id, metric
                            ORDER BY conversation_version DESC, scored_at DESC) = 1
 ON CONFLICT (conversation_id, metric) DO UPDATE SET
@@ -141,7 +152,7 @@ class SummaryTables:
         fresh = con.execute(_FRESH_IDS, [self._conversations_from]).fetchall()
         batch: list[tuple[str, int]] = []
         size = 0
-        for conversation_id, version, length in fresh:
+        for conversation_id, version, length in self._sizes(con, fresh):
             if batch and size + (length or 0) > self.batch_bytes:
                 self._summarise(con, batch)
                 batch, size = [], 0
@@ -155,6 +166,16 @@ class SummaryTables:
             self._conversations_from = conversations_upto - self.margin
         if scores_upto is not None:
             self._scores_from = scores_upto - self.margin
+
+    def _sizes(self, con: duckdb.DuckDBPyConnection, fresh: list[tuple[str, int]]) -> list[tuple[str, int, int]]:
+        """The fresh versions with their test cases' sizes, in the order given."""
+        if not fresh:
+            return []
+        with registered(con, pa.table({"conversation_id": [c for c, _ in fresh],
+                                       "version": pa.array([v for _, v in fresh], pa.int32())})) as ids:
+            sizes = {(c, v): n for c, v, n in con.execute(_SIZES.format(ids=ids), [self._conversations_from])
+                     .fetchall()}
+        return [(c, v, sizes.get((c, v)) or 0) for c, v in fresh]
 
     def _summarise(self, con: duckdb.DuckDBPyConnection, batch: list[tuple[str, int]]) -> None:
         """Summarise these conversations in one transaction; when that fails, each alone, and one that fails alone

@@ -1,0 +1,168 @@
+"""Build conversations in worker processes, so the server's GIL serves the receivers and the span writer.
+
+Mapping and composing a conversation is pure Python: run in the server, it took the core ingest needs and held
+exports up behind it (`python bench/pipeline_pace.py`). The assembler reads a batch's span rows as Arrow (no Python
+objects per span in the server), sends them here, and gets back each conversation as plain data ready to write
+(`conversation_builder.Built`). Workers are spawned, never forked (gRPC does not survive a fork), and one that
+dies is replaced: its batch fails, and its conversations wait another quiet period and are built again from their
+stored spans, so nothing is lost. With `workers = 0` the batch is built in the calling thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+
+import pyarrow as pa
+
+from tracejudge.collector.pipeline.conversation_builder import (
+    BatchResult,
+    BuildConfig,
+    Resources,
+    Scopes,
+    build_batch,
+)
+from tracejudge.collector.receivers.decode_pool import usable_cpus
+from tracejudge.collector.receivers.decode_worker import ready, worker_init
+from tracejudge.errors import TracejudgeError
+
+MAX_TASKS_PER_WORKER = 2000  # batches before a worker is replaced, returning what its heap grew to
+NICENESS = 10  # below the server: while both want a core, the receivers and the span writer get it
+
+
+class AssemblyWorkerLost(TracejudgeError):
+    """An assembly worker stopped mid-batch (out of memory?); it was replaced, and the batch is built again after
+    another quiet period."""
+
+
+def default_workers() -> int:
+    """One process per core (at most 8): they run at a lower priority than the server, so they take the cores
+    ingest leaves idle without slowing it; 0 on one core, where they would only take turns with the server."""
+    cores = usable_cpus()
+    return 0 if cores < 2 else min(8, cores)
+
+
+def _spill_root() -> str | None:
+    """Memory-backed where there is one (/dev/shm), else the system's temporary directory."""
+    return "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+
+
+def build_from_file(path: str, conversations: dict[str, list[str]], scopes: Scopes, resources: Resources,
+                    config: BuildConfig) -> BatchResult:
+    """In a worker: the batch's rows mapped from their file (removed once read), then built."""
+    try:
+        with pa.memory_map(path) as source:
+            table = pa.ipc.open_file(source).read_all()
+            return build_batch(table, conversations, scopes, resources, config)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def _worker_start() -> None:
+    worker_init()
+    os.nice(NICENESS)
+
+
+class AssemblyPool:
+    """Started by the first batch (a collector that only ingests, or sees few conversations, runs none: each
+    worker holds about 80 MB once started)."""
+
+    def __init__(self, workers: int, config: BuildConfig, on_start: Callable[[int], None] | None = None) -> None:
+        self.workers = workers
+        self.config = config
+        self.on_start = on_start  # told the number of workers each time a pool starts
+        self.restarts = 0
+        self._lock = threading.Lock()
+        self._executor: ProcessPoolExecutor | None = None
+        # id(future) -> the pool it went to (replaced once) and the file its rows are in
+        self._sent_to: dict[int, tuple[ProcessPoolExecutor, Path]] = {}
+        self._spill_dir: Path | None = None
+        self._spilled = 0
+
+    def _pool(self) -> ProcessPoolExecutor:
+        with self._lock:
+            if self._executor is None:
+                executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                               initializer=_worker_start, max_tasks_per_child=MAX_TASKS_PER_WORKER)
+                for future in [executor.submit(ready) for _ in range(self.workers)]:
+                    future.result()  # every worker started now, not one inside each of the first batches
+                self._executor = executor
+                if self.on_start is not None:
+                    self.on_start(self.workers)
+            return self._executor
+
+    def start(self) -> None:
+        if self.workers:
+            self._pool()
+
+    def submit(self, table: pa.Table, conversations: dict[str, list[str]], scopes: Scopes,
+               resources: Resources) -> Future[BatchResult]:
+        """Build these conversations from the span rows in `table` (blocking to submit; `result` waits)."""
+        if not conversations or self.workers == 0:
+            done: Future[BatchResult] = Future()
+            done.set_result(build_batch(table, conversations, scopes, resources, self.config)
+                            if conversations else BatchResult())
+            return done
+        path = self._spill(table)
+        executor = self._pool()
+        try:
+            future = executor.submit(build_from_file, str(path), conversations, scopes, resources, self.config)
+        except BrokenProcessPool:  # a worker died between batches: this one goes to a new pool
+            self._replace(executor)
+            executor = self._pool()
+            future = executor.submit(build_from_file, str(path), conversations, scopes, resources, self.config)
+        self._sent_to[id(future)] = (executor, path)
+        return future
+
+    def _spill(self, table: pa.Table) -> Path:
+        """The rows as an Arrow IPC file the worker maps without a copy: sent through the pool's pipe, each batch
+        was pickled whole in the server first (+170 MB peak with three batches in flight)."""
+        with self._lock:
+            if self._spill_dir is None:
+                self._spill_dir = Path(tempfile.mkdtemp(prefix="tracejudge-assembly-", dir=_spill_root()))
+            self._spilled += 1
+            path = self._spill_dir / f"{self._spilled}.arrow"
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        return path
+
+    def result(self, future: Future[BatchResult], conversations: list[str]) -> BatchResult:
+        """The batch built; when its worker died, every conversation of it failed (built again later)."""
+        executor, path = self._sent_to.pop(id(future), (None, None))
+        try:
+            return future.result()
+        except BrokenProcessPool:
+            self._replace(executor)
+            reason = str(AssemblyWorkerLost("an assembly worker stopped mid-batch; it was replaced"))
+            return BatchResult(failed=dict.fromkeys(conversations, reason))
+        finally:
+            if path is not None:  # the worker removes it once read; not when it died first
+                with contextlib.suppress(OSError):
+                    path.unlink()
+
+    def _replace(self, broken: ProcessPoolExecutor | None) -> None:
+        """Drop the broken pool (once, however many of its batches noticed); the next batch starts a new one."""
+        with self._lock:
+            if broken is None or broken is not self._executor:
+                return
+            self._executor = None
+            self.restarts += 1
+        broken.shutdown(wait=False, cancel_futures=True)
+
+    def stop(self) -> None:
+        with self._lock:
+            executor, self._executor = self._executor, None
+            spill_dir, self._spill_dir = self._spill_dir, None
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=False)
+        if spill_dir is not None:
+            shutil.rmtree(spill_dir, ignore_errors=True)

@@ -1,0 +1,284 @@
+"""Build conversations from their traces' stored span rows: map, compose, and run the deterministic checks.
+
+Everything here is CPU work on data in memory (no database), so it runs in the assembly worker processes
+(`assembly_pool`) as well as in the server: what comes back is plain data, cheap to send between processes, with
+all the collector writes in one append: the test case's JSON and content hash, the sampling filters' attribute
+values, the agent's token usage, what the deterministic checks found and scored, and the UI summaries' rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, NamedTuple
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracejudge.call_validity import MCPCallValidityMetric
+from tracejudge.collector.pipeline.mapped_traces import ENTRY_OVERHEAD, TEXT_FACTOR, KeptTrace
+from tracejudge.collector.pipeline.sampling import attribute_values, findings, model_usage
+from tracejudge.errors import InvalidTestCaseError, NoTaskError
+from tracejudge.mapping import Span, compose_conversation, map_traces
+from tracejudge.mapping.conversation import CONTENT_MISSING
+from tracejudge.mapping.conversation_key import TRACE_KEY
+from tracejudge.metric import BaseMetric
+from tracejudge.test_case import ConversationalTestCase
+
+# The span columns assembly reads (from span_records: a batch's resources and scopes are read and parsed once
+# each, not joined onto every span and parsed again per span), in this order.
+SPAN_COLUMNS = ("trace_id", "span_id", "parent_span_id", "name", "kind", "start_ns", "end_ns", "status_code",
+                "status_message", "scope_id", "resource_id", "attributes", "events", "links", "received_at")
+Scopes = dict[int, tuple[str, str]]
+Resources = dict[int, dict[str, Any]]
+_NO_SCOPE = ("", "")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+CHECKED_METRICS = {"mcp_call_validity": MCPCallValidityMetric}  # the checks that need no judge, run at assembly
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """What building needs of the collector's settings (sent once to each worker process)."""
+
+    mcp_tools: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    attribute_keys: frozenset[str] = frozenset()
+    with_findings: bool = False  # sampling depends on what the checks find
+    checks: tuple[str, ...] = ()  # deterministic metrics to measure (`CHECKED_METRICS`)
+    threshold: float | None = 0.5
+    strict_mode: bool = False
+
+
+@dataclass(frozen=True)
+class TracePart:
+    """What the assembler keeps of a mapped trace: where it belongs, its MCP sessions, and its received span
+    times (for `assembled_traces`)."""
+
+    trace_id: str
+    mapped: bool  # whether the trace had anything to map yet
+    conversation_id: str | None
+    key: str | None
+    sessions: frozenset[str]
+    context_only: bool
+    first: datetime
+    newest: datetime
+
+    @classmethod
+    def of(cls, kept: KeptTrace) -> TracePart:
+        m = kept.mapped
+        return cls(kept.trace_id, m is not None, m.conversation_id if m else None, m.key if m else None,
+                   m.sessions if m else frozenset(), bool(m and m.context_only), kept.first, kept.newest)
+
+    @property
+    def context_trace(self) -> bool:
+        """MCP calls outside any run, with no key of its own: context that joins the conversation of its session."""
+        return self.mapped and self.context_only and self.key == TRACE_KEY
+
+
+@dataclass(frozen=True)
+class Check:
+    """A deterministic metric's outcome on one conversation, as its score row takes it."""
+
+    score: float | None
+    success: bool | None
+    threshold: float | None
+    strict_mode: bool
+    reason: str | None
+    breakdown: str  # JSON
+    error: str | None
+    latency_ms: float = field(compare=False)  # how long it took, not what it found
+
+
+class CheckedScore(NamedTuple):
+    """A deterministic metric's score, written with its conversation's version (for the scoring stage's
+    observers)."""
+
+    conversation_id: str
+    version: int
+    metric: str
+    check: Check
+    service_name: str | None
+    agent_name: str | None
+    last_span_ns: int
+    probability: float | None
+    attributes: str  # the conversation's attribute values (JSON)
+
+
+@dataclass(frozen=True)
+class Built:
+    """One conversation as the collector writes it."""
+
+    conversation_id: str
+    key: str
+    context_only: bool
+    service_name: str | None
+    agent_name: str | None
+    turns: int
+    mcp_calls: int
+    mcp_errors: int
+    trace_ids: tuple[str, ...]
+    first_span_ns: int
+    last_span_ns: int
+    content_hash: str
+    test_case_json: str
+    attributes: dict[str, set[str]]  # the sampling filters' and cohorts' keys -> the values its spans hold
+    usage: dict[str, tuple[int, int]]  # the agent's own model -> input and output tokens
+    findings: frozenset[str]  # what the checks found, as the sampling rules name it (when sampling needs it)
+    checks: dict[str, Check | None]  # deterministic metric -> its outcome (None: its measure raised)
+    calls: tuple[tuple[int, int, str, str | None, str, bool], ...]  # (turn, index, kind, server, name, is_error)
+
+
+@dataclass
+class BatchResult:
+    """A batch built: conversation -> Built (None: no turn yet) or why it failed; each mapped trace's part."""
+
+    built: dict[str, Built | None] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    parts: dict[str, list[TracePart]] = field(default_factory=dict)  # conversation -> the traces it was built from
+
+
+def rows_by_trace(table: pa.Table) -> dict[str, list[tuple[Any, ...]]]:
+    """Span rows (`SPAN_COLUMNS`) grouped by trace, as tuples."""
+    by_trace: dict[str, list[tuple[Any, ...]]] = {}
+    # received_at as integer µs: a datetime per span cost as much as the rest of the columns
+    columns = [(pc.cast(table.column(name), pa.int64()) if name == "received_at" else table.column(name)).to_pylist()
+               for name in SPAN_COLUMNS]
+    for row in zip(*columns, strict=True):
+        by_trace.setdefault(row[0], []).append(row)
+    return by_trace
+
+
+def _json_list(text: str) -> Any:
+    """Events and links as stored: most spans have none, and parsing "[]" for each of them added up."""
+    return () if text == "[]" else json.loads(text)
+
+
+def map_trace(rows: list[tuple[Any, ...]], scopes: Scopes, resources: Resources,
+              attribute_keys: frozenset[str]) -> KeptTrace:
+    """One trace mapped from its stored rows (`rows_by_trace`), with what the sampling filters and
+    `assembled_traces` need. Spans of one resource share its parsed attributes, as those of one ResourceSpans do
+    when decoded."""
+    spans = [Span.from_record({
+        "trace_id": r[0], "span_id": r[1], "parent_span_id": r[2], "name": r[3], "kind": r[4],
+        "start_ns": r[5], "end_ns": r[6], "status_code": r[7], "status_message": r[8],
+        "scope_name": (scope := scopes.get(r[9], _NO_SCOPE))[0], "scope_version": scope[1],
+        "attributes": json.loads(r[11]), "resource": resources.get(r[10], {}),
+        "events": _json_list(r[12]), "links": _json_list(r[13]),
+    }) for r in rows]
+    mapped = map_traces(spans)
+    received = [r[14] for r in rows]
+    return KeptTrace(rows[0][0], mapped[0] if mapped else None, attribute_values(attribute_keys, spans),
+                     len(rows), _EPOCH + timedelta(microseconds=min(received)),
+                     _EPOCH + timedelta(microseconds=max(received)),
+                     ENTRY_OVERHEAD + TEXT_FACTOR * sum(len(r[11]) + len(r[12]) for r in rows),
+                     model_usage(spans))
+
+
+def build(conversation_id: str, parts: list[KeptTrace], config: BuildConfig) -> Built | None:
+    """The conversation composed from its traces' mapped parts, with everything written beside it (None when it
+    has no turn). Traces with no key of their own are here because they were attached to it."""
+    mine = [p for p in parts if p.mapped is not None and (p.mapped.conversation_id == conversation_id
+                                                           or p.mapped.key == TRACE_KEY)]
+    conversation = compose_conversation([p.mapped for p in mine if p.mapped is not None],
+                                        mcp_tools=config.mcp_tools)
+    if conversation is None:
+        return None
+    values: dict[str, set[str]] = {}
+    usage: dict[str, tuple[int, int]] = {}
+    for part in mine:
+        for key, found in part.attributes.items():
+            values.setdefault(key, set()).update(found)
+        for model, (tokens_in, tokens_out) in part.usage.items():
+            seen_in, seen_out = usage.get(model, (0, 0))
+            usage[model] = (seen_in + tokens_in, seen_out + tokens_out)
+    case = conversation.test_case
+    calls = _calls(case)
+    return Built(
+        conversation_id=conversation.conversation_id, key=conversation.key, context_only=conversation.context_only,
+        service_name=conversation.service_name, agent_name=conversation.agent_name, turns=len(case.turns),
+        mcp_calls=len(calls), mcp_errors=sum(1 for c in calls if c[5]), trace_ids=conversation.trace_ids,
+        first_span_ns=conversation.first_span_ns, last_span_ns=conversation.last_span_ns,
+        content_hash=conversation.content_hash, test_case_json=conversation.stored_json(), attributes=values,
+        usage=usage, findings=frozenset(findings(case)) if config.with_findings else frozenset(),
+        checks={metric: _check(metric, case, config) for metric in config.checks if metric in CHECKED_METRICS},
+        calls=calls)
+
+
+def build_batch(table: pa.Table, conversations: dict[str, list[str]], scopes: Scopes, resources: Resources,
+                config: BuildConfig) -> BatchResult:
+    """Map the traces of these conversations from their span rows and build each conversation; one that fails is
+    reported, not raised, so it does not hold up the others."""
+    by_trace = rows_by_trace(table)
+    result = BatchResult()
+    for conversation_id, traces in conversations.items():
+        try:
+            parts = [map_trace(by_trace[t], scopes, resources, config.attribute_keys) for t in traces
+                     if t in by_trace]
+            result.built[conversation_id] = build(conversation_id, parts, config)
+        except Exception as exc:  # noqa: BLE001 - the assembler logs it and retries the conversation later
+            result.failed[conversation_id] = f"{type(exc).__name__}: {exc}"
+            continue
+        result.parts[conversation_id] = [TracePart.of(p) for p in parts]
+    return result
+
+
+def _calls(case: ConversationalTestCase) -> tuple[tuple[int, int, str, str | None, str, bool], ...]:
+    """Every MCP call as the UI's call summary lists it: its tool's server (the first by name that lists it), its
+    name (a resource's URI), and whether it returned an error."""
+    servers: dict[str, str] = {}
+    for server in case.mcp_servers or []:
+        for tool in server.available_tools or []:
+            if tool.name not in servers or server.server_name < servers[tool.name]:
+                servers[tool.name] = server.server_name
+    out = []
+    for index, turn in enumerate(case.turns):
+        out.extend((index, i, "tool", servers.get(c.name), c.name, bool(c.result is not None and c.result.is_error))
+                   for i, c in enumerate(turn.mcp_tools_called or ()))
+        out.extend((index, i, "resource", None, c.uri, False) for i, c in enumerate(turn.mcp_resources_called or ()))
+        out.extend((index, i, "prompt", None, c.name, False) for i, c in enumerate(turn.mcp_prompts_called or ()))
+    return tuple(out)
+
+
+async def measure_recorded(metric: BaseMetric, metric_id: str, case: ConversationalTestCase) -> None:
+    """Measure the case, unless its spans recorded none of what the metric reads (no messages for a judged metric,
+    no arguments for call validity): then it is not applicable, with what to turn on to record it."""
+    gaps = (case.metadata or {}).get(CONTENT_MISSING)
+    needed = "arguments" if metric_id in CHECKED_METRICS else "messages"
+    if isinstance(gaps, dict) and needed in (gaps.get("missing") or []):
+        raise NoTaskError(f"the conversation's spans recorded no {needed}, so there is nothing to score; to "
+                          f"record them: {gaps.get('how_to_record')}")
+    await metric.a_measure(case)
+
+
+def not_applicable(metric: BaseMetric, reason: Exception) -> None:
+    """Nothing to judge is neither a pass nor a fail: no score, no success, the reason kept."""
+    metric.error = f"not applicable: {reason}"
+    metric.score = metric.success = None
+
+
+_loops = threading.local()
+
+
+def _check(metric_id: str, case: ConversationalTestCase, config: BuildConfig) -> Check | None:
+    """Measure one deterministic metric, as the scoring stage would; None when its measure raised (the scoring
+    stage then measures it again as a job, with its retries and logs). On this thread's own event loop: one per
+    thread, not one per conversation."""
+    metric = CHECKED_METRICS[metric_id](threshold=config.threshold, strict_mode=config.strict_mode)
+    loop = getattr(_loops, "loop", None)
+    if loop is None:
+        loop = _loops.loop = asyncio.new_event_loop()
+    started = time.perf_counter()
+    try:
+        loop.run_until_complete(measure_recorded(metric, metric_id, case))
+    except (NoTaskError, InvalidTestCaseError) as exc:
+        not_applicable(metric, exc)
+    except Exception:  # noqa: BLE001 - measured again by the scoring stage, which logs and retries it
+        return None
+    return Check(metric.score, metric.success, metric.threshold, metric.strict_mode, metric.reason,
+                 json.dumps(metric.score_breakdown or {}, default=str), metric.error,
+                 (time.perf_counter() - started) * 1000)
+
+

@@ -1,0 +1,99 @@
+"""The assembly workers: conversations built in other processes come back as the server would have built them, and
+a worker that dies fails only its batch (built again later from the stored spans) and is replaced."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from datetime import UTC, datetime
+
+import pyarrow as pa
+import pytest
+
+from tracejudge.collector.pipeline.assembly_pool import AssemblyPool, AssemblyWorkerLost
+from tracejudge.collector.pipeline.conversation_builder import SPAN_COLUMNS, BuildConfig, build_batch
+
+SCHEMA = pa.schema([("trace_id", pa.string()), ("span_id", pa.string()), ("parent_span_id", pa.string()),
+                    ("name", pa.string()), ("kind", pa.int32()), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
+                    ("status_code", pa.int32()), ("status_message", pa.string()), ("scope_id", pa.int64()),
+                    ("resource_id", pa.int64()), ("attributes", pa.string()), ("events", pa.string()),
+                    ("links", pa.string()), ("received_at", pa.timestamp("us", tz="UTC"))])
+CONFIG = BuildConfig(checks=("mcp_call_validity",))
+
+
+def _messages(role: str, text: str) -> str:
+    return json.dumps([{"role": role, "parts": [{"type": "text", "content": text}]}])
+
+
+def _rows(conversations: int) -> tuple[pa.Table, dict[str, list[str]]]:
+    """One model call per conversation (a trace of one span): the user asks, the assistant answers."""
+    rows = []
+    for i in range(conversations):
+        rows.append({
+            "trace_id": f"{i:032x}", "span_id": f"{i:016x}", "parent_span_id": None, "name": "chat gpt-4o",
+            "kind": 3, "start_ns": 1_000 + i, "end_ns": 2_000 + i, "status_code": 0, "status_message": "",
+            "scope_id": 1, "resource_id": 1, "events": "[]", "links": "[]", "received_at": datetime.now(UTC),
+            "attributes": json.dumps({"gen_ai.operation.name": "chat", "gen_ai.conversation.id": f"conv-{i}",
+                                      "gen_ai.input.messages": _messages("user", f"question {i}"),
+                                      "gen_ai.output.messages": _messages("assistant", f"answer {i}")})})
+    table = pa.Table.from_pylist(rows, schema=SCHEMA).select(list(SPAN_COLUMNS))
+    return table, {f"conv-{i}": [f"{i:032x}"] for i in range(conversations)}
+
+
+SCOPES = {1: ("test", "1")}
+RESOURCES = {1: {"service.name": "shop"}}
+
+
+def test_a_conversation_built_in_a_worker_is_the_one_built_in_the_server() -> None:
+    table, conversations = _rows(3)
+    here = build_batch(table, conversations, SCOPES, RESOURCES, CONFIG)
+    pool = AssemblyPool(1, CONFIG)
+    try:
+        there = pool.result(pool.submit(table, conversations, SCOPES, RESOURCES), list(conversations))
+    finally:
+        pool.stop()
+    assert not there.failed and there.built.keys() == set(conversations)
+    for conversation_id, built in here.built.items():
+        assert built is not None and there.built[conversation_id] == built
+        assert built.turns == 2 and built.service_name == "shop"
+        assert "question" in built.test_case_json and built.checks["mcp_call_validity"] is not None
+    assert [p.trace_id for p in there.parts["conv-0"]] == [f"{0:032x}"]
+
+
+def test_a_worker_killed_mid_batch_fails_that_batch_only_and_is_replaced() -> None:
+    table, conversations = _rows(5000)  # a batch that takes the worker about a second
+    pool = AssemblyPool(1, CONFIG)
+    pool.start()
+    try:
+        executor = pool._executor
+        assert executor is not None
+        [pid] = list(executor._processes)  # the worker process, as the OS sees it
+        future = pool.submit(table, conversations, SCOPES, RESOURCES)
+        time.sleep(0.3)
+        os.kill(pid, signal.SIGKILL)
+        lost = pool.result(future, list(conversations))
+        assert lost.failed.keys() == set(conversations) and not lost.built
+        assert all(reason == str(AssemblyWorkerLost("an assembly worker stopped mid-batch; it was replaced"))
+                   for reason in lost.failed.values())
+        small, few = _rows(3)
+        again = pool.result(pool.submit(small, few, SCOPES, RESOURCES), list(few))
+        assert not again.failed and set(again.built) == set(few)
+        assert pool.restarts == 1
+        spill = pool._spill_dir
+        assert spill is not None and list(spill.iterdir()) == []  # no batch file left behind
+    finally:
+        pool.stop()
+    assert not spill.exists()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_every_conversation_of_a_batch_comes_back_whatever_the_workers(workers: int) -> None:
+    table, conversations = _rows(20)
+    pool = AssemblyPool(workers, CONFIG)
+    try:
+        result = pool.result(pool.submit(table, conversations, SCOPES, RESOURCES), list(conversations))
+    finally:
+        pool.stop()
+    assert set(result.built) == set(conversations) and not result.failed
