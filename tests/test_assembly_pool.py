@@ -6,13 +6,17 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
+import tempfile
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
-from tracejudge.collector.pipeline.assembly_pool import AssemblyPool, AssemblyWorkerLost
+from tracejudge.collector.pipeline.assembly_pool import SPILL_PREFIX, AssemblyPool, AssemblyWorkerLost, _spill_root
 from tracejudge.collector.pipeline.conversation_builder import SPAN_COLUMNS, BuildConfig, build_batch
 
 SCHEMA = pa.schema([("trace_id", pa.string()), ("span_id", pa.string()), ("parent_span_id", pa.string()),
@@ -97,3 +101,19 @@ def test_every_conversation_of_a_batch_comes_back_whatever_the_workers(workers: 
     finally:
         pool.stop()
     assert set(result.built) == set(conversations) and not result.failed
+
+
+def test_batch_files_of_a_killed_server_are_removed_by_the_next_one() -> None:
+    root = Path(_spill_root() or tempfile.gettempdir())
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    orphan = root / f"{SPILL_PREFIX}{gone.stdout.strip()}-test"  # a server that no longer runs
+    orphan.mkdir()
+    (orphan / "1.arrow").write_bytes(b"left behind")
+    table, conversations = _rows(1)
+    pool = AssemblyPool(1, CONFIG)
+    try:
+        assert not pool.result(pool.submit(table, conversations, SCOPES, RESOURCES), list(conversations)).failed
+        assert not orphan.exists()
+        assert pool._spill_dir is not None and pool._spill_dir.exists()  # its own, while it runs
+    finally:
+        pool.stop()

@@ -50,6 +50,17 @@ def default_workers() -> int:
     return 0 if cores < 2 else min(8, cores)
 
 
+SPILL_PREFIX = "tracejudge-assembly-"  # then the server's pid: a directory whose server is gone is removed
+
+
+def _remove_orphans() -> None:
+    """Batch files left by a server that was killed (a clean stop removes its own)."""
+    for folder in Path(_spill_root() or tempfile.gettempdir()).glob(f"{SPILL_PREFIX}*-*"):
+        pid = folder.name.removeprefix(SPILL_PREFIX).split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def _spill_root() -> str | None:
     """Memory-backed where there is one (/dev/shm), else the system's temporary directory."""
     return "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
@@ -128,7 +139,8 @@ class AssemblyPool:
         was pickled whole in the server first (+170 MB peak with three batches in flight)."""
         with self._lock:
             if self._spill_dir is None:
-                self._spill_dir = Path(tempfile.mkdtemp(prefix="tracejudge-assembly-", dir=_spill_root()))
+                _remove_orphans()
+                self._spill_dir = Path(tempfile.mkdtemp(prefix=f"{SPILL_PREFIX}{os.getpid()}-", dir=_spill_root()))
             self._spilled += 1
             path = self._spill_dir / f"{self._spilled}.arrow"
         with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
