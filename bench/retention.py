@@ -1,13 +1,15 @@
-"""Retention soak: does the database file stop growing under steady traffic, and does pruning stall ingest?
+"""Retention soak: does every table, bookkeeping included, stop growing under steady traffic, and does pruning
+stall ingest?
 
-A collector runs with `[retention] spans` short (default 5m) and an archive directory; agent conversations
-(4 spans each, ended with tracejudge.conversation.end) are exported at a fixed rate for the whole run, scored by
-mcp_call_validity (no judge needed). Every interval it samples the file size, DuckDB's used and free blocks,
-the spans table's rows and the export latency, then prints the samples, the file size growth over the second
-half of the run (flat means retention keeps up: deleted rows' blocks are reused), and export latency p50/p99
-while retention prunes.
+A collector runs with every retention window short (`--spans`, and `--windows` for conversations, scores, failed
+jobs, reviews and the judge's batch ledger) and an archive directory; agent conversations (4 spans each, ended
+with tracejudge.conversation.end) are exported at a fixed rate for the whole run and scored by all three metrics
+against a loopback judge (`--judge-latency`), or by call validity alone with `--no-judge`. Every `--sample-s` it
+samples the file + WAL size and the rows of every table (`/metrics`), with the export latency since the last
+sample; at the end it prints each table's rows over the second half (flat means retention keeps up) and the
+export latency over the run.
 
-    python bench/retention.py --minutes 60 --spans 5m --conversations-per-s 20
+    python bench/retention.py --minutes 60 --spans 2m --windows 3m --conversations-per-s 20
 """
 
 from __future__ import annotations
@@ -16,38 +18,60 @@ import argparse
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.ingest import export_retrying  # noqa: E402
+from bench.judge_stub import JudgeStub  # noqa: E402
 from bench.memory import _scrape, conversation_request  # noqa: E402
 from tests.support.collector_process import CollectorProcess  # noqa: E402
+
+SHOWN = ("spans", "conversations", "eval_jobs", "scores", "judged_content", "pruned_conversations",
+         "assembled_traces", "score_summary", "call_summary")  # the columns printed each sample (all are kept)
+
+
+def _tables(metrics: dict[str, float]) -> dict[str, float]:
+    prefix = 'tracejudge_table_rows{table="'
+    return {key[len(prefix):-2]: value for key, value in metrics.items() if key.startswith(prefix)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=60)
-    parser.add_argument("--spans", default="5m", help="[retention] spans")
+    parser.add_argument("--spans", default="2m", help="[retention] spans")
+    parser.add_argument("--windows", default="3m", help="[retention] conversations, scores, failed_jobs, reviews "
+                        "and judge_batches")
     parser.add_argument("--conversations-per-s", type=float, default=20)
-    parser.add_argument("--sample-s", type=float, default=30)
+    parser.add_argument("--sample-s", type=float, default=60)
+    parser.add_argument("--judge-latency", type=float, default=0.05, help="the loopback judge's seconds per call")
+    parser.add_argument("--no-judge", action="store_true", help="call validity alone, no judge")
     args = parser.parse_args()
     import grpc
 
     seconds = args.minutes * 60
-    with tempfile.TemporaryDirectory() as tmp:
+    windows = "".join(f'{name} = "{args.windows}"\n'
+                      for name in ("conversations", "scores", "failed_jobs", "reviews", "judge_batches"))
+    with ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory())
+        env, scoring = {}, '[scoring]\nmetrics = ["mcp_call_validity"]\n'
+        if not args.no_judge:
+            judge = stack.enter_context(JudgeStub(latency_s=args.judge_latency))
+            env = {"OPENAI_BASE_URL": judge.base_url, "OPENAI_API_KEY": "sk-bench"}
+            scoring = '[scoring]\nmodel = "gpt-4o-mini"\nconcurrency = 16\n'
         config = Path(tmp) / "tracejudge.toml"
-        config.write_text(f'[conversations]\nquiet_period_s = 5\n[scoring]\nmetrics = ["mcp_call_validity"]\n'
-                          f'[retention]\nspans = "{args.spans}"\ninterval_s = 10\narchive_dir = "{tmp}/archive"\n')
+        config.write_text(f'[conversations]\nquiet_period_s = 5\n{scoring}[retention]\nspans = "{args.spans}"\n'
+                          f'{windows}interval_s = 10\narchive_dir = "{tmp}/archive"\n')
         db = Path(tmp) / "retention.duckdb"
-        collector = CollectorProcess(db, config=config).start()
+        collector = CollectorProcess(db, config=config, env=env).start()
         try:
             channel = grpc.insecure_channel(collector.grpc_endpoint)
             export = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export",
                                          request_serializer=None, response_deserializer=None)
             started, sent, next_sample = time.monotonic(), 0, 0.0
             latencies: list[float] = []
-            rows: list[tuple[float, int, float, float, float, float]] = []
-            print("minute  file MB  used MB  free MB  spans rows  spans pruned  p99 export ms (since last)")
+            samples: list[tuple[float, float, dict[str, float]]] = []  # (minute, file + WAL MB, rows per table)
+            print("minute  file+WAL MB  " + "  ".join(SHOWN) + "  p99 export ms (since last)")
             window: list[float] = []
             while (elapsed := time.monotonic() - started) < seconds:
                 while sent < int(elapsed * args.conversations_per_s):
@@ -56,28 +80,30 @@ def main() -> None:
                     window.append((time.perf_counter() - t0) * 1000)
                     sent += 1
                 if elapsed >= next_sample:
-                    m = _scrape(collector)
-                    size = (db.stat().st_size + (Path(str(db) + ".wal").stat().st_size
-                                                 if Path(str(db) + ".wal").exists() else 0)) / 1e6
+                    tables = _tables(_scrape(collector))
+                    wal = Path(str(db) + ".wal")
+                    size = (db.stat().st_size + (wal.stat().st_size if wal.exists() else 0)) / 1e6
                     p99 = sorted(window)[int(len(window) * 0.99)] if window else 0.0
                     latencies += window
                     window = []
-                    row = (elapsed / 60, size, m.get('tracejudge_db_bytes{kind="used"}', 0) / 1e6,
-                           m.get('tracejudge_db_bytes{kind="free"}', 0) / 1e6,
-                           m.get('tracejudge_table_rows{table="spans"}', 0),
-                           m.get('tracejudge_rows_pruned_total{table="spans"}', 0), p99)
-                    rows.append(row[:6])
-                    print(f"{row[0]:6.1f}  {row[1]:7.1f}  {row[2]:7.1f}  {row[3]:7.1f}  {row[4]:10.0f}  "
-                          f"{row[5]:12.0f}  {p99:8.1f}", flush=True)
+                    samples.append((elapsed / 60, size, tables))
+                    print(f"{elapsed / 60:6.1f}  {size:11.1f}  " + "  ".join(
+                        f"{tables.get(t, 0):>{len(t)}.0f}" for t in SHOWN) + f"  {p99:8.1f}", flush=True)
                     next_sample += args.sample_s
                 time.sleep(0.002)
-            half = [r for r in rows if r[0] >= args.minutes / 2]
+            latencies += window
+            half = [s for s in samples if s[0] >= args.minutes / 2]
             if len(half) >= 2:
-                print(f"file size over the second half: {half[0][1]:.1f} -> {half[-1][1]:.1f} MB "
-                      f"(x{half[-1][1] / half[0][1]:.2f}); spans sent {sent * 4:,}, pruned {rows[-1][5]:,.0f}")
+                print(f"second half ({half[0][0]:.0f}-{half[-1][0]:.0f} min): file + WAL {half[0][1]:.1f} -> "
+                      f"{half[-1][1]:.1f} MB (max {max(s[1] for s in half):.1f}); rows per table, first -> last "
+                      f"(max):")
+                for table in sorted(set().union(*(s[2] for s in half))):
+                    counts = [s[2].get(table, 0) for s in half]
+                    print(f"  {table:24} {counts[0]:>10,.0f} -> {counts[-1]:>10,.0f} ({max(counts):,.0f})")
             latencies.sort()
-            print(f"export latency over the run: p50 {latencies[len(latencies) // 2]:.1f} ms, "
-                  f"p99 {latencies[int(len(latencies) * 0.99)]:.1f} ms, max {latencies[-1]:.1f} ms")
+            print(f"sent {sent:,} conversations ({sent * 4:,} spans); export latency over the run: p50 "
+                  f"{latencies[len(latencies) // 2]:.1f} ms, p99 {latencies[int(len(latencies) * 0.99)]:.1f} ms, "
+                  f"max {latencies[-1]:.1f} ms")
         finally:
             collector.stop()
 

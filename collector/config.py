@@ -163,13 +163,19 @@ class StoreSettings(_Section):
 
 
 class RetentionSettings(_Section):
-    """How long each table keeps its rows; "forever" (the default) keeps them. Durations like 7d, 90d, 12h."""
+    """How long each table keeps its rows; "forever" (the default) keeps them. Durations like 7d, 90d, 12h. The
+    bookkeeping beside them follows these windows (README: retention)."""
 
     spans: float | None = Field(None, description="spans of a conversation this long after it was last assembled "
                                 "(complete and past the late-span window); its conversation rows and scores stay")
     conversations: float | None = Field(None, description="conversation versions this long after assembly")
     scores: float | None = Field(None, description="scores this long after they were written")
     failed_jobs: float | None = Field(None, description="failed scoring jobs this long after their last attempt")
+    reviews: float | None = Field(None, description="reviewers' verdicts (with their per-task labels) this long "
+                                  "after they were given; people's work, so kept by default")
+    judge_batches: float | None = Field(30 * 86400.0, description="the OpenAI Batch API ledger's rows this long "
+                                        "after their batch was sent (a job retried later sends its request "
+                                        "again); 30d")
     archive_dir: Path | None = Field(None, description="pruned rows go here first, as Parquet partitioned by day "
                                      "(written and fsynced before the rows are deleted); read them back with "
                                      "tracejudge query --archive DIR")
@@ -177,7 +183,8 @@ class RetentionSettings(_Section):
     batch_conversations: int = Field(200, ge=1, description="conversations pruned per transaction, so a large "
                                      "prune never holds up ingest")
 
-    @field_validator("spans", "conversations", "scores", "failed_jobs", "interval_s", mode="before")
+    @field_validator("spans", "conversations", "scores", "failed_jobs", "reviews", "judge_batches", "interval_s",
+                     mode="before")
     @classmethod
     def _duration(cls, value: Any) -> Any:
         if isinstance(value, str) and value.strip().lower() in ("forever", "none", ""):

@@ -116,6 +116,9 @@ class CollectorMetrics:
                                 registry=self.registry)
         self.db_bytes = Gauge("tracejudge_db_bytes", "Database blocks in use and free for reuse, and the WAL",
                               ["kind"], registry=self.registry)
+        self.table_bytes = Gauge("tracejudge_table_bytes", "Database bytes in use per table, estimated: the used "
+                                 "blocks split by rows x the average width of a sample of each table's rows",
+                                 ["table"], registry=self.registry)
         self.rows_pruned = Gauge("tracejudge_rows_pruned_total", "Rows retention deleted since the start, by table",
                                  ["table"], registry=self.registry)
         self.rows_archived = Gauge("tracejudge_rows_archived_total", "Rows retention archived since the start, by "
@@ -155,6 +158,8 @@ class CollectorMetrics:
             self.table_rows.labels(table).set(rows)
         for kind, size in report.db_bytes.items():
             self.db_bytes.labels(kind).set(size)
+        for table, size in report.table_bytes.items():
+            self.table_bytes.labels(table).set(size)
         for table, rows in report.pruned.items():
             self.rows_pruned.labels(table).set(rows)
         for table, rows in report.archived.items():

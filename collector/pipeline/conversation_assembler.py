@@ -169,7 +169,9 @@ class ConversationAssembler:
                                  on_start=lambda n: self.log.info("assembly workers started", workers=n))
         self.pool_wait_s = 0.0  # seconds spent waiting for the workers (not the server's CPU)
         self._new_cohorts = [rule for rule in settings.sampling.rules if rule.when == "new_cohort"]
-        self._cohort_counts: dict[tuple[str, str], int] | None = None  # read once, then kept as it is written
+        # the batch being written's counts of the new_cohort rules' values (read per batch: retention forgets values
+        # not seen for the conversations' window, and a client sending endless values grows no memory here)
+        self._cohort_counts: dict[tuple[str, str], int] = {}
         self.writer_busy_s = writer_busy_s  # the span writer's seconds spent committing so far (None: not known)
         self._group_of: dict[str, str] = {}  # waiting trace -> the conversation its spans name so far
         # a waiting trace's key precedence (_UNKEYED: none) is its conversation's in _key_rank, except where it
@@ -785,6 +787,8 @@ class ConversationAssembler:
         versions: list[int | None] = []
         out = _Rows()
         counted: dict[tuple[str, str], int] = {}  # new conversations per cohort value, for the new_cohort rules
+        if self._new_cohorts:
+            self._cohort_counts = self._counts_of(built)
         written: list[tuple[Built, int, list[str]]] = []  # logged once they are committed
         late: list[Built] = []  # so are these, so a batch retried alone does not count them twice
         for b in built:
@@ -844,9 +848,8 @@ class ConversationAssembler:
         if out.versions:
             try:
                 self._insert(out, counted)
-            except Exception:
-                self._cohort_counts = None  # read again: this batch's counts were not committed
-                raise
+            finally:
+                self._cohort_counts = {}
         for b in late:
             self.late_after_prune += 1
             self.log.warning("late spans for a pruned conversation: stored, not assembled",
@@ -859,12 +862,20 @@ class ConversationAssembler:
             self.on_checked(out.checked)
         return versions
 
+    def _counts_of(self, built: list[Built]) -> dict[tuple[str, str], int]:
+        """The stored counts of the new_cohort rules' values these conversations hold."""
+        keys = {rule.key for rule in self._new_cohorts}
+        pairs = {(k, v) for b in built for k in keys for v in b.attributes.get(k, ())}
+        if not pairs:
+            return {}
+        with registered(self.con, pa.table({"key": [k for k, _ in pairs], "value": [v for _, v in pairs]})) as name:
+            return {(k, v): n for k, v, n in self.con.execute(
+                f"SELECT c.key, c.value, c.conversations FROM cohort_counts c JOIN {name} p USING (key, value)"
+            ).fetchall()}
+
     def _is_new(self, attributes: dict[str, set[str]], counted: dict[tuple[str, str], int] | None) -> bool:
         """Whether a conversation is among the first `first` of a value of a new_cohort rule's key; a first
         version (`counted` given) is counted, so the next one sees it."""
-        if self._cohort_counts is None:
-            self._cohort_counts = {(k, v): n for k, v, n in self.con.execute(
-                "SELECT key, value, conversations FROM cohort_counts").fetchall()}
         new = False
         for rule in self._new_cohorts:
             for value in attributes.get(rule.key, ()):
@@ -884,8 +895,8 @@ class ConversationAssembler:
         try:
             if counted:
                 self.con.executemany(
-                    "INSERT INTO cohort_counts VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET "
-                    "conversations = cohort_counts.conversations + excluded.conversations",
+                    "INSERT INTO cohort_counts VALUES (?, ?, ?, now()) ON CONFLICT DO UPDATE SET "
+                    "conversations = cohort_counts.conversations + excluded.conversations, last_seen_at = now()",
                     [[k, v, n] for (k, v), n in counted.items()])
             self._append("conversations", out.versions, _VERSION_SCHEMA)
             self._append("eval_jobs", out.jobs, _JOB_SCHEMA)

@@ -5,8 +5,10 @@ conversation never loses part of its spans while it can still change. A span bat
 (`retention_batches`, with a snapshot time) before it is archived and deleted; the archive file's name comes
 from the batch, so a restart in the middle writes the same file again and deletes the same rows: nothing is
 lost or duplicated. The conversation is then recorded in `pruned_conversations`, and a late span for it is
-stored but never assembled into a new, truncated version. Conversations, scores and failed jobs go by age, in
-batches bounded by a timestamp, archived the same way.
+stored but not assembled into a new, truncated version while the marker lasts. Conversations, scores, jobs,
+reviews and the bookkeeping beside them go by age (`windows`: each follows the data it is for), in batches
+bounded by a timestamp, archived the same way; rows that exist only for a pruned row (a version's jobs, a score's
+export mark and reuse entry) go in its transaction.
 
 DuckDB reuses the blocks that deleted rows free, so the file stops growing at steady state, but it does not
 give them back to the filesystem; `tracejudge compact` rewrites the file for that.
@@ -57,6 +59,7 @@ class StorageReport:
 
     table_rows: dict[str, int]
     db_bytes: dict[str, int]
+    table_bytes: dict[str, int]  # an estimate (`Retention.table_bytes`)
     pruned: dict[str, int]
     archived: dict[str, int]
     last_prune_at: float | None
@@ -67,18 +70,57 @@ class _AgedTable:
     table: str
     column: str  # the timestamp that ages a row
     extra: str = ""  # more conditions, e.g. only failed jobs
-    summaries: tuple[str, ...] = ()  # the web UI's summary rows that go with the pruned rows
+    # statements (one `?`: the batch's bound) run in the batch's transaction before its rows go: rows of other
+    # tables that exist for these (a score's export mark and reuse entry, a conversation version's jobs)
+    dependents: tuple[str, ...] = ()
+    summaries: tuple[str, ...] = ()  # the web UI's summary rows that go with the pruned rows (after them)
 
 
+_SCORE_KEY = ("s.conversation_id = d.conversation_id AND s.conversation_version = d.conversation_version "
+              "AND s.metric = d.metric AND s.metric_config = d.metric_config")
 AGED = {
-    "conversations": _AgedTable("conversations", "assembled_at", summaries=(
+    "conversations": _AgedTable("conversations", "assembled_at", dependents=(
+        "DELETE FROM eval_jobs d WHERE status <> 'running' AND EXISTS (SELECT 1 FROM conversations c WHERE "
+        "c.assembled_at <= ? AND c.conversation_id = d.conversation_id AND c.version = d.conversation_version)",),
+        summaries=(
         "DELETE FROM conversation_summary WHERE assembled_at <= ? AND conversation_id NOT IN "
         "(SELECT conversation_id FROM conversations)",
         "DELETE FROM call_summary WHERE assembled_at <= ? AND conversation_id NOT IN "
         "(SELECT conversation_id FROM conversations)")),
-    "scores": _AgedTable("scores", "scored_at", summaries=("DELETE FROM score_summary WHERE scored_at <= ?",)),
+    "scores": _AgedTable("scores", "scored_at", dependents=tuple(
+        f"DELETE FROM {table} d WHERE EXISTS (SELECT 1 FROM scores s WHERE s.scored_at <= ? AND {_SCORE_KEY})"
+        for table in ("score_exports", "judged_content")),
+        summaries=("DELETE FROM score_summary WHERE scored_at <= ?",)),
     "failed_jobs": _AgedTable("eval_jobs", "updated_at", "AND status = 'failed'"),
+    "done_jobs": _AgedTable("eval_jobs", "updated_at", "AND status = 'done'"),
+    "reviews": _AgedTable("reviews", "reviewed_at"),
+    "review_queue": _AgedTable("review_queue", "enqueued_at"),
+    "review_thumbs_down": _AgedTable("review_thumbs_down", "received_at"),
+    "cohort_counts": _AgedTable("cohort_counts", "last_seen_at"),
+    "pruned_conversations": _AgedTable("pruned_conversations", "pruned_at"),
+    "judge_batches": _AgedTable("judge_batch_requests", "submitted_at"),
 }
+WIDTH_SAMPLE_ROWS = 256  # rows per table whose width estimates its bytes
+WIDTH_REFRESH_S = 600.0
+REVIEW_RULE_EDITS_KEPT = 100  # the review rules' edit history: the newest this many edits
+
+
+def _shortest(*windows: float | None) -> float | None:
+    kept = [w for w in windows if w is not None]
+    return min(kept) if kept else None
+
+
+def windows(settings: RetentionSettings, late_window_s: float) -> dict[str, float | None]:
+    """How long each AGED table keeps its rows (None: for ever). The bookkeeping follows the data it is for: a
+    done job, a review queue item and a thumbs-down go once their score or conversation version may have (the
+    shorter window); a cohort value not seen for the conversations' window is new again; a pruned conversation's
+    marker once a late span for it has had the spans' window (at least the late-span window) to arrive."""
+    s = settings
+    with_data = _shortest(s.scores, s.conversations)
+    return {"conversations": s.conversations, "scores": s.scores, "failed_jobs": s.failed_jobs,
+            "done_jobs": with_data, "reviews": s.reviews, "review_queue": with_data, "review_thumbs_down": with_data,
+            "cohort_counts": s.conversations, "pruned_conversations": max(s.spans or 0.0, late_window_s),
+            "judge_batches": s.judge_batches}
 
 
 class Retention:
@@ -99,12 +141,15 @@ class Retention:
         self.max_disk = max_disk
         self.on_report = on_report
         self.stats = RetentionStats()
+        self._widths: dict[str, float] = {}  # average row width of each table, as text (`table_bytes`)
+        self._widths_at: float | None = None
+        self._checkpoint_due = False  # rows were deleted and the checkpoint that frees their blocks was skipped
 
     @property
     def enabled(self) -> bool:
-        s = self.settings
-        return self.max_disk is not None or any(v is not None for v in (s.spans, s.conversations, s.scores,
-                                                                         s.failed_jobs))
+        """Always, in effect: the pruned conversations' markers and the judge's batch ledger expire by default."""
+        return (self.max_disk is not None or self.settings.spans is not None
+                or any(w is not None for w in windows(self.settings, self.late_window_s).values()))
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -126,11 +171,11 @@ class Retention:
             self._finish_span_batch(batch_id)
         if self.settings.spans is not None:
             self.prune_spans(now - timedelta(seconds=self.settings.spans))
-        for name, aged in AGED.items():
-            keep = getattr(self.settings, name)
+        for name, keep in windows(self.settings, self.late_window_s).items():
             if keep is not None:
-                self._prune_aged(aged, now - timedelta(seconds=keep), name)
-        if sum(self.stats.pruned.values()) > before:
+                self._prune_aged(AGED[name], now - timedelta(seconds=keep), name)
+        self._prune_rule_edits()
+        if sum(self.stats.pruned.values()) > before or self._checkpoint_due:
             self._checkpoint()
         self._disk_budget(now)
         if self._spans_pruned:
@@ -143,7 +188,9 @@ class Retention:
         until DuckDB's own threshold."""
         try:
             self.con.execute("CHECKPOINT")
-        except duckdb.Error as exc:  # busy with another transaction: the next round checkpoints
+            self._checkpoint_due = False
+        except duckdb.Error as exc:  # busy with another transaction: the next round checkpoints, pruned or not
+            self._checkpoint_due = True
             self.log("debug", "retention checkpoint skipped", reason=str(exc))
 
     def report(self, con: duckdb.DuckDBPyConnection | None = None) -> StorageReport:
@@ -157,7 +204,27 @@ class Retention:
             "WHERE database_name = current_database()").fetchall()
         wal = Path(str(self.db_path) + ".wal")
         sizes = {"used": block * used, "free": block * free, "wal": wal.stat().st_size if wal.exists() else 0}
-        return StorageReport(rows, sizes, dict(self.stats.pruned), dict(self.stats.archived), self.stats.last_prune_at)
+        return StorageReport(rows, sizes, self.table_bytes(con, rows, block * used), dict(self.stats.pruned),
+                             dict(self.stats.archived), self.stats.last_prune_at)
+
+    def table_bytes(self, con: duckdb.DuckDBPyConnection, rows: dict[str, int], used: int) -> dict[str, int]:
+        """The database's used bytes split between the tables by rows x average row width. The width is of the
+        first WIDTH_SAMPLE_ROWS rows of each table as text, measured at most every WIDTH_REFRESH_S: what it
+        costs does not grow with the file. An estimate (compression differs by column), whose sum is the real
+        total."""
+        now = time.monotonic()
+        if self._widths_at is None or now - self._widths_at > WIDTH_REFRESH_S or rows.keys() - self._widths.keys():
+            widths = {}
+            for table in rows:
+                source = "span_records" if table == "spans" else table
+                with contextlib.suppress(duckdb.Error):  # a table dropped meanwhile
+                    [(width,)] = con.execute(f"SELECT avg(strlen(CAST(t AS VARCHAR))) FROM (SELECT * FROM "
+                                             f"{source} LIMIT {WIDTH_SAMPLE_ROWS}) t").fetchall()
+                    widths[table] = float(width or 0.0)
+            self._widths, self._widths_at = widths, now
+        weight = {t: n * self._widths.get(t, 0.0) for t, n in rows.items()}
+        total = sum(weight.values())
+        return {t: round(used * w / total) if total else 0 for t, w in weight.items()}
 
     def used_bytes(self) -> int:
         """Bytes the database holds in use (not the free blocks DuckDB will reuse), plus its WAL."""
@@ -233,6 +300,8 @@ class Retention:
                                      f"CAST(timezone('UTC', {aged.column}) AS DATE)", batch_id)
             self.con.execute("BEGIN TRANSACTION")
             try:
+                for statement in aged.dependents:
+                    self.con.execute(statement, [bound])
                 [(deleted,)] = self.con.execute(f"DELETE FROM {aged.table} WHERE {where}", [bound]).fetchall()
                 for statement in aged.summaries:
                     self.con.execute(statement, [bound])
@@ -244,6 +313,14 @@ class Retention:
             self.log("debug", f"{name} pruned", rows=deleted, archived=archived, up_to=bound.isoformat())
             if deleted < size:
                 return
+
+    def _prune_rule_edits(self) -> None:
+        """The review rules as last edited are what counts; their history keeps the newest edits only."""
+        [(deleted,)] = self.con.execute(
+            "DELETE FROM review_rules WHERE edited_at < (SELECT min(edited_at) FROM (SELECT edited_at FROM "
+            "review_rules ORDER BY edited_at DESC LIMIT ?))", [REVIEW_RULE_EDITS_KEPT]).fetchall()
+        if deleted:
+            self.stats.add("review_rules", deleted, 0)
 
     # --- archive ---------------------------------------------------------------------------------------
 

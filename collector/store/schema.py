@@ -249,7 +249,7 @@ def summary_tables_ddl(temporary: bool = False) -> str:
     """.replace("{create}", create)
 
 
-SCHEMA_VERSION = 22
+SCHEMA_VERSION = 23
 # SQL, or a function of the connection where the migration needs Python (ids computed as ingest computes them)
 MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     1: f"""
@@ -531,6 +531,11 @@ MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     # the UI's latest scores carry their weight (1 / inclusion probability): the overview's rates are Hajek's too
     22: """
     ALTER TABLE score_summary ADD COLUMN IF NOT EXISTS weight DOUBLE;
+    """,
+    # when each cohort value was last seen: retention forgets values not seen within the conversations' window
+    23: """
+    ALTER TABLE cohort_counts ADD COLUMN last_seen_at TIMESTAMPTZ;
+    UPDATE cohort_counts SET last_seen_at = now();
     """,
 }
 
