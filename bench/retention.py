@@ -104,6 +104,8 @@ def main() -> None:
             print(f"sent {sent:,} conversations ({sent * 4:,} spans); export latency over the run: p50 "
                   f"{latencies[len(latencies) // 2]:.1f} ms, p99 {latencies[int(len(latencies) * 0.99)]:.1f} ms, "
                   f"max {latencies[-1]:.1f} ms")
+            said = [line for line in collector.log_lines if '"retention' in line]
+            print(f"retention log lines: {len(said)}" + "".join(f"\n  {line.strip()[:300]}" for line in said[-3:]))
         finally:
             collector.stop()
 

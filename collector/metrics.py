@@ -112,7 +112,7 @@ class CollectorMetrics:
         self.oldest_waiting = Gauge("tracejudge_oldest_waiting_job_seconds", "Age of the oldest job not yet scored "
                                     "(pending, waiting for a judge or the budget)", registry=self.registry)
         self._service, self._agent, self._version = BoundedLabel(), BoundedLabel(), BoundedLabel()
-        self.table_rows = Gauge("tracejudge_table_rows", "Rows per table (DuckDB's estimate)", ["table"],
+        self.table_rows = Gauge("tracejudge_table_rows", "Rows per table", ["table"],
                                 registry=self.registry)
         self.db_bytes = Gauge("tracejudge_db_bytes", "Database blocks in use and free for reuse, and the WAL",
                               ["kind"], registry=self.registry)

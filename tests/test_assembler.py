@@ -263,7 +263,7 @@ def test_the_assembler_keeps_to_its_share_only_while_ingest_keeps_the_writer_bus
 def test_deterministic_jobs_are_scored_in_batches_not_a_lease_per_poll(tmp_path: Path, monkeypatch,
                                                                        case_bytes: int) -> None:
     """Forty call-validity jobs, two judge slots, a 60 s poll: every one is scored long before a second poll, and
-    a job whose conversation version is gone fails with that reason instead of holding up the batch; a batch whose
+    a job whose conversation version is gone is dropped (logged) instead of holding up the batch; a batch whose
     test cases are larger than the memory it may use is read in parts, with the same outcome."""
     from tracejudge.collector.pipeline.scoring_stage import ScoringStage, StageConfig
 
@@ -277,22 +277,24 @@ def test_deterministic_jobs_are_scored_in_batches_not_a_lease_per_poll(tmp_path:
         con = store.cursor()
         con.execute("DELETE FROM conversations WHERE conversation_id = 'chat-7'")
         stage = ScoringStage(store.cursor(), StageConfig(metrics=("mcp_call_validity",), concurrency=2, poll_s=60),
-                             lambda *a, **k: None)
+                             lambda *a, **k: logged.append((a, k)))
         stop = asyncio.Event()
         running = asyncio.create_task(stage.run(stop))
         # up to 20 s, a third of one poll period
-        await _until(con, "SELECT status, count(*) FROM eval_jobs GROUP BY ALL ORDER BY 1",
-                     [("done", 39), ("failed", 1)], seconds=20)
+        await _until(con, "SELECT status, count(*) FROM eval_jobs GROUP BY ALL ORDER BY 1", [("done", 39)],
+                     seconds=20)
         stop.set()
         await running
         return (con.execute("SELECT conversation_id, metric, score, reason FROM scores ORDER BY 1").fetchall(),
                 con.execute("SELECT conversation_id, last_error FROM eval_jobs WHERE status = 'failed'").fetchall())
 
+    logged: list[tuple[tuple, dict]] = []
     scores, failed = asyncio.run(scenario())
     # no MCP call in these conversations: the check does not apply, and says so in the score row
     assert [s[:2] for s in scores] == sorted((f"chat-{i}", "mcp_call_validity") for i in range(40) if i != 7)
     assert all(s[2] is None and s[3].endswith("not applicable.") for s in scores), scores[0]
-    assert failed == [("chat-7", "the conversation version is gone")]
+    assert failed == []
+    assert [k["jobs"] for a, k in logged if "pruned before they were scored" in a[1]] == [1]
     store.close()
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from tests.support.collector_process import CollectorProcess
+from tests.test_pipeline import config, conversations, export, query, wait_for
 from tracejudge.collector.pipeline.assembly_pool import SPILL_PREFIX, AssemblyPool, AssemblyWorkerLost, _spill_root
 from tracejudge.collector.pipeline.conversation_builder import SPAN_COLUMNS, BuildConfig, build_batch
 
@@ -46,6 +48,11 @@ def _rows(conversations: int) -> tuple[pa.Table, dict[str, list[str]]]:
     return table, {f"conv-{i}": [f"{i:032x}"] for i in range(conversations)}
 
 
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 SCOPES = {1: ("test", "1")}
 RESOURCES = {1: {"service.name": "shop"}}
 
@@ -74,8 +81,12 @@ def test_a_worker_killed_mid_batch_fails_that_batch_only_and_is_replaced() -> No
         executor = pool._executor
         assert executor is not None
         [pid] = list(executor._processes)  # the worker process, as the OS sees it
+        started = _cpu_s(pid)
         future = pool.submit(table, conversations, SCOPES, RESOURCES)
-        time.sleep(0.3)
+        deadline = time.monotonic() + 30
+        while _cpu_s(pid) < started + 0.1 and time.monotonic() < deadline:  # until it is building the batch
+            time.sleep(0.01)
+        assert not future.done(), "the batch ended before the worker could be killed in it"
         os.kill(pid, signal.SIGKILL)
         lost = pool.result(future, list(conversations))
         assert lost.failed.keys() == set(conversations) and not lost.built
@@ -117,3 +128,19 @@ def test_batch_files_of_a_killed_server_are_removed_by_the_next_one() -> None:
         assert pool._spill_dir is not None and pool._spill_dir.exists()  # its own, while it runs
     finally:
         pool.stop()
+
+
+def test_call_validity_is_scored_as_the_conversation_is_built_never_leased(tmp_path: Path) -> None:
+    """A real collector: the check runs where the conversation is built and its score and done job are written
+    with the version; the scoring stage never leases the job (attempts stay 0)."""
+    with CollectorProcess(tmp_path / "t.duckdb",
+                          config=config(tmp_path, 'metrics = ["mcp_call_validity"]\n')) as collector:
+        export(collector, conversations(end=True))
+        scores = wait_for(collector, "SELECT conversation_id, score FROM scores ORDER BY 1", 2)
+        assert [r[0] for r in scores] == ["conv-a", "conv-b"]
+        jobs = query(collector, "SELECT status, attempts FROM eval_jobs ORDER BY conversation_id")
+        assert jobs == [["done", 0], ["done", 0]]
+        calls = query(collector, "SELECT conversation_id, name, is_error FROM call_summary ORDER BY 1, turn")
+        assert calls == [["conv-a", "get-weather", False], ["conv-a", "get-weather", False],
+                         ["conv-b", "book-umbrella", True]]
+        collector.stop()

@@ -559,8 +559,8 @@ def test_gzip_bodies_must_be_complete_and_may_have_several_members(db: Path) -> 
 
 def test_a_dead_decode_worker_is_replaced_and_the_export_retried(db: Path) -> None:
     """Protobuf is decoded in C on the server's threads, without a process; the first request that needs the Python
-    decoder starts its worker processes, and one that dies is replaced and the export retried. (The assembly
-    workers start with the server: they are there before any request, and are left alone here.)"""
+    decoder starts its worker processes, and one that dies is replaced and the export retried. (Assembly workers
+    start with the first conversation built: agent_spans ends none within the test, and any there are left alone.)"""
     with CollectorProcess(db) as collector:
         assert collector.proc is not None
         assembly = set(process_tree(collector.proc.pid)[1:])

@@ -121,6 +121,8 @@ async def test_batch_mode_leases_only_the_jobs_the_daily_budget_left_pays_for(tm
     con.execute("INSERT INTO eval_jobs (conversation_id, conversation_version, metric, metric_config, status, "
                 "created_at, updated_at) SELECT 'c' || range, 1, 'mcp_use', 'x', 'pending', ?, ? FROM range(50)",
                 [now, now])
+    con.execute("INSERT INTO conversations (conversation_id, version, content_hash, status, assembled_at) "
+                "SELECT 'c' || range, 1, 'h', 'complete', ? FROM range(50)", [now])  # the versions the jobs score
     config = StageConfig(metrics=("mcp_use",), model="gpt-4o-mini", daily_budget_usd=2.0,
                          judge=JudgeOptions(batch=True))
     with BatchServer(scripted) as server:

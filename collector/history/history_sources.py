@@ -13,8 +13,13 @@ from tracejudge.collector.history.lake import LakeError, open_lake_for_query
 from tracejudge.collector.history.replica_files import ReplicaFileError, open_replica_files
 from tracejudge.collector.store.span_store import lock_down
 
-ARCHIVED = ("spans", "conversations", "scores", "failed_jobs")
-LIVE = {"spans": "spans", "conversations": "conversations", "scores": "scores", "failed_jobs": "eval_jobs"}
+# what retention archives (collector/pipeline/retention.py AGED, and spans), and the live rows of each
+LIVE = {"spans": "spans", "conversations": "conversations", "scores": "scores",
+        "failed_jobs": "eval_jobs WHERE status = 'failed'", "done_jobs": "eval_jobs WHERE status = 'done'",
+        "reviews": "reviews", "review_queue": "review_queue", "review_thumbs_down": "review_thumbs_down",
+        "cohort_counts": "cohort_counts", "pruned_conversations": "pruned_conversations",
+        "judge_batches": "judge_batch_requests"}
+ARCHIVED = tuple(LIVE)
 
 
 def open_history(lake: bool, dbs: list[str] | None, config: str | None,
@@ -57,8 +62,7 @@ def attach_archive(con: duckdb.DuckDBPyConnection, archive: Path) -> None:
         files = _quoted(str(root / name / "day=*" / "*.parquet"))
         con.execute(f"CREATE TEMP VIEW archived_{name} AS SELECT * EXCLUDE (day) FROM read_parquet('{files}', "
                     "hive_partitioning = true, union_by_name = true)")
-        live = LIVE[name] + (" WHERE status = 'failed'" if name == "failed_jobs" else "")
-        con.execute(f"CREATE TEMP VIEW all_{name} AS SELECT * FROM {live} UNION ALL BY NAME "
+        con.execute(f"CREATE TEMP VIEW all_{name} AS SELECT * FROM {LIVE[name]} UNION ALL BY NAME "
                     f"SELECT * FROM archived_{name}")
 
 

@@ -34,7 +34,7 @@ from tracejudge.collector.receivers.decode_pool import usable_cpus
 from tracejudge.collector.receivers.decode_worker import ready, worker_init
 from tracejudge.errors import TracejudgeError
 
-MAX_TASKS_PER_WORKER = 2000  # batches before a worker is replaced, returning what its heap grew to
+BATCH_TIMEOUT_S = 600.0  # a batch not back by then is treated as lost with its worker (a batch takes seconds)
 NICENESS = 10  # below the server: while both want a core, the receivers and the span writer get it
 
 
@@ -102,10 +102,16 @@ class AssemblyPool:
     def _pool(self) -> ProcessPoolExecutor:
         with self._lock:
             if self._executor is None:
+                # no max_tasks_per_child: on Python 3.11-3.13 a worker retiring with tasks queued may never be
+                # replaced (CPython gh-115634), and the assembler always has a batch queued
                 executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                               initializer=_worker_start, max_tasks_per_child=MAX_TASKS_PER_WORKER)
-                for future in [executor.submit(ready) for _ in range(self.workers)]:
-                    future.result()  # every worker started now, not one inside each of the first batches
+                                               initializer=_worker_start)
+                try:
+                    for future in [executor.submit(ready) for _ in range(self.workers)]:
+                        future.result(BATCH_TIMEOUT_S)  # every worker started now, not inside the first batches
+                except BaseException:
+                    executor.shutdown(wait=False, cancel_futures=True)
+                    raise
                 self._executor = executor
                 if self.on_start is not None:
                     self.on_start(self.workers)
@@ -123,7 +129,12 @@ class AssemblyPool:
             done.set_result(build_batch(table, conversations, scopes, resources, self.config)
                             if conversations else BatchResult())
             return done
-        path = self._spill(table)
+        try:
+            path = self._spill(table)
+        except OSError:  # no room where batches go (a small /dev/shm): built here instead, slower but built
+            done = Future()
+            done.set_result(build_batch(table, conversations, scopes, resources, self.config))
+            return done
         executor = self._pool()
         try:
             future = executor.submit(build_from_file, str(path), conversations, scopes, resources, self.config)
@@ -143,19 +154,26 @@ class AssemblyPool:
                 self._spill_dir = Path(tempfile.mkdtemp(prefix=f"{SPILL_PREFIX}{os.getpid()}-", dir=_spill_root()))
             self._spilled += 1
             path = self._spill_dir / f"{self._spilled}.arrow"
-        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table)
+        try:
+            with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+                writer.write_table(table)
+        except (OSError, pa.ArrowException) as exc:
+            with contextlib.suppress(OSError):
+                path.unlink()
+            raise OSError(f"the batch file {path} could not be written: {exc}") from exc
         return path
 
     def result(self, future: Future[BatchResult], conversations: list[str]) -> BatchResult:
         """The batch built; when its worker died, every conversation of it failed (built again later)."""
         executor, path = self._sent_to.pop(id(future), (None, None))
         try:
-            return future.result()
-        except BrokenProcessPool:
+            return future.result(BATCH_TIMEOUT_S)
+        except (BrokenProcessPool, TimeoutError):
             self._replace(executor)
             reason = str(AssemblyWorkerLost("an assembly worker stopped mid-batch; it was replaced"))
             return BatchResult(failed=dict.fromkeys(conversations, reason))
+        except Exception as exc:  # noqa: BLE001 - the batch could not be sent or built: retried after a quiet period
+            return BatchResult(failed=dict.fromkeys(conversations, f"{type(exc).__name__}: {exc}"))
         finally:
             if path is not None:  # the worker removes it once read; not when it died first
                 with contextlib.suppress(OSError):

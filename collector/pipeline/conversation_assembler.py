@@ -99,7 +99,7 @@ class _Due(NamedTuple):
 class _Batch(NamedTuple):
     """A batch read and sent to the workers, waiting to be finished."""
 
-    batch: list[str]
+    there: list[str]  # built in the workers
     here: list[str]  # built in the server (traces kept from their earlier versions)
     local_rows: pa.Table | None  # their spans
     scopes: Scopes
@@ -567,12 +567,16 @@ class ConversationAssembler:
         result = BatchResult()
         local: dict[str, list[KeptTrace]] = {}
         in_flight: deque[_Batch] = deque()
-        for batch in (b for b in batches if b):
-            in_flight.append(self._read_and_submit(batch, conversations, since_us, kept, going_on))
-            if len(in_flight) > self.pool.workers:
+        try:
+            for batch in (b for b in batches if b):
+                in_flight.append(self._read_and_submit(batch, conversations, since_us, kept, going_on))
+                if len(in_flight) > self.pool.workers:
+                    self._collect(in_flight.popleft(), conversations, kept, result, local)
+            while in_flight:
                 self._collect(in_flight.popleft(), conversations, kept, result, local)
-        while in_flight:
-            self._collect(in_flight.popleft(), conversations, kept, result, local)
+        finally:  # a read that failed: what was sent is waited for (its files removed), and the poll retried
+            for read in in_flight:
+                self.pool.result(read.future, read.there)
         mapped: dict[str, KeptTrace] = {}
         failed = self._write_built(result, local, conversations, since_us, kept, mapped, going_on)
         return failed, mapped
@@ -600,8 +604,9 @@ class ConversationAssembler:
         there = {c: sorted(conversations[c]) for c in batch if c not in set(here)}
         future = self.pool.submit(
             _only(table, [t for traces in there.values() for t in traces]) if here else table, there, scopes, resources)
-        return _Batch(batch, here, _only(table, [t for c in here for t in conversations[c]]) if here else None,
-                      scopes, resources, future)
+        return _Batch(list(there), here,
+                      _only(table, [t for c in here for t in conversations[c]]) if here else None, scopes, resources,
+                      future)
 
     def _collect(self, read: _Batch, conversations: dict[str, set[str]], kept: dict[str, KeptTrace],
                  result: BatchResult, local: dict[str, list[KeptTrace]]) -> None:
@@ -610,7 +615,7 @@ class ConversationAssembler:
         local.update(self._build_here(read.here, conversations, read.local_rows, read.scopes, read.resources, kept,
                                       result))
         started = time.monotonic()
-        built_there = self.pool.result(read.future, list(read.batch))
+        built_there = self.pool.result(read.future, read.there)
         self.pool_wait_s += time.monotonic() - started
         result.built.update(built_there.built)
         result.failed.update(built_there.failed)
@@ -859,7 +864,10 @@ class ConversationAssembler:
             self.log.info("conversation complete", conversation_id=b.conversation_id, version=version,
                           turns=b.turns, mcp_calls=b.mcp_calls, metrics_queued=queued)
         if out.checked and self.on_checked is not None:
-            self.on_checked(out.checked)
+            try:
+                self.on_checked(out.checked)
+            except Exception as exc:  # committed: an observer failing must not make the batch look unwritten
+                self.log.error("check scores written but not reported", reason=f"{type(exc).__name__}: {exc}")
         return versions
 
     def _counts_of(self, built: list[Built]) -> dict[tuple[str, str], int]:
@@ -907,6 +915,12 @@ class ConversationAssembler:
                                         for c in out.checked], SCORE_SCHEMA, "INSERT OR IGNORE")
             # the UI's summaries of the latest version: a later version replaces its conversation's row
             self._append("conversation_summary", out.summaries, _CONVERSATION_SUMMARY_SCHEMA, "INSERT OR REPLACE")
+            if out.summaries:  # the calls of a conversation's older versions: the UI lists its latest only
+                with registered(self.con, pa.table({
+                        "conversation_id": [r["conversation_id"] for r in out.summaries],
+                        "version": pa.array([r["version"] for r in out.summaries], pa.int32())})) as name:
+                    self.con.execute(f"DELETE FROM call_summary k USING {name} n WHERE k.conversation_id = "
+                                     "n.conversation_id AND k.version < n.version")
             self._append("call_summary", out.calls, _CALL_SUMMARY_SCHEMA)
             self.con.execute("COMMIT")
         except Exception:

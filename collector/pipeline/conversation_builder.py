@@ -42,7 +42,7 @@ CHECKED_METRICS = {"mcp_call_validity": MCPCallValidityMetric}  # the checks tha
 
 @dataclass(frozen=True)
 class BuildConfig:
-    """What building needs of the collector's settings (sent once to each worker process)."""
+    """What building needs of the collector's settings (small: sent with each batch)."""
 
     mcp_tools: dict[str, tuple[str, ...]] = field(default_factory=dict)
     attribute_keys: frozenset[str] = frozenset()

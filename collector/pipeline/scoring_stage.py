@@ -52,6 +52,7 @@ OUTAGE_GIVE_UP_STREAK = 4  # `score --pending` stops waiting for a judge after t
 BATCH_CONCURRENCY = 2_000  # jobs measured at once in batch mode
 DETERMINISTIC_BATCH = 256  # deterministic jobs leased, measured and committed together
 BATCH_CASE_BYTES = 16 * 1024 * 1024  # test-case JSON of a batch loaded at once (a batch is read in parts past it)
+ORPHAN_SWEEP_S = 30.0  # how often jobs of pruned conversation versions are dropped
 OWN_FAILURE_STRIKES = 3  # unavailable this often while the judge answered others: the job's own failure
 Log = Callable[..., None]
 
@@ -201,6 +202,7 @@ class ScoringStage:
         self._own_failures: set[int] = set()  # jobs unavailable while their metric's judge answered others
         self.processed = 0
         self.resumed = 0  # jobs recover() took out of waiting_for_judge
+        self._swept_at: datetime | None = None  # when jobs of pruned versions were last dropped
 
     def _calibration(self) -> dict[str, tuple[CalibrationExample, ...]]:
         """Per judged metric, the reviewers' corrections it is calibrated with (chosen once, at start)."""
@@ -297,6 +299,10 @@ class ScoringStage:
         now = datetime.now(UTC)
         async with self._db:
             await asyncio.to_thread(self._expire_leases, now, list(self._active))
+        if self._swept_at is None or (now - self._swept_at).total_seconds() >= ORPHAN_SWEEP_S:
+            self._swept_at = now
+            async with self._db:
+                await asyncio.to_thread(self._drop_orphans)
         batch = 0
         if self.deterministic and (self._batch is None or self._batch.done()):
             batch = await self._lease_deterministic(now)
@@ -328,6 +334,19 @@ class ScoringStage:
             task.add_done_callback(lambda _: self._slot_freed.set())
             task.add_done_callback(lambda _, job_id=job[0]: self._active.discard(job_id))
         return batch + len(leased)
+
+    def _drop_orphans(self) -> None:
+        """Jobs waiting for a conversation version retention has pruned: nothing is left to score. Dropped here,
+        where the jobs are leased (retention deleting the oldest pending jobs conflicted with these very leases),
+        so a judge slower than the traffic does not leave them to grow without end."""
+        [(dropped,)] = self.con.execute(
+            "DELETE FROM eval_jobs j WHERE status IN ('pending', 'waiting_for_judge', 'budget') AND NOT EXISTS "
+            "(SELECT 1 FROM conversations c WHERE c.conversation_id = j.conversation_id "
+            "AND c.version = j.conversation_version)").fetchall()
+        if dropped:
+            self.log("info", "jobs dropped: their conversation versions were pruned before they were scored",
+                     jobs=dropped, advice="a longer [retention] conversations, or a faster judge ([scoring] "
+                     "concurrency, sampling rate), scores them in time")
 
     def _expire_leases(self, now: datetime, active: list[int]) -> None:
         """Expired leases back to pending (failed past `max_attempts`), except the jobs this process measures, and
