@@ -103,7 +103,6 @@ AGED = {
     "pruned_conversations": _AgedTable("pruned_conversations", "pruned_at"),
     "judge_batches": _AgedTable("judge_batch_requests", "submitted_at"),
 }
-FORCE_AFTER_SKIPS = 3  # rounds a plain CHECKPOINT may be skipped (other writes active) before one is forced
 WIDTH_SAMPLE_ROWS = 256  # rows per table whose width estimates its bytes
 WIDTH_REFRESH_S = 600.0
 REVIEW_RULE_EDITS_KEPT = 100  # the review rules' edit history: the newest this many edits
@@ -151,7 +150,6 @@ class Retention:
         self._widths: dict[str, float] = {}  # average row width of each table, as text (`table_bytes`)
         self._widths_at: float | None = None
         self._checkpoint_due = False  # rows were deleted and the checkpoint that frees their blocks was skipped
-        self._skipped = 0  # plain checkpoints skipped in a row
 
     @property
     def enabled(self) -> bool:
@@ -199,16 +197,12 @@ class Retention:
     def _checkpoint(self) -> None:
         """Deleted rows free their blocks for reuse only once checkpointed; without it the WAL keeps growing
         until DuckDB's own threshold."""
-        force = self._skipped >= FORCE_AFTER_SKIPS
         try:
-            # FORCE waits for the write transactions in flight and holds new ones back while it runs: the pipeline
-            # writes all the time while a judge scores, and a plain CHECKPOINT then never found a moment, so the WAL
-            # and the file grew under flat row counts (`python bench/retention.py`)
-            self.con.execute("FORCE CHECKPOINT" if force else "CHECKPOINT")
-            self._checkpoint_due, self._skipped = False, 0
+            self.con.execute("CHECKPOINT")
+            self._checkpoint_due = False
         except duckdb.Error as exc:  # busy with another transaction: the next round checkpoints, pruned or not
-            self._checkpoint_due, self._skipped = True, self._skipped + 1
-            self.log("debug", "retention checkpoint skipped", reason=str(exc), forced=force)
+            self._checkpoint_due = True
+            self.log("debug", "retention checkpoint skipped", reason=str(exc))
 
     def report(self, con: duckdb.DuckDBPyConnection | None = None) -> StorageReport:
         """Table rows and database bytes now, with retention's totals; on `con` when another thread asks."""
