@@ -36,6 +36,10 @@ def _tables(metrics: dict[str, float]) -> dict[str, float]:
     return {key[len(prefix):-2]: value for key, value in metrics.items() if key.startswith(prefix)}
 
 
+def _checkpoints(metrics: dict[str, float], outcome: str) -> float:
+    return metrics.get('tracejudge_checkpoints_total{outcome="' + outcome + '"}', 0.0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=60)
@@ -71,7 +75,8 @@ def main() -> None:
             started, sent, next_sample = time.monotonic(), 0, 0.0
             latencies: list[float] = []
             samples: list[tuple[float, float, dict[str, float]]] = []  # (minute, file + WAL MB, rows per table)
-            print("minute  file+WAL MB  " + "  ".join(SHOWN) + "  p99 export ms (since last)")
+            print("minute  file MB  WAL MB  checkpoints done/timed out/refused  " + "  ".join(SHOWN)
+                  + "  p99 export ms (since last)")
             window: list[float] = []
             while (elapsed := time.monotonic() - started) < seconds:
                 while sent < int(elapsed * args.conversations_per_s):
@@ -80,14 +85,18 @@ def main() -> None:
                     window.append((time.perf_counter() - t0) * 1000)
                     sent += 1
                 if elapsed >= next_sample:
-                    tables = _tables(_scrape(collector))
+                    metrics = _scrape(collector)
+                    tables = _tables(metrics)
                     wal = Path(str(db) + ".wal")
-                    size = (db.stat().st_size + (wal.stat().st_size if wal.exists() else 0)) / 1e6
+                    file_mb, wal_mb = db.stat().st_size / 1e6, (wal.stat().st_size if wal.exists() else 0) / 1e6
+                    size = file_mb + wal_mb
+                    checkpoints = "/".join(f"{_checkpoints(metrics, outcome):.0f}"
+                                           for outcome in ("done", "timed_out", "refused"))
                     p99 = sorted(window)[int(len(window) * 0.99)] if window else 0.0
                     latencies += window
                     window = []
                     samples.append((elapsed / 60, size, tables))
-                    print(f"{elapsed / 60:6.1f}  {size:11.1f}  " + "  ".join(
+                    print(f"{elapsed / 60:6.1f}  {file_mb:7.1f}  {wal_mb:6.1f}  {checkpoints:>24}  " + "  ".join(
                         f"{tables.get(t, 0):>{len(t)}.0f}" for t in SHOWN) + f"  {p99:8.1f}", flush=True)
                     next_sample += args.sample_s
                 time.sleep(0.002)

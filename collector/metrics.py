@@ -125,6 +125,9 @@ class CollectorMetrics:
                                    "table", ["table"], registry=self.registry)
         self.last_prune = Gauge("tracejudge_last_prune_timestamp_seconds", "When retention last ran (Unix time)",
                                 registry=self.registry)
+        self.checkpoints = Gauge("tracejudge_checkpoints_total", "Retention's checkpoints since the start, by outcome: "
+                                 "done, or refused while another transaction changed rows in place", ["outcome"],
+                                 registry=self.registry)
         self.late_after_prune = Gauge("tracejudge_late_spans_after_prune_total", "Conversations that got spans "
                                       "after retention pruned theirs (stored, not assembled)", registry=self.registry)
 
@@ -164,6 +167,8 @@ class CollectorMetrics:
             self.rows_pruned.labels(table).set(rows)
         for table, rows in report.archived.items():
             self.rows_archived.labels(table).set(rows)
+        for outcome, count in report.checkpoints.items():
+            self.checkpoints.labels(outcome).set(count)
         if report.last_prune_at is not None:
             self.last_prune.set(report.last_prune_at)
 

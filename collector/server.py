@@ -128,7 +128,8 @@ class Collector:
         self.retention = Retention(self.store.cursor(), self.settings.retention, self._log, self.settings.store.db,
                                    self.settings.store.max_disk, self._on_storage,
                                    late_window_s=2 * self.settings.conversations.quiet_period_s,
-                                   prune_dictionaries=lambda: self.store.run_in_writer(prune_unreferenced).result())
+                                   prune_dictionaries=lambda: self.store.run_in_writer(prune_unreferenced).result(),
+                                   gate=self.store.gate)
         self.store.refusal = lambda: self.retention.stats.disk_full if self.retention else None
         self.admin.ui.storage = self.retention.report
         await asyncio.to_thread(self.decoder.start)  # before gRPC starts its threads

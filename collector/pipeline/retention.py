@@ -30,12 +30,14 @@ import duckdb
 import pyarrow as pa
 
 from tracejudge.collector.config import RetentionSettings
+from tracejudge.collector.store.checkpoint_gate import CheckpointGate
 from tracejudge.collector.store.durable_files import write_durably
 from tracejudge.collector.store.id_table import id_table
 from tracejudge.collector.store.span_tables import prune_unreferenced
 
 Log = Callable[..., None]
 DISK_HIGH, DISK_LOW = 0.9, 0.8  # share of max_disk where the budget starts pruning, and where it stops
+CHECKPOINT_WAIT_S = 2.0  # how long a checkpoint waits for the pipeline's writes to pause before the next round
 BUDGET_BATCHES_PER_ROUND = 20  # the budget prunes at most this many batches a round, and stops when one frees nothing
 
 
@@ -47,6 +49,7 @@ class RetentionStats:
     archived: dict[str, int] = field(default_factory=dict)
     last_prune_at: float | None = None
     disk_full: str | None = None  # why ingest is refused, while nothing can be freed under the disk budget
+    checkpoints: dict[str, int] = field(default_factory=dict)  # by outcome: done, refused
 
     def add(self, table: str, pruned: int, archived: int) -> None:
         self.pruned[table] = self.pruned.get(table, 0) + pruned
@@ -63,6 +66,7 @@ class StorageReport:
     pruned: dict[str, int]
     archived: dict[str, int]
     last_prune_at: float | None
+    checkpoints: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -133,11 +137,13 @@ class Retention:
     def __init__(self, con: duckdb.DuckDBPyConnection, settings: RetentionSettings, log: Log, db_path: Path,
                  max_disk: int | None = None, on_report: Callable[[StorageReport], None] | None = None,
                  late_window_s: float = 240.0,
-                 prune_dictionaries: Callable[[], None] | None = None) -> None:
+                 prune_dictionaries: Callable[[], None] | None = None, gate: CheckpointGate | None = None) -> None:
         """`late_window_s`: the disk budget never takes spans of a conversation assembled more recently.
         `prune_dictionaries`: delete the resources and scopes no span refers to any more, where the span writer
-        runs it between commits (`SpanStore.run_in_writer`); None: on this connection (no writer runs)."""
+        runs it between commits (`SpanStore.run_in_writer`); None: on this connection (no writer runs).
+        `gate`: the store's, which the pipeline's writers hold (`SpanStore.gate`); None: no other writer."""
         self.con = con
+        self.gate = gate or CheckpointGate()
         self.prune_dictionaries = prune_dictionaries or (lambda: prune_unreferenced(self.con))
         self._spans_pruned = False  # since the resources and scopes were last pruned
         self.late_window_s = late_window_s
@@ -196,13 +202,18 @@ class Retention:
 
     def _checkpoint(self) -> None:
         """Deleted rows free their blocks for reuse only once checkpointed; without it the WAL keeps growing
-        until DuckDB's own threshold."""
+        until DuckDB's own threshold. Taken between the pipeline's writes (`CheckpointGate`)."""
         try:
-            self.con.execute("CHECKPOINT")
-            self._checkpoint_due = False
-        except duckdb.Error as exc:  # busy with another transaction: the next round checkpoints, pruned or not
-            self._checkpoint_due = True
-            self.log("debug", "retention checkpoint skipped", reason=str(exc))
+            done = self.gate.alone(lambda: self.con.execute("CHECKPOINT"), CHECKPOINT_WAIT_S)
+            outcome = "done" if done else "timed_out"
+            if not done:
+                self.log("info", "retention checkpoint deferred", reason=f"a writer held the database for over "
+                         f"{CHECKPOINT_WAIT_S:.0f} s; the next round tries again")
+        except duckdb.Error as exc:  # a connection outside the gate changed rows in place: the next round
+            outcome = "refused"
+            self.log("info", "retention checkpoint deferred", reason=str(exc))
+        self._checkpoint_due = outcome != "done"
+        self.stats.checkpoints[outcome] = self.stats.checkpoints.get(outcome, 0) + 1
 
     def report(self, con: duckdb.DuckDBPyConnection | None = None) -> StorageReport:
         """Table rows and database bytes now, with retention's totals; on `con` when another thread asks."""
@@ -220,7 +231,7 @@ class Retention:
         wal = Path(str(self.db_path) + ".wal")
         sizes = {"used": block * used, "free": block * free, "wal": wal.stat().st_size if wal.exists() else 0}
         return StorageReport(rows, sizes, self.table_bytes(con, rows, block * used), dict(self.stats.pruned),
-                             dict(self.stats.archived), self.stats.last_prune_at)
+                             dict(self.stats.archived), self.stats.last_prune_at, dict(self.stats.checkpoints))
 
     def table_bytes(self, con: duckdb.DuckDBPyConnection, rows: dict[str, int], used: int) -> dict[str, int]:
         """The database's used bytes split between the tables by rows x average row width. The width is of the

@@ -28,11 +28,12 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import duckdb
 import pyarrow as pa
 
+from tracejudge.collector.store.checkpoint_gate import CheckpointGate, GatedCursor
 from tracejudge.collector.store.schema import migrate
 from tracejudge.collector.store.span_tables import MAX_KNOWN_IDS, SpanRows
 from tracejudge.errors import TracejudgeError
@@ -110,6 +111,7 @@ class SpanStore:
         self._known_scopes: set[int] = set()
         self._queued_spans = 0
         self._lock = threading.Lock()
+        self.gate = CheckpointGate()  # held by the writer's commits and every cursor()'s writes
         self._thread: threading.Thread | None = None
         self._con: duckdb.DuckDBPyConnection | None = None
         self._committed: OrderedDict[bytes, float] = OrderedDict()  # request digest -> when (epoch s), oldest first
@@ -194,9 +196,10 @@ class SpanStore:
         return future
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
-        """A connection of this database for another thread (the pipeline, the admin API)."""
+        """A connection of this database for another thread (the pipeline, the admin API); its writes hold
+        `gate`, so retention's checkpoint can wait for a pause in them."""
         assert self._con is not None, "open() the store first"
-        return self._con.cursor()
+        return cast(duckdb.DuckDBPyConnection, GatedCursor(self._con.cursor(), self.gate))
 
     def close(self) -> None:
         """Commit everything queued, then stop the writer and close the file."""
@@ -352,22 +355,23 @@ class SpanStore:
         """Append the spans, the resources and scopes not stored yet, and the request digests in one transaction;
         the error that stopped it, if any."""
         assert self._con is not None
-        try:
-            self._con.execute("BEGIN TRANSACTION")
-            # the known ids are a bounded cache: a row may be stored already (OR IGNORE), never missing
-            self._append("span_resources", resources, "INSERT OR IGNORE")
-            self._append("span_scopes", scopes, "INSERT OR IGNORE")
-            self._append("span_records", table)
-            if digests:
-                self._append("ingest_requests", pa.table({
-                    "digest": pa.array(list(digests), pa.binary()),
-                    "received_at": pa.array([dt.datetime.fromtimestamp(now, dt.UTC)] * len(digests),
-                                            pa.timestamp("us", tz="UTC"))}))
-            self._con.execute("COMMIT")
-        except Exception as exc:
-            with contextlib.suppress(duckdb.Error):
-                self._con.execute("ROLLBACK")
-            return exc
+        with self.gate.writing():  # its appends can refuse a checkpoint too (the soak counted them)
+            try:
+                self._con.execute("BEGIN TRANSACTION")
+                # the known ids are a bounded cache: a row may be stored already (OR IGNORE), never missing
+                self._append("span_resources", resources, "INSERT OR IGNORE")
+                self._append("span_scopes", scopes, "INSERT OR IGNORE")
+                self._append("span_records", table)
+                if digests:
+                    self._append("ingest_requests", pa.table({
+                        "digest": pa.array(list(digests), pa.binary()),
+                        "received_at": pa.array([dt.datetime.fromtimestamp(now, dt.UTC)] * len(digests),
+                                                pa.timestamp("us", tz="UTC"))}))
+                self._con.execute("COMMIT")
+            except Exception as exc:
+                with contextlib.suppress(duckdb.Error):
+                    self._con.execute("ROLLBACK")
+                return exc
         return None
 
     def _append(self, name: str, table: pa.Table, insert: str = "INSERT") -> None:

@@ -1,0 +1,143 @@
+"""Let retention's checkpoint in between the pipeline's writes.
+
+DuckDB refuses `CHECKPOINT` while another transaction has updated rows in place (an `UPDATE`, an
+`INSERT OR REPLACE`, `nextval`, DDL), and the span writer's commits refused some too. Under a judge the scoring
+stage updates `eval_jobs` many times a second, so about half of retention's checkpoints were refused and the WAL
+and the file grew although the rows did not (`python bench/retention.py`). `FORCE CHECKPOINT` waits for every
+open transaction while holding new ones off, and hung the collector. The gate does the same in Python, bounded:
+the span writer's commits, and every cursor the store hands out for each writing statement or explicit
+transaction, hold it shared, and a checkpoint takes it alone for at most a timeout, then gives up and lets the
+writers on.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import duckdb
+
+# Statements that only read: they never block a checkpoint, so they never wait for one either
+_READ_ONLY = ("SELECT", "WITH", "FROM", "PRAGMA", "DESCRIBE", "SHOW", "EXPLAIN", "SUMMARIZE")
+_BEGIN = ("BEGIN",)
+_END = ("COMMIT", "ROLLBACK", "ABORT", "END")
+
+
+class CheckpointGate:
+    """A shared/exclusive lock: writers share it, a checkpoint holds it alone and new writers wait meanwhile."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._writers = 0
+        self._exclusive: int | None = None  # the thread that holds (or waits for) the gate alone
+
+    @contextmanager
+    def writing(self) -> Iterator[None]:
+        self.enter()
+        try:
+            yield
+        finally:
+            self.leave()
+
+    def enter(self) -> None:
+        with self._cond:
+            if self._exclusive == threading.get_ident():  # the checkpointer's own statements
+                self._writers += 1
+                return
+            while self._exclusive is not None:
+                self._cond.wait()
+            self._writers += 1
+
+    def leave(self) -> None:
+        with self._cond:
+            self._writers -= 1
+            if self._writers == 0:
+                self._cond.notify_all()
+
+    def alone(self, run: Callable[[], Any], timeout_s: float) -> bool:
+        """Run `run` once no writer holds the gate; False (and `run` not called) if they still did after
+        `timeout_s`. Writers that arrive meanwhile wait, so the gate empties unless one writer holds it long."""
+        me = threading.get_ident()
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._exclusive is not None:  # another checkpointer first
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._cond.wait(left):
+                    return False
+            self._exclusive = me
+            try:
+                while self._writers:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        self._exclusive = None
+                        self._cond.notify_all()
+                        return False
+                    self._cond.wait(left)
+            except BaseException:
+                self._exclusive = None
+                self._cond.notify_all()
+                raise
+        try:
+            run()
+            return True
+        finally:
+            with self._cond:
+                self._exclusive = None
+                self._cond.notify_all()
+
+
+class GatedCursor:
+    """A DuckDB cursor whose writing statements and explicit transactions hold `gate` shared; every other
+    method is the cursor's own."""
+
+    def __init__(self, cursor: duckdb.DuckDBPyConnection, gate: CheckpointGate) -> None:
+        self._cursor = cursor
+        self._gate = gate
+        self._in_transaction = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cursor, name)
+
+    def execute(self, query: str, parameters: Any = None) -> duckdb.DuckDBPyConnection:
+        return self._gated(query, lambda: self._cursor.execute(query, parameters))
+
+    def executemany(self, query: str, parameters: Any = None) -> duckdb.DuckDBPyConnection:
+        return self._gated(query, lambda: self._cursor.executemany(query, parameters))
+
+    def begin(self) -> duckdb.DuckDBPyConnection:
+        return self.execute("BEGIN TRANSACTION")
+
+    def commit(self) -> duckdb.DuckDBPyConnection:
+        return self.execute("COMMIT")
+
+    def rollback(self) -> duckdb.DuckDBPyConnection:
+        return self.execute("ROLLBACK")
+
+    def _gated(self, query: str, run: Callable[[], duckdb.DuckDBPyConnection]) -> duckdb.DuckDBPyConnection:
+        head = query.lstrip().upper()
+        if self._in_transaction:
+            if not head.startswith(_END):
+                return run()
+            try:
+                return run()
+            finally:
+                self._in_transaction = False
+                self._gate.leave()
+        if head.startswith(_READ_ONLY):
+            return run()
+        self._gate.enter()
+        if head.startswith(_BEGIN):
+            try:
+                result = run()
+            except BaseException:
+                self._gate.leave()
+                raise
+            self._in_transaction = True
+            return result
+        try:
+            return run()
+        finally:
+            self._gate.leave()

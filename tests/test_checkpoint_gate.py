@@ -1,0 +1,109 @@
+"""Retention's checkpoint gets in between the pipeline's writes: a transaction that updates rows in place makes
+DuckDB refuse CHECKPOINT, so the store's cursors hold a gate the checkpoint waits on (bounded)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from tracejudge.collector.store.checkpoint_gate import CheckpointGate, GatedCursor
+
+
+@pytest.fixture
+def con(tmp_path: Path) -> duckdb.DuckDBPyConnection:
+    con = duckdb.connect(str(tmp_path / "gate.duckdb"))
+    con.execute("CREATE TABLE jobs (id INTEGER PRIMARY KEY, status VARCHAR)")
+    con.execute("INSERT INTO jobs SELECT range, 'pending' FROM range(1000)")
+    return con
+
+
+def test_an_open_update_refuses_a_plain_checkpoint_but_the_gate_waits_for_its_commit(
+        con: duckdb.DuckDBPyConnection) -> None:
+    gate = CheckpointGate()
+    writer, checkpointer = GatedCursor(con.cursor(), gate), con.cursor()
+    writer.execute("BEGIN TRANSACTION")
+    writer.execute("UPDATE jobs SET status = 'running' WHERE id < 10")
+    with pytest.raises(duckdb.TransactionException, match="CHECKPOINT"):
+        checkpointer.execute("CHECKPOINT")  # why the gate exists
+
+    threading.Timer(0.3, lambda: writer.execute("COMMIT")).start()
+    ran: list[bool] = []
+    assert gate.alone(lambda: ran.append(bool(checkpointer.execute("CHECKPOINT"))), timeout_s=10)
+    assert ran == [True]
+    assert con.execute("SELECT count(*) FROM jobs WHERE status = 'running'").fetchone() == (10,)
+
+
+def test_writers_that_arrive_while_a_checkpoint_waits_go_after_it(con: duckdb.DuckDBPyConnection) -> None:
+    gate = CheckpointGate()
+    first, second = GatedCursor(con.cursor(), gate), GatedCursor(con.cursor(), gate)
+    order: list[str] = []
+    first.execute("BEGIN TRANSACTION")
+    first.execute("UPDATE jobs SET status = 'running' WHERE id = 1")
+
+    def late_writer() -> None:
+        second.execute("UPDATE jobs SET status = 'done' WHERE id = 2")
+        order.append("late writer")
+
+    def checkpoint() -> None:
+        con.cursor().execute("CHECKPOINT")
+        order.append("checkpoint")
+
+    checkpointer = threading.Thread(target=lambda: gate.alone(checkpoint, timeout_s=10))
+    checkpointer.start()
+    while gate._exclusive is None:  # the checkpoint is waiting for `first`
+        time.sleep(0.01)
+    late = threading.Thread(target=late_writer)
+    late.start()
+    time.sleep(0.2)
+    assert order == []  # the late writer waits behind the checkpoint, which waits for the open transaction
+    first.execute("COMMIT")
+    checkpointer.join(10)
+    late.join(10)
+    assert order == ["checkpoint", "late writer"]
+
+
+def test_a_writer_that_holds_on_past_the_timeout_defers_the_checkpoint_and_nobody_waits_after(
+        con: duckdb.DuckDBPyConnection) -> None:
+    gate = CheckpointGate()
+    writer, other = GatedCursor(con.cursor(), gate), GatedCursor(con.cursor(), gate)
+    writer.execute("BEGIN TRANSACTION")
+    writer.execute("UPDATE jobs SET status = 'running' WHERE id = 1")
+    ran: list[str] = []
+    assert not gate.alone(lambda: ran.append("checkpoint"), timeout_s=0.2)
+    assert ran == []
+    other.execute("UPDATE jobs SET status = 'done' WHERE id = 2")  # not held off by the abandoned checkpoint
+    writer.execute("COMMIT")
+    assert gate.alone(lambda: ran.append("checkpoint"), timeout_s=1)
+    assert ran == ["checkpoint"]
+
+
+def test_a_failed_statement_or_rollback_releases_the_gate(con: duckdb.DuckDBPyConnection) -> None:
+    gate = CheckpointGate()
+    writer = GatedCursor(con.cursor(), gate)
+    with pytest.raises(duckdb.Error):
+        writer.execute("UPDATE no_such_table SET x = 1")
+    writer.execute("BEGIN TRANSACTION")
+    with pytest.raises(duckdb.ConstraintException):
+        writer.execute("INSERT INTO jobs VALUES (1, 'duplicate')")
+    writer.execute("ROLLBACK")
+    assert gate.alone(lambda: None, timeout_s=0.5)
+
+
+def test_reads_neither_hold_nor_wait_for_the_gate(con: duckdb.DuckDBPyConnection) -> None:
+    gate = CheckpointGate()
+    writer, reader = GatedCursor(con.cursor(), gate), GatedCursor(con.cursor(), gate)
+    writer.execute("BEGIN TRANSACTION")
+    writer.execute("UPDATE jobs SET status = 'running' WHERE id = 1")
+    done = threading.Event()
+    checkpointer = threading.Thread(target=lambda: gate.alone(done.wait, timeout_s=5))
+    checkpointer.start()
+    while gate._exclusive is None:
+        time.sleep(0.01)
+    assert reader.execute("SELECT count(*) FROM jobs").fetchone() == (1000,)  # while a checkpoint waits
+    writer.execute("COMMIT")
+    done.set()
+    checkpointer.join(5)
