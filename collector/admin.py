@@ -28,6 +28,7 @@ from tracejudge.collector.history.conversation_mapping import (
 from tracejudge.collector.history.query import DEFAULT_LIMIT, QueryFailed, QueryRefused
 from tracejudge.collector.history.query_sandbox import SandboxLimits, run_sandboxed
 from tracejudge.collector.metrics import CollectorMetrics
+from tracejudge.collector.pipeline.rejudge import RejudgeError
 from tracejudge.collector.pipeline.scoring_stage import ScoringStage
 from tracejudge.collector.pipeline.summary_tables import SummaryTables
 from tracejudge.collector.receivers.http_guard import GuardedSite
@@ -90,6 +91,7 @@ class AdminServer:
         self.app.router.add_post("/api/query", self._query)
         self.app.router.add_get("/report", self._report)
         self.app.router.add_post("/api/score-pending", self._score_pending)
+        self.app.router.add_post("/api/rejudge", self._rejudge)
         self.app.router.add_get("/api/conversations/{conversation_id}/mapping", self._mapping)
         self.app.router.add_post("/api/feedback", self._feedback)
         self.app.router.add_post("/api/reviews", self._review)
@@ -338,6 +340,27 @@ class AdminServer:
         job_ids = await self.stage.requeue()
         body = {"requeued": len(job_ids), "job_ids": job_ids, "waiting_for_judge": self.stage.unavailable}
         return web.Response(text=json.dumps(body), content_type="application/json")
+
+
+    async def _rejudge(self, request: web.Request) -> web.Response:
+        """`tracejudge rejudge` against a running collector: its own judge scores the stored conversation again."""
+        if not bearer_matches(request.headers.get("Authorization"), self._query_token):
+            return _error(401, "missing or wrong bearer token (TRACEJUDGE_QUERY_TOKEN)")
+        if self.stage is None:
+            return _error(503, "the scoring stage is not running yet; retry shortly")
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, 'send JSON: {"conversation_id": "...", "metric": "...", "version": null}')
+        if not isinstance(body, dict) or not isinstance(body.get("conversation_id"), str) \
+                or not isinstance(body.get("metric"), str) \
+                or not isinstance(body.get("version"), int | None) or isinstance(body.get("version"), bool):
+            return _error(400, 'send JSON: {"conversation_id": "...", "metric": "...", "version": null}')
+        try:
+            answer = await self.stage.rejudge(body["conversation_id"], body["metric"], body.get("version"))
+        except RejudgeError as exc:
+            return _error(404, str(exc))
+        return web.Response(text=json.dumps(answer, default=str), content_type="application/json")
 
 
 class _Busy(Exception):

@@ -302,6 +302,25 @@ def build_parser() -> argparse.ArgumentParser:
                        "interruption waits on the batches already submitted)")
     score.set_defaults(command_module="score")
 
+    rejudge = sub.add_parser(
+        "rejudge",
+        help="score one stored conversation again with today's judge, beside its stored score",
+        description="Measure METRIC again on a stored conversation (its latest version, or --version) with the "
+        "current judge, and print the stored score and the new one side by side, task by task. Nothing is "
+        "written: the stored score stays the record. With a collector running at --url, its judge scores it; "
+        "otherwise (or with --db) the database file is opened here with the current settings.",
+    )
+    rejudge.add_argument("conversation", help="the conversation id")
+    rejudge.add_argument("--metric", required=True, help="mcp_use, mcp_task_completion or mcp_call_validity")
+    rejudge.add_argument("--version", type=int, help="the conversation version (default: the latest)")
+    rejudge.add_argument("--exchanges", action="store_true", help="print the new judge requests and answers")
+    rejudge.add_argument("--json", action="store_true", help="print the whole answer as JSON")
+    rejudge.add_argument("--url", default="http://127.0.0.1:4319", help="admin API of a running collector")
+    rejudge.add_argument("--timeout", type=float, default=300, help="seconds to wait for the collector's judge")
+    rejudge.add_argument("--db", help="score on this database file, not a running collector")
+    rejudge.add_argument("--config", metavar="FILE")
+    rejudge.set_defaults(command_module="rejudge")
+
     compact = sub.add_parser(
         "compact", help="rewrite the database file to give freed space back to the filesystem",
         description="DuckDB reuses the space that deleted rows (retention) free, so the file stops growing, but "

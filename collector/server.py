@@ -107,7 +107,8 @@ class Collector:
         raise_open_file_limit()  # connection caps, not the descriptor limit, decide who is turned away
         await asyncio.to_thread(self.store.open)
         self.stage = ScoringStage(self.store.cursor(), stage_config(self.settings), self._log,
-                                  self.metrics.on_measured, self.metrics.on_scored)
+                                  self.metrics.on_measured, self.metrics.on_scored,
+                                  redactor=self.settings.redaction.redactor())
         self.assembler = ConversationAssembler(self.store.cursor(), self.settings, self.log,
                                                self.stage.initial_status, self.stage.configs,
                                                writer_busy_s=lambda: self.store.stats.busy_s,

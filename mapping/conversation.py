@@ -165,6 +165,16 @@ class _Call:
     order: tuple[int, int] | None = None  # (start of the LLM call that asked for it, position in its answer)
     mcp_rule: Where | None = None  # why the call counts as an MCP primitive
     sources: list[Where] = field(default_factory=list)
+    # the spans that recorded it (tool, MCP client and server spans) and the interval they cover: kept when the
+    # sources are slimmed away, for the conversation page's links and the call's time
+    span_ids: list[str] = field(default_factory=list)
+    span_interval: tuple[int, int] | None = None
+
+    def recorded_by(self, span: Span) -> None:
+        self.span_ids.append(span.span_id)
+        start, end = span.start_ns, max(span.end_ns, span.start_ns)
+        self.span_interval = (start, end) if self.span_interval is None else (
+            min(self.span_interval[0], start), max(self.span_interval[1], end))
 
     def absorb(self, arguments: Any, result: Any, error: bool, error_message: str | None) -> None:
         """Fill what this record lacks from another view of the same call; an error on either side counts."""
@@ -400,6 +410,7 @@ class _Trace:
                              view.error, view.error_message, False, tool.server if tool else None)
                 draft.calls.append(call)
             call.sources.append((f, "tool" if tool is not None else "op", ""))
+            call.recorded_by(span)
             if tool is not None and tool.mcp:
                 call.mark_mcp((f, "tool", "the tool span says MCP"))
             if op is not None:
@@ -638,6 +649,14 @@ def _explain_call(call: _Call, name: str, verdict: str, envelope: str | None, in
     return entry
 
 
+def _spans_of(call: _Call) -> dict[str, Any]:
+    """The spans that recorded a call and how long it took (from the first start to the last end of them): what
+    the conversation page links the call to."""
+    interval = call.span_interval
+    return {"span_ids": list(dict.fromkeys(call.span_ids)),
+            "duration_ms": round((interval[1] - interval[0]) / 1e6, 3) if interval is not None else None}
+
+
 def _assistant_turn(draft: _Draft, inventory: _Inventory, names: Mapping[int, str],
                     explain: list[dict[str, Any]] | None) -> Turn | None:
     """The draft's assistant turn; `names`: the inventory's name of each call (by id) the framework named
@@ -645,6 +664,7 @@ def _assistant_turn(draft: _Draft, inventory: _Inventory, names: Mapping[int, st
     tools, resources, prompts, functions = [], [], [], []
     notes: list[str] = []
     not_executed: list[dict[str, Any]] = []
+    call_spans: dict[str, list[dict[str, Any]]] = {}  # per kind, in the order of the turn's MCP calls
     for call in draft.calls:
         name = names.get(id(call), call.name)
         envelope = None
@@ -671,6 +691,8 @@ def _assistant_turn(draft: _Draft, inventory: _Inventory, names: Mapping[int, st
                 else {"input": arguments}
             functions.append(ToolCall(name=name, input_parameters=params, output=result, type="function"))
             verdict = "function tool (no MCP span, tools/list or [mapping] mcp_tools names it)"
+        if verdict.startswith("MCP"):
+            call_spans.setdefault(call.kind, []).append(_spans_of(call))
         if explain is not None:
             explain.append(_explain_call(call, name, verdict, envelope, inventory))
     if not (draft.reply or tools or resources or prompts or functions or not_executed):
@@ -682,6 +704,8 @@ def _assistant_turn(draft: _Draft, inventory: _Inventory, names: Mapping[int, st
         metadata["mapping_notes"] = notes
     if not_executed:
         metadata["calls_not_executed"] = not_executed
+    if call_spans:
+        metadata["call_spans"] = call_spans
     return Turn(role="assistant", content=draft.reply or "", mcp_tools_called=tools or None,
                 mcp_resources_called=resources or None, mcp_prompts_called=prompts or None,
                 tools_called=functions or None, metadata=metadata)

@@ -6,8 +6,10 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import quote
 
 import duckdb
+import httpx
 import pytest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -16,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from tests.support.collector_process import CollectorProcess
 from tests.support.scripted_server import Reply, Request, completion
-from tests.test_pipeline import config, export, turn, wait_for
+from tests.test_pipeline import config, export, query, turn, wait_for
 from tracejudge.collector.config import ConfigError, load_settings
 from tracejudge.mapping.redaction import RedactionRuleError, Redactor
 
@@ -101,16 +103,31 @@ def test_collector_stores_and_judges_only_redacted_text(tmp_path: Path, judge_se
     with CollectorProcess(tmp_path / "t.duckdb", config=cfg, env=env) as collector:
         export(collector, _conversations_with_secrets())
         wait_for(collector, "SELECT * FROM scores", 6)
+        [[conversation]] = query(collector, "SELECT conversation_id FROM scores WHERE metric = 'mcp_use' "
+                                            "ORDER BY judge_calls DESC LIMIT 1")
+        page = httpx.get(f"{collector.admin_url}/conversations/{quote(conversation, safe='')}", timeout=30).text
         collector.stop()
     sent = json.dumps([r.body for r in judge_server.requests])
     assert judge_server.requests and "[REDACTED:card_number:" in sent and "[REDACTED:employee:" in sent
     with duckdb.connect(str(tmp_path / "t.duckdb"), read_only=True) as con:
         stored = json.dumps([con.execute(f"SELECT * FROM {t}").fetchall()
-                             for t in ("spans", "conversations", "scores")], default=str)
+                             for t in ("spans", "conversations", "scores", "judge_calls")], default=str)
         ids = [r[0] for r in con.execute("SELECT DISTINCT conversation_id FROM conversations").fetchall()]
+        exchanges = con.execute("SELECT request, response FROM judge_calls").fetchall()
+        [(calls_counted,)] = con.execute("SELECT sum(judge_calls) FROM scores").fetchall()
     for secret in SECRETS:
         assert secret not in sent and secret not in stored, secret
     assert len(ids) == 2, "two users' conversations must stay apart after their ids are redacted"
+    # what the judge saw and said, as it was sent and answered: one row per call the scores counted
+    assert len(exchanges) == calls_counted == len(judge_server.requests)
+    bodies = [(r.body["messages"], r.body["model"]) for r in judge_server.requests]
+    for request, response in exchanges:
+        request = json.loads(request)
+        assert (request["messages"], request["model"]) in bodies
+        assert json.loads(response) in ({"reason": "ok", "score": 1.0}, {"reason": "final"})
+    shown = page[page.index("What the judge saw and said"):]
+    shown = shown[:shown.index("</details>")]
+    assert "[REDACTED:" in shown and '"score": 1.0' in shown.replace("&#34;", '"')
 
 
 def test_evaluate_redacts_test_case_files_when_configured(tmp_path: Path, judge_server) -> None:

@@ -281,7 +281,7 @@ def test_a_real_collector_empties_every_table_and_a_span_after_the_markers_start
         collector.stop()
     con = duckdb.connect(str(db), read_only=True)
     assert set(_rows_left(con)) <= {"span_records", "span_resources", "span_scopes", "conversations", "scores",
-                                    "eval_jobs", "judged_content", "assembled_traces", "conversation_summary",
-                                    "call_summary", "score_summary"}  # the late conversation's own, not older
+                                    "eval_jobs", "judged_content", "judge_calls", "assembled_traces",
+                                    "conversation_summary", "call_summary", "score_summary"}  # the late one's own
     assert con.execute("SELECT count(DISTINCT conversation_id) FROM conversations").fetchone() == (1,)
     con.close()

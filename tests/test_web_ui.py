@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from tests.support.collector_process import CollectorProcess
 from tests.support.scripted_server import Reply, Request, completion
-from tests.test_pipeline import JUDGED, config, conversations, export, recorded, turn, wait_for
+from tests.test_pipeline import JUDGED, config, conversations, export, query, recorded, turn, wait_for
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed "
@@ -88,7 +88,8 @@ def test_the_ui_in_a_real_browser(ui: CollectorProcess, shots: Path) -> None:
 
         page.goto(f"{base}/")
         assert page.locator(".card .l", has_text="conversations received").count() == 1
-        assert page.locator(".chart svg polyline, .chart svg circle").count() > 0
+        # all the test's scores fall in one hour's bucket: numbers, not a lone dot
+        assert page.locator(".chart table.few").count() > 0 and page.locator(".chart svg circle").count() == 0
         spans_row = page.locator("h2:has-text('Storage') + .grid2 tr", has_text="spans").first.inner_text().split()
         assert spans_row[0] == "spans" and int(spans_row[1]) > 0  # rows per table, as /metrics has them
         page.screenshot(path=str(shots / "overview.png"), full_page=True)
@@ -116,6 +117,7 @@ def test_the_ui_in_a_real_browser(ui: CollectorProcess, shots: Path) -> None:
         assert page.evaluate("window.__xss") is None  # shown as text, never run
         page.goto(f"{base}/conversations/conv-fw-strands")
         page.screenshot(path=str(shots / "conversation.png"), full_page=True)
+        _spans_behind_the_transcript(page, ui, shots)
         page.goto(f"{base}/tools")
         assert page.locator("td strong", has_text="get_weather").count() >= 1
         page.screenshot(path=str(shots / "tools.png"), full_page=True)
@@ -125,6 +127,65 @@ def test_the_ui_in_a_real_browser(ui: CollectorProcess, shots: Path) -> None:
         page.wait_for_selector("text=conv-live", timeout=30_000)
         browser.close()
     assert problems == []
+
+
+def _recorded_spans(fixture: str, traces: set[str]) -> dict[str, dict]:
+    """The fixture's spans of these traces, by span id, straight from the recorded OTLP JSON (not our mapping)."""
+    spans = {}
+    for resource in json.loads((REAL / fixture).read_text())["resourceSpans"]:
+        for scope in resource["scopeSpans"]:
+            for span in scope["spans"]:
+                if span["traceId"] in traces:
+                    attributes = {a["key"]: next(iter(a["value"].values())) for a in span.get("attributes", [])}
+                    spans[span["spanId"]] = {**span, "attributes": attributes}
+    return spans
+
+
+def _spans_behind_the_transcript(page, ui: CollectorProcess, shots: Path) -> None:  # noqa: ANN001
+    """Strands' recorded MCP agent: every recorded span of its traces is in the tree, parents above their
+    children and each trace's earliest span first; a call's link lights up the spans that recorded it; the
+    agent's tokens are the sum of its recorded chat spans' usage."""
+    [[trace_ids]] = query(ui, "SELECT trace_ids FROM conversations WHERE conversation_id = 'conv-fw-strands' "
+                              "ORDER BY version DESC LIMIT 1", token=TOKEN)
+    recorded = _recorded_spans("strands.otlp.json", set(trace_ids))
+    page.goto(f"{ui.admin_url}/conversations/conv-fw-strands")
+    shown = [row.get_attribute("id").removeprefix("span-") for row in page.locator("table.spans tr[id^=span-]").all()]
+    assert sorted(shown) == sorted(recorded)
+    position = {span: i for i, span in enumerate(shown)}
+    for span_id, span in recorded.items():
+        if span.get("parentSpanId") in recorded:
+            assert position[span["parentSpanId"]] < position[span_id]
+    for trace in trace_ids:
+        rows = [s for s in shown if recorded[s]["traceId"] == trace]
+        assert int(recorded[rows[0]]["startTimeUnixNano"]) == min(int(recorded[s]["startTimeUnixNano"]) for s in rows)
+
+    link = page.locator(".call a.to-spans").first
+    lit = link.get_attribute("data-spans").split()
+    link.click()
+    assert sorted(r.get_attribute("id") for r in page.locator("table.spans tr.hl").all()) == \
+        sorted(f"span-{s}" for s in lit)
+    called = page.locator(".call strong").first.inner_text()
+    assert all(called in json.dumps(recorded[s]) for s in lit)  # each lit span recorded that call
+
+    chats = [s for s in recorded.values() if s["attributes"].get("gen_ai.operation.name") == "chat"]
+    tokens_in = sum(int(s["attributes"]["gen_ai.usage.input_tokens"]) for s in chats)
+    tokens_out = sum(int(s["attributes"]["gen_ai.usage.output_tokens"]) for s in chats)
+    card = page.locator(".card", has_text="agent tokens in / out").locator(".n").inner_text()
+    assert card == f"{tokens_in:,} / {tokens_out:,}"
+    assert page.locator(".card", has_text="agent model cost").locator(".n").inner_text() == "unknown"  # no price
+
+    given = page.locator("table.given tr")  # what each model call was given, against the call before
+    assert given.count() == 1 + len(chats)
+    given.nth(1).locator("details summary").first.click()
+    assert "You are a helpful weather assistant." in given.nth(1).inner_text()  # the generator's system prompt
+    assert all("same as the call before" in given.nth(i).inner_text() for i in range(2, given.count()))
+
+    first = page.locator("table.spans details[data-src]").first
+    first.locator("summary").click()
+    page.wait_for_selector("table.spans tr.span-detail .attrs table")
+    page.locator("#model-inputs").scroll_into_view_if_needed()
+    page.evaluate("document.getElementById('model-inputs').scrollIntoView()")
+    page.screenshot(path=str(shots / "conversation-spans.png"))
 
 
 def _one(conversation: str) -> list:

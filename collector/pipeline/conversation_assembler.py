@@ -83,7 +83,7 @@ _CONVERSATION_SUMMARY_SCHEMA = pa.schema([
 _CALL_SUMMARY_SCHEMA = pa.schema([
     ("conversation_id", pa.string()), ("version", pa.int32()), ("turn", pa.int32()), ("call_index", pa.int32()),
     ("kind", pa.string()), ("server", pa.string()), ("name", pa.string()), ("is_error", pa.bool_()),
-    ("assembled_at", _UTC_US)])
+    ("assembled_at", _UTC_US), ("duration_ms", pa.float64())])
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # A span committed after its trace's first commit was received at most this much before that commit's oldest
 # span (a request waits in the decode pool and the writer's queue for seconds; a retried export is stamped anew).
@@ -846,8 +846,9 @@ class ConversationAssembler:
                                   "agent_name": b.agent_name, "turns": b.turns, "mcp_calls": b.mcp_calls,
                                   "mcp_errors": b.mcp_errors, "assembled_at": now, "summary_note": None})
             out.calls.extend({"conversation_id": cid, "version": version, "turn": turn, "call_index": index,
-                              "kind": kind, "server": server, "name": name, "is_error": is_error, "assembled_at": now}
-                             for turn, index, kind, server, name, is_error in b.calls)
+                              "kind": kind, "server": server, "name": name, "is_error": is_error, "assembled_at": now,
+                              "duration_ms": took}
+                             for turn, index, kind, server, name, is_error, took in b.calls)
             versions.append(version)
             written.append((b, version, [m for m, chosen in sampled.items() if chosen]))
         if out.versions:

@@ -128,7 +128,8 @@ class Built:
     usage: dict[str, tuple[int, int]]  # the agent's own model -> input and output tokens
     findings: frozenset[str]  # what the checks found, as the sampling rules name it (when sampling needs it)
     checks: dict[str, Check | None]  # deterministic metric -> its outcome (None: its measure raised)
-    calls: tuple[tuple[int, int, str, str | None, str, bool], ...]  # (turn, index, kind, server, name, is_error)
+    # (turn, index, kind, server, name, is_error, duration_ms)
+    calls: tuple[tuple[int, int, str, str | None, str, bool, float | None], ...]
 
 
 @dataclass
@@ -225,9 +226,9 @@ def build_batch(table: pa.Table, conversations: dict[str, list[str]], scopes: Sc
     return result
 
 
-def _calls(case: ConversationalTestCase) -> tuple[tuple[int, int, str, str | None, str, bool], ...]:
+def _calls(case: ConversationalTestCase) -> tuple[tuple[int, int, str, str | None, str, bool, float | None], ...]:
     """Every MCP call as the UI's call summary lists it: its tool's server (the first by name that lists it), its
-    name (a resource's URI), and whether it returned an error."""
+    name (a resource's URI), whether it returned an error, and how long its spans say it took."""
     servers: dict[str, str] = {}
     for server in case.mcp_servers or []:
         for tool in server.available_tools or []:
@@ -235,10 +236,18 @@ def _calls(case: ConversationalTestCase) -> tuple[tuple[int, int, str, str | Non
                 servers[tool.name] = server.server_name
     out = []
     for index, turn in enumerate(case.turns):
-        out.extend((index, i, "tool", servers.get(c.name), c.name, bool(c.result is not None and c.result.is_error))
-                   for i, c in enumerate(turn.mcp_tools_called or ()))
-        out.extend((index, i, "resource", None, c.uri, False) for i, c in enumerate(turn.mcp_resources_called or ()))
-        out.extend((index, i, "prompt", None, c.name, False) for i, c in enumerate(turn.mcp_prompts_called or ()))
+        spans = (turn.metadata or {}).get("call_spans") or {}
+
+        def took(kind: str, i: int, spans: dict[str, Any] = spans) -> float | None:
+            recorded = spans.get(kind) or []
+            return recorded[i].get("duration_ms") if i < len(recorded) and isinstance(recorded[i], dict) else None
+
+        out.extend((index, i, "tool", servers.get(c.name), c.name, bool(c.result is not None and c.result.is_error),
+                    took("tool", i)) for i, c in enumerate(turn.mcp_tools_called or ()))
+        out.extend((index, i, "resource", None, c.uri, False, took("resource", i))
+                   for i, c in enumerate(turn.mcp_resources_called or ()))
+        out.extend((index, i, "prompt", None, c.name, False, took("prompt", i))
+                   for i, c in enumerate(turn.mcp_prompts_called or ()))
     return tuple(out)
 
 

@@ -96,7 +96,7 @@ AGED = {
         "(SELECT conversation_id FROM conversations)")),
     "scores": _AgedTable("scores", "scored_at", dependents=tuple(
         f"DELETE FROM {table} d WHERE EXISTS (SELECT 1 FROM scores s WHERE s.scored_at <= ? AND {_SCORE_KEY})"
-        for table in ("score_exports", "judged_content")),
+        for table in ("score_exports", "judged_content", "judge_calls")),
         summaries=("DELETE FROM score_summary WHERE scored_at <= ?",)),
     "failed_jobs": _AgedTable("eval_jobs", "updated_at", "AND status = 'failed'"),
     "done_jobs": _AgedTable("eval_jobs", "updated_at", "AND status = 'done'"),

@@ -26,6 +26,7 @@ from tracejudge.calibration import CalibrationExample, calibration_digest
 from tracejudge.call_validity import MCPCallValidityMetric
 from tracejudge.collector.pipeline.batch_ledger import DuckDBBatchLedger
 from tracejudge.collector.pipeline.conversation_builder import Check, CheckedScore, measure_recorded, not_applicable
+from tracejudge.collector.pipeline.rejudge import RejudgeError, rejudge, stored_case, stored_score
 from tracejudge.collector.review.calibration import calibration_examples
 from tracejudge.collector.store.id_table import id_table, registered
 from tracejudge.errors import (
@@ -38,9 +39,11 @@ from tracejudge.errors import (
 from tracejudge.eval_mode import EvalMode, resolve_eval_mode
 from tracejudge.interactions import conversation_data
 from tracejudge.judged_metric import JudgedMetric
+from tracejudge.judges.exchanges import JudgeExchange, recording
 from tracejudge.judges.llm import LLMJudge, load_client_library
 from tracejudge.judges.resolve import JudgeOptions
 from tracejudge.judges.secret_mask import mask_url
+from tracejudge.mapping.redaction import Redactor
 from tracejudge.mcp_use import MultiTurnMCPUseMetric
 from tracejudge.metric import BaseMetric
 from tracejudge.outage import JudgeOutage
@@ -121,6 +124,11 @@ SCORE_SCHEMA = pa.schema([  # the `scores` table's columns, in order: a score ro
     ("service_name", pa.string()), ("agent_name", pa.string()), ("conversation_end_time", _UTC_US),
     ("scored_at", _UTC_US), ("inclusion_probability", pa.float64())])
 SCORE_COLUMNS = tuple(SCORE_SCHEMA.names)
+JUDGE_CALLS_SCHEMA = pa.schema([  # the `judge_calls` table's columns, in order
+    ("conversation_id", pa.string()), ("conversation_version", pa.int32()), ("metric", pa.string()),
+    ("metric_config", pa.string()), ("seq", pa.int32()), ("judge", pa.string()), ("request", pa.string()),
+    ("response", pa.string()), ("error", pa.string()), ("input_tokens", pa.int64()), ("output_tokens", pa.int64()),
+    ("latency_ms", pa.float64()), ("called_at", _UTC_US)])
 
 
 def checked_score_row(conversation_id: str, version: int, metric_id: str, config: str, check: Check,
@@ -173,8 +181,10 @@ def _next_utc_midnight(now: datetime) -> datetime:
 class ScoringStage:
     def __init__(self, con: duckdb.DuckDBPyConnection, config: StageConfig, log: Log,
                  on_measured: Callable[[str, float, str | None], None] | None = None,
-                 on_scored: Callable[[ScoredEvent], None] | None = None) -> None:
+                 on_scored: Callable[[ScoredEvent], None] | None = None, redactor: Redactor | None = None) -> None:
+        """`redactor`: applied to the judge exchanges kept with each score (`judge_calls`), as to spans."""
         self.con = con
+        self.redactor = redactor
         self.config = config
         self.log = log
         self.on_measured = on_measured  # (metric, seconds, error kind or None) after every measure
@@ -555,12 +565,13 @@ class ScoringStage:
         metric = template.copy()
         started = time.perf_counter()
         error: BaseException | None = None
-        try:
-            await measure_recorded(metric, metric_id, load_test_case(test_case_json))
-        except (NoTaskError, InvalidTestCaseError) as exc:
-            not_applicable(metric, exc)  # deterministic: recorded as a score row, not retried
-        except Exception as exc:
-            error = exc
+        with recording() as exchanges:
+            try:
+                await measure_recorded(metric, metric_id, load_test_case(test_case_json))
+            except (NoTaskError, InvalidTestCaseError) as exc:
+                not_applicable(metric, exc)  # deterministic: recorded as a score row, not retried
+            except Exception as exc:
+                error = exc
         latency_ms = (time.perf_counter() - started) * 1000
         if self.on_measured is not None:
             self.on_measured(metric_id, latency_ms / 1000, type(error).__name__ if error else None)
@@ -571,7 +582,7 @@ class ScoringStage:
             if outage is not None:
                 outage.succeeded()
             await self._write_score(job_id, conversation_id, version, metric_id, metric, service, agent,
-                                    last_ns, latency_ms, digest, probability)
+                                    last_ns, latency_ms, digest, probability, exchanges.exchanges)
             self._scored(conversation_id, version, metric_id, metric, service, agent, probability, service_version)
             return
         await self._job_failed(job_id, metric_id, attempts, error, outage, given_back)
@@ -676,10 +687,25 @@ class ScoringStage:
 
     async def _write_score(self, job_id: int, conversation_id: str, version: int, metric_id: str,
                            metric: BaseMetric, service: str | None, agent: str | None, last_ns: int | None,
-                           latency_ms: float, digest: str | None = None, probability: float | None = None) -> None:
+                           latency_ms: float, digest: str | None = None, probability: float | None = None,
+                           exchanges: Sequence[JudgeExchange] = ()) -> None:
         row = self._score_row(conversation_id, version, metric_id, metric, service, agent, last_ns, latency_ms,
                               probability)
-        await self._commit_score(job_id, row, digest if metric.error is None else None)
+        await self._commit_score(job_id, row, digest if metric.error is None else None,
+                                 self._judge_calls(row, exchanges))
+
+    def _judge_calls(self, row: list[Any], exchanges: Sequence[JudgeExchange]) -> pa.Table | None:
+        """The score's judge exchanges as `judge_calls` rows, redacted as spans are."""
+        if not exchanges:
+            return None
+        clean = self.redactor.value if self.redactor is not None else (lambda value: value)
+        return pa.Table.from_pylist([
+            {"conversation_id": row[0], "conversation_version": row[1], "metric": row[2], "metric_config": row[3],
+             "seq": seq, "judge": e.judge, "request": json.dumps(clean(e.request), default=str),
+             "response": clean(e.response), "error": clean(e.error), "input_tokens": e.input_tokens,
+             "output_tokens": e.output_tokens, "latency_ms": e.latency_ms,
+             "called_at": datetime.fromtimestamp(e.started_at, UTC)}
+            for seq, e in enumerate(exchanges)], schema=JUDGE_CALLS_SCHEMA)
 
     def _score_row(self, conversation_id: str, version: int, metric_id: str, metric: BaseMetric,
                    service: str | None, agent: str | None, last_ns: int | None, latency_ms: float,
@@ -700,11 +726,19 @@ class ScoringStage:
         ]
         return row
 
-    async def _commit_score(self, job_id: int, row: list[Any], digest: str | None) -> None:
-        """The score row, what content it was measured on (when `digest`), and the job done: one transaction."""
+    async def _commit_score(self, job_id: int, row: list[Any], digest: str | None,
+                            calls: pa.Table | None = None) -> None:
+        """The score row, what content it was measured on (when `digest`), its judge exchanges (unless the score
+        was there already) and the job done: one transaction."""
         def write() -> None:
             self.con.execute("BEGIN TRANSACTION")
             try:
+                if calls is not None:
+                    with registered(self.con, calls) as name:
+                        self.con.execute(
+                            f"INSERT INTO judge_calls SELECT * FROM {name} WHERE NOT EXISTS (SELECT 1 FROM scores "
+                            "WHERE conversation_id = ? AND conversation_version = ? AND metric = ? "
+                            "AND metric_config = ?)", row[:4])
                 self.con.execute("INSERT OR IGNORE INTO scores VALUES (" + ", ".join("?" * len(row)) + ")", row)
                 if digest is not None:
                     self.con.execute("INSERT OR REPLACE INTO judged_content VALUES (?, ?, ?, ?, ?)",
@@ -718,6 +752,23 @@ class ScoringStage:
 
         async with self._db:
             await asyncio.to_thread(write)
+
+    async def rejudge(self, conversation_id: str, metric_id: str, version: int | None = None) -> dict[str, Any]:
+        """One metric measured again on a stored conversation with this stage's judge, beside the stored score;
+        nothing is written (`tracejudge rejudge`). RejudgeError when the conversation or metric is not here."""
+        template = self.metrics.get(metric_id)
+        if template is None:
+            why = self.unavailable.get(metric_id) or f"it is not one of [scoring] metrics ({', '.join(self.metrics)})"
+            raise RejudgeError(f"cannot score {metric_id!r} again: {why}")
+        async with self._db:
+            chosen, test_case_json = await asyncio.to_thread(stored_case, self.con, conversation_id, version)
+            before = await asyncio.to_thread(stored_score, self.con, conversation_id, chosen, metric_id,
+                                             self.configs[metric_id])
+        now = await rejudge(template, metric_id, test_case_json)
+        if self.redactor is not None:
+            now["exchanges"] = self.redactor.value(now["exchanges"])
+        return {"conversation_id": conversation_id, "version": chosen, "metric": metric_id, "stored": before,
+                "now": now}
 
     async def score_pending(self, include_failed: bool = True) -> int:
         """`tracejudge score --pending`: retry waiting and failed jobs now, with the current settings."""

@@ -54,8 +54,11 @@ FROM conversations c JOIN {ids} i ON i.conversation_id = c.conversation_id AND i
 # Only the fields the summaries need, parsed once into typed lists (`from_json`): `json_each` over every turn, once
 # per kind of call, copied each turn's text three times and took a 3.7 MB conversation past the 96 MB pool.
 _CALL = '{"name": "VARCHAR", "uri": "VARCHAR", "result": {"isError": "VARCHAR"}}'
+_SPANS = '[{"duration_ms": "DOUBLE"}]'
 _CASE_SHAPE = ('{"turns": [{"mcp_tools_called": [' + _CALL + '], "mcp_resources_called": [' + _CALL + '], '
-               '"mcp_prompts_called": [' + _CALL + ']}], '
+               '"mcp_prompts_called": [' + _CALL + '], '
+               '"metadata": {"call_spans": {"tool": ' + _SPANS + ', "resource": ' + _SPANS + ', "prompt": '
+               + _SPANS + '}}}], '
                '"mcp_servers": [{"server_name": "VARCHAR", "available_tools": [{"name": "VARCHAR"}]}]}')
 
 _FRESH_CALLS = f"""
@@ -72,18 +75,20 @@ turns AS (
     FROM parsed),
 calls AS (
     SELECT conversation_id, version, turn, 'tool' AS kind, unnest(t.mcp_tools_called) AS c,
-           generate_subscripts(t.mcp_tools_called, 1) - 1 AS call_index, assembled_at FROM turns
+           generate_subscripts(t.mcp_tools_called, 1) - 1 AS call_index, assembled_at,
+           t.metadata.call_spans.tool AS spans FROM turns
     UNION ALL
     SELECT conversation_id, version, turn, 'resource', unnest(t.mcp_resources_called),
-           generate_subscripts(t.mcp_resources_called, 1) - 1, assembled_at FROM turns
+           generate_subscripts(t.mcp_resources_called, 1) - 1, assembled_at, t.metadata.call_spans.resource FROM turns
     UNION ALL
     SELECT conversation_id, version, turn, 'prompt', unnest(t.mcp_prompts_called),
-           generate_subscripts(t.mcp_prompts_called, 1) - 1, assembled_at FROM turns)
+           generate_subscripts(t.mcp_prompts_called, 1) - 1, assembled_at, t.metadata.call_spans.prompt FROM turns)
 SELECT calls.conversation_id, calls.version, calls.turn, calls.call_index, calls.kind,
        (SELECT min(s.server) FROM servers s WHERE s.conversation_id = calls.conversation_id
                                               AND s.tool = calls.c.name AND calls.kind = 'tool') AS server,
        coalesce(calls.c.name, calls.c.uri) AS name,
-       coalesce(TRY_CAST(calls.c.result.isError AS BOOLEAN), false) AS is_error, calls.assembled_at
+       coalesce(TRY_CAST(calls.c.result.isError AS BOOLEAN), false) AS is_error, calls.assembled_at,
+       calls.spans[calls.call_index + 1].duration_ms AS duration_ms
 FROM calls
 """
 

@@ -87,7 +87,9 @@ SELECT n.conversation_id, n.version AS conversation_version, n.turn, n.task, n.c
                                               AND n.kind = 'tool') AS server,
        n.name, n.call->'args' AS arguments,
        coalesce(TRY_CAST(n.call->'result'->>'isError' AS BOOLEAN), false) AS is_error,
-       v.violations, NULL::DOUBLE AS duration_ms, n.service_name, n.agent_name, n.assembled_at
+       v.violations,
+       TRY_CAST(n.turn_json->'metadata'->'call_spans'->n.kind->(n.call_index)->>'duration_ms' AS DOUBLE)
+           AS duration_ms, n.service_name, n.agent_name, n.assembled_at
 FROM numbered n
 LEFT JOIN validity v ON v.conversation_id = n.conversation_id AND v.conversation_version = n.version
                     AND v.turn = n.turn AND v.kind = n.kind
@@ -230,7 +232,8 @@ def summary_tables_ddl(temporary: bool = False) -> str:
         server VARCHAR,
         name VARCHAR,
         is_error BOOLEAN,
-        assembled_at TIMESTAMPTZ NOT NULL
+        assembled_at TIMESTAMPTZ NOT NULL,
+        duration_ms DOUBLE
     );
     {create} score_summary (
         conversation_id VARCHAR NOT NULL,
@@ -249,7 +252,7 @@ def summary_tables_ddl(temporary: bool = False) -> str:
     """.replace("{create}", create)
 
 
-SCHEMA_VERSION = 23
+SCHEMA_VERSION = 25
 # SQL, or a function of the connection where the migration needs Python (ids computed as ingest computes them)
 MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     1: f"""
@@ -536,6 +539,29 @@ MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     23: """
     ALTER TABLE cohort_counts ADD COLUMN last_seen_at TIMESTAMPTZ;
     UPDATE cohort_counts SET last_seen_at = now();
+    """,
+    # how long each MCP call took (the mapping records its spans): the tools page's latency percentiles
+    24: """
+    ALTER TABLE call_summary ADD COLUMN IF NOT EXISTS duration_ms DOUBLE;
+    """,
+    # what the judge was sent and answered for each score (after prompt reduction and redaction): the
+    # conversation page shows it under the score, and users query it
+    25: """
+    CREATE TABLE IF NOT EXISTS judge_calls (
+        conversation_id VARCHAR NOT NULL,
+        conversation_version INTEGER NOT NULL,
+        metric VARCHAR NOT NULL,
+        metric_config VARCHAR NOT NULL,
+        seq INTEGER NOT NULL,
+        judge VARCHAR NOT NULL,
+        request JSON,
+        response VARCHAR,
+        error VARCHAR,
+        input_tokens BIGINT,
+        output_tokens BIGINT,
+        latency_ms DOUBLE,
+        called_at TIMESTAMPTZ NOT NULL
+    );
     """,
 }
 

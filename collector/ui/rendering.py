@@ -20,7 +20,7 @@ def environment(static: bool) -> jinja2.Environment:
                              autoescape=jinja2.select_autoescape(default=True, default_for_string=True),
                              undefined=jinja2.StrictUndefined)
     url: Callable[..., str] = in_page_url if static else server_url
-    env.globals.update(url=url, pct=pct, num=num, when=when, static=static, static_csp=STATIC_CSP)
+    env.globals.update(url=url, pct=pct, num=num, ms=ms, when=when, static=static, static_csp=STATIC_CSP)
     env.filters["segment"] = path_segment
     return env
 
@@ -49,6 +49,15 @@ def pct(value: float | None) -> str:
 
 def num(value: float | None, digits: int = 2) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
+
+
+def ms(value: float | None) -> str:
+    """A duration: `850 ms`, `12.4 s`, `3.2 min`."""
+    if value is None:
+        return "–"
+    if value < 1000:
+        return f"{value:.0f} ms" if value >= 10 else f"{value:.1f} ms"
+    return f"{value / 1000:.1f} s" if value < 120_000 else f"{value / 60_000:.1f} min"
 
 
 def when(value: Any) -> str:

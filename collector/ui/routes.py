@@ -17,7 +17,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 import duckdb
 from aiohttp import web
@@ -28,6 +28,7 @@ from tracejudge.collector.review.reviews import reviewer_named
 from tracejudge.collector.ui import views
 from tracejudge.collector.ui.charts import trend_chart
 from tracejudge.collector.ui.rendering import environment
+from tracejudge.collector.ui.span_view import span_detail
 
 COOKIE = "tracejudge_session"
 REVIEWER_COOKIE = "tracejudge_reviewer"  # a reviewer's name, signed: it opens the review pages only
@@ -60,6 +61,8 @@ class WebUI:
         app.router.add_get("/", self.guard(self.overview))
         app.router.add_get("/conversations", self.guard(self.conversation_list))
         app.router.add_get("/conversations/{conversation_id}", self.guard(self.conversation))
+        app.router.add_get("/spans/{trace_id}/{span_id}", self.guard(self.span))
+        app.router.add_get("/traces/{trace_id}", self.guard(self.trace))
         app.router.add_get("/tools", self.guard(self.tools))
         app.router.add_get("/ui/changes", self.guard(self.changes))
         app.router.add_get("/login", self.login_form)
@@ -180,14 +183,33 @@ class WebUI:
         return self.render(request, "conversations.html", data=data, f=f, windows=views.WINDOWS, page="conversations")
 
     async def conversation(self, request: web.Request) -> web.StreamResponse:
-        version = request.query.get("version", "")
-        data = await self.data(views.conversation, request.match_info["conversation_id"],
-                                int(version) if version.isascii() and version.isdigit() and len(version) < 9
-                                else None, self.trace_url)
+        version, spans_page = _number(request.query.get("version", "")), _number(request.query.get("spans_page", ""))
+        data = await self.data(views.conversation, request.match_info["conversation_id"], version, self.trace_url,
+                                spans_page or 1)
         if data is None:
             return self.render(request, "missing.html", conversation_id=request.match_info["conversation_id"],
                                 page="conversations", status=404)
         return self.render(request, "conversation.html", c=data, page="conversations")
+
+    async def span(self, request: web.Request) -> web.StreamResponse:
+        """One span's attributes and events: the conversation page loads it into the tree when a span is opened
+        (`?fragment=1`); on its own it is a page."""
+        trace_id, span_id = request.match_info["trace_id"], request.match_info["span_id"]
+        detail = await self.data(span_detail, trace_id[:64], span_id[:32])
+        if detail is None:
+            return self.render(request, "missing.html", thing=f"span {span_id} in trace {trace_id}",
+                                page="conversations", status=404)
+        template = "_span.html" if request.query.get("fragment") == "1" else "span.html"
+        return self.render(request, template, s=detail, page="conversations")
+
+    async def trace(self, request: web.Request) -> web.StreamResponse:
+        """A trace id's own page here: the conversation it became, at the trace's first span in the tree."""
+        trace_id = request.match_info["trace_id"][:64]
+        found = await self.data(views.conversation_of_trace, trace_id)
+        if found is None:
+            return self.render(request, "missing.html", thing=f"conversation holds trace {trace_id}",
+                                page="conversations", status=404)
+        raise web.HTTPSeeOther(f"/conversations/{quote(found, safe='')}#trace-{trace_id}")
 
     async def tools(self, request: web.Request) -> web.StreamResponse:
         window = request.query.get("window", "7d")
@@ -219,6 +241,11 @@ class WebUI:
         return web.Response(text=page, status=status, content_type="text/html", charset="utf-8",
                             headers={"Content-Security-Policy": csp(nonce), "X-Content-Type-Options": "nosniff",
                                      "Referrer-Policy": "same-origin", "Cache-Control": "no-store"})
+
+
+def _number(text: str) -> int | None:
+    """A page or version number from the query; None for anything else."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) < 9 else None
 
 
 def _safe_next(target: str) -> str:

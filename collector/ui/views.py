@@ -15,6 +15,7 @@ import duckdb
 
 from tracejudge.collector.durations import DurationError, parse_duration
 from tracejudge.collector.store.id_table import id_table
+from tracejudge.collector.ui.span_view import ModelGiven, SpanTree, model_calls, span_tree
 
 WINDOWS = ("1h", "24h", "7d", "30d", "90d")
 PAGE_SIZE = 50
@@ -254,22 +255,70 @@ class ConversationView:
     scores: list[dict[str, Any]]
     violations: dict[tuple[int, str, str], list[str]] = field(default_factory=dict)  # (turn, kind, name)
     trace_url: str | None = None
+    spans: SpanTree | None = None
+    model_given: list[ModelGiven] = field(default_factory=list)  # what the page's model calls were given
+    model_calls: int = 0  # model calls among the page's spans
+    test_case_text: str | None = None  # the test case as stored
+
+    def trace_link(self, trace_id: str) -> str:
+        """The configured trace backend's page for the trace, else this page's own span view of it."""
+        if self.trace_url:
+            return self.trace_url.replace("{trace_id}", trace_id)
+        first = next((r for r in (self.spans.rows if self.spans else []) if r.trace_id == trace_id), None)
+        return f"#span-{first.span_id}" if first else f"/traces/{trace_id}"
+
+    def span_link(self, span_id: str) -> str:
+        """Where the span's row is: this page of the span tree, or another."""
+        if self.spans is None or span_id not in self.spans.page_of:
+            return ""
+        page = self.spans.page_of[span_id]
+        return f"#span-{span_id}" if page == self.spans.page else \
+            f"?version={self.version}&spans_page={page}#span-{span_id}"
 
     @property
     def test_case_json(self) -> str:
+        """Indented when small; a large case as it is stored (Python indents JSON ten times slower)."""
+        if self.test_case_text is not None and len(self.test_case_text) > PRETTY_JSON_BYTES:
+            return self.test_case_text
         return json.dumps(self.test_case, indent=2, ensure_ascii=False)
+
+    @property
+    def turn_calls(self) -> list[list[dict[str, Any]]]:
+        """Per turn, its MCP calls as the transcript shows them: kind, name, the call, its server, the spans that
+        recorded it, the call validity problems found in it, and whether it returned an error."""
+        servers: dict[str, str] = {}
+        for server in self.test_case.get("mcp_servers") or []:
+            for tool in server.get("available_tools") or []:
+                servers.setdefault(tool.get("name"), server.get("server_name"))
+        out = []
+        for index, turn in enumerate(self.test_case.get("turns") or []):
+            recorded = (turn.get("metadata") or {}).get("call_spans") or {}
+            calls = []
+            for kind, key, name_key in (("tool", "mcp_tools_called", "name"),
+                                        ("resource", "mcp_resources_called", "uri"),
+                                        ("prompt", "mcp_prompts_called", "name")):
+                spans = recorded.get(kind) or []
+                for i, call in enumerate(turn.get(key) or []):
+                    name = call.get(name_key) or ""
+                    result = call.get("result") or {}
+                    calls.append({"kind": kind, "name": name, "call": call, "server": servers.get(name)
+                                  if kind == "tool" else None, "spans": spans[i] if i < len(spans) else None,
+                                  "problems": self.violations.get((index, kind, name), []),
+                                  "failed": bool(isinstance(result, dict) and result.get("isError"))})
+            out.append(calls)
+        return out
 
 
 def conversation(con: duckdb.DuckDBPyConnection, conversation_id: str, version: int | None,
-                 trace_url: str | None) -> ConversationView | None:
+                 trace_url: str | None, spans_page: int = 1) -> ConversationView | None:
     versions = _rows(con, "SELECT version, content_hash, turns, mcp_calls, assembled_at FROM conversations "
                           "WHERE conversation_id = ? ORDER BY version", [conversation_id])
     if not versions:
         return None
     chosen = version if version in {v["version"] for v in versions} else versions[-1]["version"]
-    [(test_case, trace_ids, service, agent)] = con.execute(
-        "SELECT test_case, trace_ids, service_name, agent_name FROM conversations WHERE conversation_id = ? "
-        "AND version = ?", [conversation_id, chosen]).fetchall()
+    [(test_case, trace_ids, service, agent, first_ns, last_ns)] = con.execute(
+        "SELECT test_case, trace_ids, service_name, agent_name, first_span_ns, last_span_ns FROM conversations "
+        "WHERE conversation_id = ? AND version = ?", [conversation_id, chosen]).fetchall()
     for previous, current in zip(versions, versions[1:], strict=False):
         changes = []
         if current["turns"] != previous["turns"]:
@@ -277,27 +326,60 @@ def conversation(con: duckdb.DuckDBPyConnection, conversation_id: str, version: 
         if current["mcp_calls"] != previous["mcp_calls"]:
             changes.append(f"MCP calls {previous['mcp_calls']} → {current['mcp_calls']}")
         current["changed"] = ", ".join(changes) or "content of a turn or call"
-    scores = _rows(con, "SELECT metric, eval_mode, score, success, threshold, reason, confidence, judge_model, "
-                        "system_one_model, evaluation_cost, breakdown, fallback_reason, error, scored_at FROM scores "
-                        "WHERE conversation_id = ? AND conversation_version = ? ORDER BY metric, scored_at DESC",
+    scores = _rows(con, "SELECT metric, metric_config, eval_mode, score, success, threshold, reason, confidence, "
+                        "judge_model, system_one_model, evaluation_cost, breakdown, fallback_reason, error, "
+                        "scored_at FROM scores WHERE conversation_id = ? AND conversation_version = ? "
+                        "ORDER BY metric, scored_at DESC",
                    [conversation_id, chosen])
     violations: dict[tuple[int, str, str], list[str]] = {}
     for score in scores:
         breakdown = json.loads(score["breakdown"]) if isinstance(score["breakdown"], str) else score["breakdown"]
         score["breakdown"] = breakdown or {}
         score["decisions"] = _decisions(score["breakdown"])
+        source = score["breakdown"].get("reused_from") or {}
+        score["exchanges"], score["exchange_count"] = _exchanges(
+            con, source.get("conversation_id", conversation_id), source.get("conversation_version", chosen),
+            score["metric"], score["metric_config"])
         if score["metric"] == "mcp_call_validity":
             for call in score["breakdown"].get("calls", []):
                 if call.get("violations"):
                     violations.setdefault((call["turn"], call["kind"], call["name"]), []).extend(call["violations"])
-    return ConversationView(conversation_id, chosen, versions, json.loads(test_case), list(trace_ids or []),
-                            service, agent, scores, violations, trace_url)
+    case = json.loads(test_case)
+    traces = list(trace_ids or [])
+    tree = span_tree(con, case, traces, first_ns, last_ns, spans_page)
+    given, model_call_count = model_calls(con, tree)
+    return ConversationView(conversation_id, chosen, versions, case, traces, service, agent, scores, violations,
+                            trace_url, tree, given, model_call_count, test_case)
+
+
+PRETTY_JSON_BYTES = 100_000
+EXCHANGES_SHOWN = 40  # a score's judge exchanges on its page; `judge_calls` has them all
+
+
+def _exchanges(con: duckdb.DuckDBPyConnection, conversation_id: str, version: int, metric: str,
+               config: str) -> tuple[list[dict[str, Any]], int]:
+    """The judge's requests (messages, model, parameters as sent) and raw answers for one score, and how many."""
+    rows = _rows(con, "SELECT seq, judge, request, response, error, input_tokens, output_tokens, latency_ms, "
+                      "called_at, count(*) OVER () AS total FROM judge_calls WHERE conversation_id = ? "
+                      "AND conversation_version = ? AND metric = ? AND metric_config = ? ORDER BY seq "
+                      f"LIMIT {EXCHANGES_SHOWN}", [conversation_id, version, metric, config])
+    for row in rows:
+        request = json.loads(row["request"]) if isinstance(row["request"], str) else row["request"] or {}
+        row["messages"] = request.pop("messages", None) if isinstance(request, dict) else None
+        row["parameters"] = request
+    return rows, rows[0]["total"] if rows else 0
+
+
+def conversation_of_trace(con: duckdb.DuckDBPyConnection, trace_id: str) -> str | None:
+    """The conversation a trace was assembled into, if it was."""
+    found = con.execute("SELECT conversation_id FROM assembled_traces WHERE trace_id = ?", [trace_id]).fetchall()
+    return found[0][0] if found else None
 
 
 def _decisions(breakdown: dict[str, Any]) -> list[dict[str, Any]]:
     """Each judged task's values, who decided them (LLM or System One, with confidence) and why: one row per
-    question (task completion; or primitive choice and argument correctness)."""
-    rows = []
+    question and distinct reason, naming the tasks it covers (a judge often gives several tasks the same reason)."""
+    rows: dict[tuple[str, str, str, Any], dict[str, Any]] = {}
     for task in breakdown.get("tasks") or []:
         if "primitive_score" in task:
             questions = [("primitive choice", task.get("primitive_score"), task.get("primitive") or {},
@@ -307,10 +389,15 @@ def _decisions(breakdown: dict[str, Any]) -> list[dict[str, Any]]:
         else:
             questions = [("task completion", task.get("score"), task, task.get("reason"))]
         for question, value, decision, reason in questions:
-            rows.append({"task": task.get("task", ""), "question": question, "score": value,
-                         "decided_by": decision.get("decided_by", ""), "confidence": decision.get("confidence"),
-                         "fallback": decision.get("system_one_fallback_reason"), "reason": reason or ""})
-    return rows
+            key = (question, reason or "", decision.get("decided_by", ""), decision.get("system_one_fallback_reason"))
+            row = rows.setdefault(key, {"tasks": [], "scores": [], "question": question,
+                                        "decided_by": key[2], "confidences": [], "fallback": key[3],
+                                        "reason": key[1]})
+            row["tasks"].append(task.get("task", ""))
+            row["scores"].append(value)
+            if decision.get("confidence") is not None:
+                row["confidences"].append(decision["confidence"])
+    return list(rows.values())
 
 
 # --- MCP servers and tools --------------------------------------------------------------------------------
@@ -319,7 +406,8 @@ def _decisions(breakdown: dict[str, Any]) -> list[dict[str, Any]]:
 def tools(con: duckdb.DuckDBPyConnection, window: str) -> list[dict[str, Any]]:
     """Per server and tool of the latest conversation versions in the window: calls, error rate, and the share of
     calls whose arguments broke the tool's input schema (the latest mcp_call_validity scores name each such call
-    by turn, kind and name; it is counted on the server of that call)."""
+    by turn, kind and name; it is counted on the server of that call), and the median and p95 of the calls' time
+    (from the spans that recorded them)."""
     return _rows(con, """
         WITH invalid AS (
             SELECT s.conversation_id, s.conversation_version AS version,
@@ -332,12 +420,22 @@ def tools(con: duckdb.DuckDBPyConnection, window: str) -> list[dict[str, Any]]:
                    count(*) AS calls, count(*) FILTER (WHERE k.is_error) AS errors
             FROM call_summary k JOIN conversation_summary c
                  ON c.conversation_id = k.conversation_id AND c.version = k.version
+            WHERE c.assembled_at >= ? GROUP BY ALL),
+        latency AS (
+            SELECT coalesce(k.server, '-') AS server, k.kind, k.name,
+                   quantile_cont(k.duration_ms, 0.5) AS p50_ms, quantile_cont(k.duration_ms, 0.95) AS p95_ms,
+                   count(k.duration_ms) AS timed
+            FROM call_summary k JOIN conversation_summary c
+                 ON c.conversation_id = k.conversation_id AND c.version = k.version
             WHERE c.assembled_at >= ? GROUP BY ALL)
         SELECT c.server, c.kind, c.name, sum(c.calls) AS calls, sum(c.errors) / sum(c.calls) AS error_rate,
                sum(least(coalesce(i.n, 0), c.calls)) / sum(c.calls) AS invalid_rate,
-               count(DISTINCT c.conversation_id) AS conversations
+               count(DISTINCT c.conversation_id) AS conversations,
+               any_value(l.p50_ms) AS p50_ms, any_value(l.p95_ms) AS p95_ms, any_value(l.timed) AS timed
         FROM calls c LEFT JOIN invalid i USING (conversation_id, version, turn, kind, name)
-        GROUP BY ALL ORDER BY calls DESC, c.name LIMIT 500""", [window_start(window)])
+             LEFT JOIN latency l ON l.server = c.server AND l.kind = c.kind AND l.name = c.name
+        GROUP BY c.server, c.kind, c.name ORDER BY calls DESC, c.name LIMIT 500""",
+                 [window_start(window), window_start(window)])
 
 
 def change_token(con: duckdb.DuckDBPyConnection) -> str:

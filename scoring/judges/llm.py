@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -22,6 +23,7 @@ from tracejudge.errors import (
     JudgeAuthenticationError,
     JudgeConfigurationError,
     JudgeContextOverflowError,
+    JudgeError,
     JudgeOutputError,
     JudgeRequestError,
     JudgeUnavailableError,
@@ -33,6 +35,7 @@ from tracejudge.judges.context_windows import (
     overflow_limit,
     prompt_budget,
 )
+from tracejudge.judges.exchanges import is_recording, record
 from tracejudge.judges.loop_pool import LoopPool
 from tracejudge.judges.pricing import TokenPrice, known_price
 from tracejudge.judges.retry import Retry, RetryPolicy, call_with_retries, parse_retry_after, retryable_status
@@ -186,6 +189,22 @@ class LLMJudge:
         Raises JudgeAuthenticationError (401/403), JudgeContextOverflowError, JudgeRequestError (other 4xx)
         or JudgeUnavailableError.
         """
+        started = time.time()
+        try:
+            completion = await self._complete(request)
+        except JudgeError as exc:
+            record(self.id, {"model": self.model, **request}, None, str(exc), started)
+            raise
+        if is_recording():
+            usage = getattr(completion, "usage", None)
+            choices = getattr(completion, "choices", None) or []
+            message = getattr(choices[0], "message", None) if choices else None
+            record(self.id, {"model": self.model, **request},
+                   getattr(message, "content", None) or getattr(message, "refusal", None), None, started,
+                   getattr(usage, "prompt_tokens", 0) or 0, getattr(usage, "completion_tokens", 0) or 0)
+        return completion
+
+    async def _complete(self, request: dict[str, Any]) -> Any:
         if self.batch is not None:
             return await self._complete_in_batch(request)
         async with self._pool.slot() as client:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -19,11 +20,13 @@ from tracejudge.errors import (
     ContextBudgetError,
     JudgeAuthenticationError,
     JudgeConfigurationError,
+    JudgeError,
     JudgeOutputError,
     JudgeRequestError,
     JudgeUnavailableError,
 )
 from tracejudge.judges.budget import DEFAULT_BUDGET, Budget
+from tracejudge.judges.exchanges import record
 from tracejudge.judges.loop_pool import LoopPool
 from tracejudge.judges.questions import Question, parse_wire_answer
 from tracejudge.judges.retry import Retry, RetryPolicy, call_with_retries, parse_retry_after, retryable_status
@@ -154,9 +157,15 @@ class TypeSafeJudge:
 
     async def _request(self, state: Any, questions: Mapping[str, Question]) -> Decision:
         body = {"model": self.model, "state": state, "questions": {k: q.wire() for k, q in questions.items()}}
-        async with self._pool.slot() as client:
-            response = await call_with_retries(self.retry, lambda: self._post(client, body), self._classify,
-                                               self._unavailable)
+        started = time.time()
+        try:
+            async with self._pool.slot() as client:
+                response = await call_with_retries(self.retry, lambda: self._post(client, body), self._classify,
+                                                   self._unavailable)
+        except JudgeError as exc:
+            record(self.id, body, None, str(exc), started)
+            raise
+        record(self.id, body, response.text, None, started)
         try:
             payload = response.json()
         except ValueError as exc:
