@@ -317,6 +317,9 @@ class ScoringSettings(_Section):
     system_one_model: str | None = Field(None, description="System One model (default jev-latest; TYPESAFE_*)")
     threshold: float | None = Field(0.5, ge=0, le=1, description="pass mark of every metric")
     strict_mode: bool = Field(False, description="scores are 1 or 0")
+    aggregation: Literal["mean", "any_task"] = Field(
+        "mean", description="how the judged metrics turn per-task scores into the conversation's: mean (DeepEval's) "
+        "or any_task (the worst task: a conversation fails when any of its tasks does)")
     concurrency: int = Field(4, ge=1, le=256, description="conversations scored at once")
     daily_budget_usd: float | None = Field(None, ge=0, description="judge spend per UTC day; then jobs wait")
     max_attempts: int = Field(5, ge=1, description="tries per job before it is failed")

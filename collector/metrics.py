@@ -125,6 +125,10 @@ class CollectorMetrics:
                                    "table", ["table"], registry=self.registry)
         self.last_prune = Gauge("tracejudge_last_prune_timestamp_seconds", "When retention last ran (Unix time)",
                                 registry=self.registry)
+        self.task_results = Counter("tracejudge_task_results", "Judged tasks by metric and result at the "
+                                    "threshold (pass / fail): a conversation's score averages them unless "
+                                    "[scoring] aggregation = \"any_task\"", ["metric", "result"],
+                                    registry=self.registry)
         self.checkpoints = Gauge("tracejudge_checkpoints_total", "Retention's checkpoints since the start, by outcome: "
                                  "done, or refused while another transaction changed rows in place", ["outcome"],
                                  registry=self.registry)
@@ -145,6 +149,10 @@ class CollectorMetrics:
 
     def on_scored(self, event: ScoredEvent) -> None:
         service, agent = self._service(event.service), self._agent(event.agent)
+        if event.tasks_passed:
+            self.task_results.labels(event.metric, "pass").inc(event.tasks_passed)
+        if event.tasks_failed:
+            self.task_results.labels(event.metric, "fail").inc(event.tasks_failed)
         if event.score is not None:
             self.score.labels(event.metric, service, agent).observe(event.score)
         self.scores.labels(event.metric, service, agent, event.result).inc()

@@ -44,6 +44,7 @@ def stage_config(settings: Settings) -> StageConfig:
     sc = settings.scoring
     return StageConfig(metrics=tuple(sc.metrics), eval_mode=sc.eval_mode, model=sc.model,
                        system_one_model=sc.system_one_model, threshold=sc.threshold, strict_mode=sc.strict_mode,
+                       aggregation=sc.aggregation,
                        concurrency=sc.concurrency, daily_budget_usd=sc.daily_budget_usd,
                        max_attempts=sc.max_attempts, lease_s=sc.lease_s, retry_backoff_s=sc.retry_backoff_s,
                        outage_backoff_s=sc.outage_backoff_s, outage_max_backoff_s=sc.outage_max_backoff_s,

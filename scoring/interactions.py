@@ -46,6 +46,14 @@ class Task:
     def answered(self) -> bool:
         return bool(self.steps)
 
+    def scope(self) -> dict[str, Any]:
+        """What a verdict on this task concerns: its first and last turn, and the MCP calls made for it (as
+        "kind name"), so a failed task points at the turns and calls to look at."""
+        turns = [*self.user_turns, *(step["turn"] for step in self.steps)]
+        calls = [f"{call['kind']} {call.get('name') or call.get('uri')}"
+                 for step in self.steps for call in step.get("mcp_calls", [])]
+        return {"turns": [min(turns), max(turns)] if turns else None, "mcp_calls": calls}
+
     def data(self) -> dict[str, Any]:
         """The task as judge data: the request, the steps and any context before the first user turn."""
         out: dict[str, Any] = {"task": self.text, "steps": list(self.steps)}

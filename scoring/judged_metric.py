@@ -371,3 +371,14 @@ class JudgedMetric(BaseMetric):
         values = [v.confidence for v in verdicts if v.confidence is not None]
         return min(values) if values else None
 
+
+
+def task_scores(breakdown: dict[str, Any] | None) -> list[float]:
+    """Each judged task's score from a judged metric's breakdown, in task order (MCP use: the task's minimum of
+    primitive and argument scores; task completion: its completion score)."""
+    out = []
+    for task in (breakdown or {}).get("tasks") or []:
+        value = task.get("alignment_score", task.get("score"))
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out.append(float(value))
+    return out

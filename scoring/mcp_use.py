@@ -21,6 +21,7 @@ from tracejudge.test_case import ConversationalTestCase
 
 NO_CALL = Verdict(1.0, "No MCP call was made, so no argument could be wrong.", "rule: no MCP call")
 
+AGGREGATIONS = ("mean_of_minima", "deepeval", "any_task")
 PRIMITIVE_LEVELS = ("Wrong primitives", "Poor choice", "Reasonable choice", "Best choice")
 ARGUMENT_LEVELS = ("Incorrect", "Mostly incorrect", "Mostly correct", "Fully correct")
 
@@ -42,13 +43,15 @@ class MultiTurnMCPUseMetric(JudgedMetric):
             "requests in `turns`?", ("Wrong use", "Poor use", "Adequate use", "Correct use"))),
     )
 
-    def __init__(self, *args: Any, aggregation: Literal["mean_of_minima", "deepeval"] = "mean_of_minima",
+    def __init__(self, *args: Any,
+                 aggregation: Literal["mean_of_minima", "deepeval", "any_task"] = "mean_of_minima",
                  **kwargs: Any) -> None:
         """`aggregation="deepeval"` scores min(mean primitive score, mean argument score) over the tasks, as
         DeepEval does, for users who need its numbers; the default is the mean over tasks of each task's minimum,
-        so a task with a bad argument is not hidden by other tasks' good choices."""
-        if aggregation not in ("mean_of_minima", "deepeval"):
-            raise ValueError(f"aggregation must be 'mean_of_minima' or 'deepeval', not {aggregation!r}")
+        so a task with a bad argument is not hidden by other tasks' good choices; `"any_task"` scores the worst
+        task's minimum, so the conversation fails when any task does."""
+        if aggregation not in AGGREGATIONS:
+            raise ValueError(f"aggregation must be one of {', '.join(map(repr, AGGREGATIONS))}, not {aggregation!r}")
         super().__init__(*args, **kwargs)
         self.aggregation = aggregation
 
@@ -88,15 +91,18 @@ class MultiTurnMCPUseMetric(JudgedMetric):
                 "alignment_score": min(prim.score, arg.score),
                 "primitive": self._verdict_breakdown(prim),
                 "argument": self._verdict_breakdown(arg),
+                **task.scope(),
             })
         mean_primitive = fmean(r["primitive_score"] for r in rows)
         mean_argument = fmean(r["argument_score"] for r in rows)
-        deepeval = self.aggregation == "deepeval"
         breakdown = {
             "eval_mode": self.eval_mode.value,
             "units": self.units,
-            "equation": "min(mean primitive_score, mean argument_score) over tasks (DeepEval's)" if deepeval
-            else "mean over tasks of min(primitive_score, argument_score)",
+            "aggregation": self.aggregation,
+            "equation": {"deepeval": "min(mean primitive_score, mean argument_score) over tasks (DeepEval's)",
+                         "any_task": "min over tasks of min(primitive_score, argument_score): fails if any task "
+                                     "does"}.get(self.aggregation,
+                                                 "mean over tasks of min(primitive_score, argument_score)"),
             "tasks": rows,
             "skipped_tasks": [t.index for t in all_tasks if not t.answered],
             "mean_primitive_score": mean_primitive,
@@ -105,6 +111,8 @@ class MultiTurnMCPUseMetric(JudgedMetric):
         }
         detail = [{k: r[k] for k in ("task", "alignment_score", "primitive_reason", "argument_reason")}
                   for r in rows]
-        score = breakdown["min_of_means"] if deepeval else fmean(r["alignment_score"] for r in rows)
+        alignment = [r["alignment_score"] for r in rows]
+        score = {"deepeval": breakdown["min_of_means"], "any_task": min(alignment)}.get(self.aggregation,
+                                                                                         fmean(alignment))
         return Scored(score, breakdown, render_tasks_text(all_tasks),
                       detail=detail, confidence=self._task_confidence(list(decided.values())))

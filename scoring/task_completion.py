@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from statistics import fmean
-from typing import Any
+from typing import Any, Literal
 
 from tracejudge.evaluation_template import final_reason_prompt, overridden, task_prompt
 from tracejudge.interactions import render_tasks_text, split_tasks
@@ -38,10 +38,15 @@ class MCPTaskCompletionMetric(JudgedMetric):
             "Overall, how completely did the assistant do what the user asked in `turns`?", COMPLETION_LEVELS)),
     )
 
-    def __init__(self, *args: Any, evaluation_template: type | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, evaluation_template: type | None = None,
+                 aggregation: Literal["mean", "any_task"] = "mean", **kwargs: Any) -> None:
         """`evaluation_template`: DeepEval's template class; a method it overrides is sent as the prompt (see
-        `tracejudge.evaluation_template`), the others keep tracejudge's prompts."""
+        `tracejudge.evaluation_template`), the others keep tracejudge's prompts. `aggregation="any_task"` scores
+        the worst task, so the conversation fails when any task does; the default, DeepEval's, the mean."""
+        if aggregation not in ("mean", "any_task"):
+            raise ValueError(f"aggregation must be 'mean' or 'any_task', not {aggregation!r}")
         super().__init__(*args, **kwargs)
+        self.aggregation = aggregation
         self.evaluation_template = evaluation_template
         overridden(evaluation_template, "get_task_completion_score")  # a bad template fails here, not mid-run
         overridden(evaluation_template, "generate_final_reason")
@@ -63,14 +68,17 @@ class MCPTaskCompletionMetric(JudgedMetric):
         verdicts = [decided.get(f"t{t.index}.completion", NO_RESPONSE) for t in tasks]
         rows = [
             {"task_index": task.index, "task": task.text, "score": v.score, "reason": v.reason,
-             **self._verdict_breakdown(v)}
+             **self._verdict_breakdown(v), **task.scope()}
             for task, v in zip(tasks, verdicts, strict=True)
         ]
-        breakdown = {"eval_mode": self.eval_mode.value, "units": self.units,
-                     "equation": "mean over tasks of the task completion score", "tasks": rows}
+        any_task = self.aggregation == "any_task"
+        breakdown = {"eval_mode": self.eval_mode.value, "units": self.units, "aggregation": self.aggregation,
+                     "equation": "min over tasks of the task completion score: fails if any task does" if any_task
+                     else "mean over tasks of the task completion score", "tasks": rows}
         detail = [{"task": r["task"], "score": r["score"], "reason": r["reason"]} for r in rows]
-        return Scored(fmean(r["score"] for r in rows), breakdown, render_tasks_text(tasks), detail=detail,
-                      confidence=self._task_confidence(list(decided.values())))
+        scores = [r["score"] for r in rows]
+        return Scored(min(scores) if any_task else fmean(scores), breakdown, render_tasks_text(tasks),
+                      detail=detail, confidence=self._task_confidence(list(decided.values())))
 
     def _final_reason_render(self) -> Callable[[dict[str, Any]], str] | None:
         custom = overridden(self.evaluation_template, "generate_final_reason")

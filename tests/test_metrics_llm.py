@@ -24,6 +24,7 @@ from tracejudge import (
     RetryPolicy,
 )
 from tracejudge.prompts import REASON_OUTPUT
+from tracejudge.test_case import ConversationalTestCase
 
 FLIGHTS = "Find flights from SFO to JFK on 2026-12-24."
 WEATHER = "What's the weather in New York?"
@@ -73,6 +74,35 @@ def test_mcp_use_can_aggregate_as_deepeval_does(server, judge) -> None:
     metric = MultiTurnMCPUseMetric(model=judge, aggregation="deepeval")
     assert metric.measure(three_task_case()) == pytest.approx(2.4 / 3)  # min(mean primitive, mean argument)
     assert "DeepEval" in metric.score_breakdown["equation"]
+
+
+def test_any_task_fails_a_conversation_whose_one_task_of_three_failed(server, judge) -> None:
+    """Task completion scores the tasks 0.9, 0.3 and 1.0: the mean (0.73) passes at 0.5 and hides the failed
+    weather task; any_task scores the worst task and fails. MCP use likewise: 0.5 and 0.67 mean vs 0.5."""
+    mean = MCPTaskCompletionMetric(model=judge)
+    worst = MCPTaskCompletionMetric(model=judge, aggregation="any_task")
+    assert mean.measure(three_task_case()) == pytest.approx((0.9 + 0.3 + 1.0) / 3) and mean.success is True
+    assert worst.measure(three_task_case()) == pytest.approx(0.3) and worst.success is False
+    assert "any task" in worst.score_breakdown["equation"] and worst.score_breakdown["aggregation"] == "any_task"
+    use = MultiTurnMCPUseMetric(model=judge, aggregation="any_task", threshold=0.6)
+    assert use.measure(three_task_case()) == pytest.approx(0.5) and use.success is False
+    with pytest.raises(ValueError, match="aggregation must be"):
+        MCPTaskCompletionMetric(model=judge, aggregation="median")
+
+
+def test_each_task_verdict_names_its_turns_and_mcp_calls(server, judge) -> None:
+    metric = MCPTaskCompletionMetric(model=judge)
+    case = ConversationalTestCase.model_validate(three_task_case())
+    metric.measure(case)
+    rows = metric.score_breakdown["tasks"]
+    for row in rows:
+        first, last = row["turns"]
+        assert case.turns[first].role == "user" and case.turns[first].content in row["task"]
+        made = [f"tool {c.name}" for t in case.turns[first:last + 1] for c in t.mcp_tools_called or []]
+        made += [f"resource {c.uri}" for t in case.turns[first:last + 1] for c in t.mcp_resources_called or []]
+        made += [f"prompt {c.name}" for t in case.turns[first:last + 1] for c in t.mcp_prompts_called or []]
+        assert sorted(row["mcp_calls"]) == sorted(made)
+    assert any(row["mcp_calls"] for row in rows)
 
 
 def test_deepeval_units_judge_only_units_of_more_than_two_turns_as_deepeval_does(server, judge) -> None:

@@ -5,6 +5,7 @@ collector restart."""
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from collections.abc import Iterator
@@ -94,3 +95,24 @@ def test_scores_are_exported_once_even_when_the_backend_was_down(tmp_path: Path,
     last_a = max((s for s in spans if s.attributes.get("gen_ai.conversation.id") == "conv-a"
                   and s.name.startswith("invoke_agent")), key=lambda s: s.start_time)
     assert by_conversation["conv-a"][3] == format(last_a.context.span_id, "016x")
+
+
+def test_a_judged_score_carries_each_tasks_score_and_verdict() -> None:
+    """The event of a judged score says which task failed, not only the mean that may hide it."""
+    from datetime import UTC, datetime
+
+    from opentelemetry.sdk.resources import Resource
+
+    from tracejudge.collector.exporters.score_events import evaluation_record
+
+    row = {"conversation_id": "conv-c", "conversation_version": 1, "metric": "mcp_task_completion",
+           "metric_config": "cfg", "score": 0.6, "success": True, "reason": "two of three done", "error": None,
+           "eval_mode": "llm", "judge_model": "gpt-4o-mini", "evaluation_cost": 0.001,
+           "scored_at": datetime(2026, 12, 5, tzinfo=UTC), "service_name": "weather-agent", "agent_name": None,
+           "turns": "[]", "threshold": 0.5,
+           "tasks": json.dumps([{"task_index": 0, "score": 0.8}, {"task_index": 1, "score": 0.6},
+                                {"task_index": 2, "score": 0.4}])}
+    attributes = evaluation_record(row, Resource.create({})).log_record.attributes
+    assert list(attributes["tracejudge.task.scores"]) == [0.8, 0.6, 0.4]
+    assert list(attributes["tracejudge.task.passed"]) == [True, True, False]
+    assert attributes["tracejudge.tasks.failed"] == 1 and attributes["gen_ai.evaluation.score.label"] == "pass"

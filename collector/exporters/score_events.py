@@ -25,12 +25,14 @@ from opentelemetry.sdk._logs import ReadWriteLogRecord
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
+from tracejudge.judged_metric import task_scores
+
 EVENT = "gen_ai.evaluation.result"
 SCOPE = InstrumentationScope("tracejudge", "0.1.0")
 PENDING = """
     SELECT s.conversation_id, s.conversation_version, s.metric, s.metric_config, s.score, s.success, s.reason,
            s.error, s.eval_mode, s.judge_model, s.evaluation_cost, s.scored_at, s.service_name, s.agent_name,
-           c.test_case->'turns' AS turns
+           c.test_case->'turns' AS turns, s.threshold, s.breakdown->'tasks' AS tasks
     FROM scores s
     JOIN conversations c ON c.conversation_id = s.conversation_id AND c.version = s.conversation_version
     ANTI JOIN score_exports e ON e.conversation_id = s.conversation_id
@@ -77,6 +79,12 @@ def evaluation_record(row: dict[str, Any], resource: Resource) -> ReadWriteLogRe
                         ("gen_ai.agent.name", "agent_name")):
         if row[column] is not None:
             attributes[key] = row[column]
+    tasks = task_scores({"tasks": json.loads(row["tasks"]) if isinstance(row["tasks"], str) else row["tasks"]})
+    if tasks:  # per task, in task order: what the conversation's score averages (or takes the worst of)
+        attributes["tracejudge.task.scores"] = tasks
+        if row["threshold"] is not None:
+            attributes["tracejudge.task.passed"] = [score >= row["threshold"] for score in tasks]
+            attributes["tracejudge.tasks.failed"] = sum(score < row["threshold"] for score in tasks)
     timestamp = int(row["scored_at"].timestamp() * 1e9)
     record = LogRecord(timestamp=timestamp, observed_timestamp=time.time_ns(), trace_id=trace_id, span_id=span_id,
                        trace_flags=None, event_name=EVENT, attributes=attributes,

@@ -25,7 +25,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracejudge.collector.store.schema import history_views, mcp_calls_view, union_view
+from tracejudge.collector.store.schema import history_views, mcp_calls_view, task_views, union_view
 from tracejudge.errors import TracejudgeError
 
 LAKE_ALIAS = "lake"
@@ -124,6 +124,7 @@ def open_lake_for_query(config: LakeConfig) -> duckdb.DuckDBPyConnection:
         union_view(con, table, f"SELECT * FROM {LAKE_ALIAS}.{table}")
     con.execute(history_views("temp.main.scores", "replica, ", temporary=True))
     con.execute(mcp_calls_view(temporary=True))
+    con.execute(task_views(temporary=True))
     rows = con.execute("SELECT value FROM __ducklake_metadata_lake.ducklake_metadata WHERE key = 'data_path'"
                        ).fetchall()
     if not rows:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import duckdb
 
-from tracejudge.collector.store.schema import history_views, mcp_calls_view, union_view
+from tracejudge.collector.store.schema import history_views, mcp_calls_view, task_views, union_view
 from tracejudge.collector.store.span_store import lock_down
 from tracejudge.errors import TracejudgeError
 
@@ -62,5 +62,6 @@ def open_replica_files(paths: list[Path]) -> duckdb.DuckDBPyConnection:
                 from exc
     con.execute(history_views("temp.main.scores", "replica, ", temporary=True))
     con.execute(mcp_calls_view(temporary=True))
+    con.execute(task_views(temporary=True))
     lock_down(con)
     return con

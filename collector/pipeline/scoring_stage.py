@@ -38,7 +38,7 @@ from tracejudge.errors import (
 )
 from tracejudge.eval_mode import EvalMode, resolve_eval_mode
 from tracejudge.interactions import conversation_data
-from tracejudge.judged_metric import JudgedMetric
+from tracejudge.judged_metric import JudgedMetric, task_scores
 from tracejudge.judges.exchanges import JudgeExchange, recording
 from tracejudge.judges.llm import LLMJudge, load_client_library
 from tracejudge.judges.resolve import JudgeOptions
@@ -68,6 +68,7 @@ class StageConfig:
     system_one_model: str | None = None
     threshold: float | None = 0.5
     strict_mode: bool = False
+    aggregation: str = "mean"  # or "any_task": the judged metrics score the worst task
     concurrency: int = 4
     daily_budget_usd: float | None = None
     max_attempts: int = 5
@@ -95,6 +96,8 @@ class ScoredEvent:
     output_tokens: int
     weight: float = 1.0  # 1 / the probability the conversation had of being scored on this metric
     service_version: str | None = None  # its service.version attribute, if recorded
+    tasks_passed: int = 0  # a judged score's tasks at or above the threshold
+    tasks_failed: int = 0
 
 
 def metric_config(config: StageConfig, metric: str, examples: Sequence[CalibrationExample] = ()) -> str:
@@ -105,6 +108,8 @@ def metric_config(config: StageConfig, metric: str, examples: Sequence[Calibrati
         relevant["calibration"] = calibration_digest(examples)
     if metric in JUDGED:
         relevant.update(eval_mode=config.eval_mode, model=config.model, system_one_model=config.system_one_model)
+        if config.aggregation != StageConfig.aggregation:
+            relevant["aggregation"] = config.aggregation
         judge = config.judge  # only what changes a score, and only when set, so default hashes stay as they were
         if judge.temperature != JudgeOptions.temperature:
             relevant["temperature"] = judge.temperature
@@ -174,6 +179,15 @@ def _versions(jobs: list[tuple[Any, ...]]) -> pa.Table:
     return pa.table({"conversation_id": [j[1] for j in jobs], "version": pa.array([j[2] for j in jobs], pa.int32())})
 
 
+def _task_counts(breakdown: dict[str, Any] | None, threshold: float | None) -> tuple[int, int]:
+    """A judged score's tasks (passed, failed) at its threshold; (0, 0) without tasks or a threshold."""
+    if threshold is None:
+        return 0, 0
+    scores = task_scores(breakdown)
+    failed = sum(score < threshold for score in scores)
+    return len(scores) - failed, failed
+
+
 def _next_utc_midnight(now: datetime) -> datetime:
     return datetime(now.year, now.month, now.day, tzinfo=UTC) + timedelta(days=1)
 
@@ -238,9 +252,11 @@ class ScoringStage:
             if self._llm_judge is None:  # one judge for every metric: `judge_concurrency` is the server's load
                 self._llm_judge = c.judge.llm_judge(c.model, DuckDBBatchLedger(self._sql))
             model = self._llm_judge
+        mean = "mean_of_minima" if metric == "mcp_use" else "mean"
         return JUDGED[metric](threshold=c.threshold, strict_mode=c.strict_mode, model=model,
                               system_one_model=c.system_one_model, eval_mode=c.eval_mode,
-                              calibration_examples=self.calibration.get(metric, ()))
+                              calibration_examples=self.calibration.get(metric, ()),
+                              aggregation=mean if c.aggregation == "mean" else c.aggregation)
 
     def initial_status(self, metric: str) -> str:
         return "waiting_for_judge" if metric in self.unavailable else "pending"
@@ -592,7 +608,7 @@ class ScoringStage:
         """A score is committed: count it, tell the observers and log it."""
         self._report(conversation_id, version, metric_id, metric.score, metric.success, metric.evaluation_cost,
                      metric.usage.input_tokens, metric.usage.output_tokens, service, agent, probability,
-                     service_version)
+                     service_version, _task_counts(metric.score_breakdown, metric.threshold))
 
     def checked(self, scores: Sequence[CheckedScore]) -> None:
         """Scores the assembler wrote with their conversations' versions (checks run as they were built)."""
@@ -605,12 +621,12 @@ class ScoringStage:
     def _report(self, conversation_id: str, version: int, metric_id: str, score: float | None,
                 success: bool | None, cost: float | None, input_tokens: int, output_tokens: int,
                 service: str | None, agent: str | None, probability: float | None,
-                service_version: str | None) -> None:
+                service_version: str | None, tasks: tuple[int, int] = (0, 0)) -> None:
         self.processed += 1
         result = "n/a" if score is None else "scored" if success is None else ("pass" if success else "fail")
         if self.on_scored is not None:
             self.on_scored(ScoredEvent(metric_id, service, agent, score, result, cost, input_tokens, output_tokens,
-                                       1.0 / probability if probability else 1.0, service_version))
+                                       1.0 / probability if probability else 1.0, service_version, *tasks))
         self.log("info", "score written", conversation_id=conversation_id, version=version, metric=metric_id,
                  score=None if score is None else round(score, 4), result=result, cost_usd=cost)
 
@@ -680,7 +696,8 @@ class ScoringStage:
         self.processed += 1
         if self.on_scored is not None:
             self.on_scored(ScoredEvent(metric_id, service, agent, score, result, 0.0, 0, 0,
-                                       1.0 / probability if probability else 1.0, service_version))
+                                       1.0 / probability if probability else 1.0, service_version,
+                                       *_task_counts(breakdown, row[SCORE_COLUMNS.index("threshold")])))
         self.log("info", "score reused", conversation_id=conversation_id, version=version, metric=metric_id,
                  from_conversation=source["conversation_id"], from_version=source["conversation_version"])
         return True

@@ -100,7 +100,13 @@ SELECT conversation_id, metric, conversation_version, score, success, evaluation
             FROM (SELECT unnest(from_json(breakdown, '{"calls": [{"turn": "VARCHAR", "kind": "VARCHAR",
                                                       "name": "VARCHAR", "violations": "JSON"}]}').calls) AS c)
             WHERE contains(CAST(c.violations AS VARCHAR), 'inputSchema')) END,
-       scored_at, 1.0 / coalesce(nullif(inclusion_probability, 0), 1.0)
+       scored_at, 1.0 / coalesce(nullif(inclusion_probability, 0), 1.0),
+       CASE WHEN metric IN ('mcp_use', 'mcp_task_completion') AND threshold IS NOT NULL THEN
+           (SELECT count(*) FROM (SELECT unnest(from_json(breakdown, '{"tasks": ["JSON"]}').tasks) AS t)) END,
+       CASE WHEN metric IN ('mcp_use', 'mcp_task_completion') AND threshold IS NOT NULL THEN
+           (SELECT count(*) FILTER (WHERE coalesce(TRY_CAST(t->>'alignment_score' AS DOUBLE),
+                                                   TRY_CAST(t->>'score' AS DOUBLE)) < x.threshold)
+            FROM (SELECT unnest(from_json(breakdown, '{"tasks": ["JSON"]}').tasks) AS t)) END
 FROM scores x WHERE scored_at >= ?
   AND NOT EXISTS (SELECT 1 FROM score_summary s  -- already there: most of the window, every refresh
                   WHERE s.conversation_id = x.conversation_id AND s.metric = x.metric
@@ -112,7 +118,7 @@ ON CONFLICT (conversation_id, metric) DO UPDATE SET
     conversation_version = excluded.conversation_version, score = excluded.score, success = excluded.success,
     evaluation_cost = excluded.evaluation_cost, service_name = excluded.service_name,
     agent_name = excluded.agent_name, invalid_calls = excluded.invalid_calls, scored_at = excluded.scored_at,
-    weight = excluded.weight
+    weight = excluded.weight, tasks = excluded.tasks, tasks_failed = excluded.tasks_failed
 WHERE excluded.conversation_version > score_summary.conversation_version
    OR (excluded.conversation_version = score_summary.conversation_version
        AND excluded.scored_at >= score_summary.scored_at)

@@ -97,6 +97,69 @@ LEFT JOIN validity v ON v.conversation_id = n.conversation_id AND v.conversation
 """
 
 
+def task_views(temporary: bool = False) -> str:
+    """`score_tasks` and `task_verdicts`; temporary over several replicas' files or the lake."""
+    return TASK_VIEWS.replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW") if temporary else TASK_VIEWS
+
+
+# One row per task of each judged score (its breakdown's tasks): the request, its score and reason, who decided,
+# the turns it spans and the MCP calls made for it. `task_verdicts` puts the three metrics side by side per task
+# of each conversation's latest version, with the schema-invalid or failed calls call validity found in its turns,
+# and one verdict: which of them went wrong.
+TASK_VIEWS = """
+CREATE OR REPLACE VIEW score_tasks AS
+WITH t AS (
+    SELECT s.conversation_id, s.conversation_version, s.metric, s.metric_config, s.eval_mode, s.judge_model,
+           s.threshold, s.service_name, s.agent_name, s.scored_at, j.value AS task
+    FROM scores s, json_each(s.breakdown, '$.tasks') j
+    WHERE s.metric IN ('mcp_use', 'mcp_task_completion') AND s.score IS NOT NULL)
+SELECT conversation_id, conversation_version, metric, metric_config, eval_mode, judge_model,
+       (task->>'task_index')::INTEGER AS task_index, task->>'task' AS task_text,
+       coalesce(TRY_CAST(task->>'alignment_score' AS DOUBLE), TRY_CAST(task->>'score' AS DOUBLE)) AS score,
+       CASE WHEN threshold IS NOT NULL THEN coalesce(TRY_CAST(task->>'alignment_score' AS DOUBLE),
+                                                     TRY_CAST(task->>'score' AS DOUBLE)) >= threshold END AS passed,
+       coalesce(task->>'reason', concat_ws(' / ', task->>'primitive_reason', task->>'argument_reason')) AS reason,
+       coalesce(task->>'decided_by', task->'primitive'->>'decided_by') AS decided_by,
+       TRY_CAST(task->'turns'->>0 AS INTEGER) AS first_turn, TRY_CAST(task->'turns'->>1 AS INTEGER) AS last_turn,
+       from_json(task->'mcp_calls', '["VARCHAR"]') AS mcp_calls, service_name, agent_name, scored_at
+FROM t;
+CREATE OR REPLACE VIEW task_verdicts AS
+WITH latest AS (
+    SELECT st.* FROM score_tasks st
+    JOIN latest_scores l USING (conversation_id, conversation_version, metric, metric_config)),
+invalid AS (
+    SELECT v.conversation_id, v.conversation_version, TRY_CAST(c.value->>'turn' AS INTEGER) AS turn,
+           (c.value->>'kind') || ' ' || (c.value->>'name') AS call
+    FROM latest_scores v, json_each(v.breakdown, '$.calls') c
+    WHERE v.metric = 'mcp_call_validity' AND json_array_length(c.value->'violations') > 0),
+tasks AS (
+    SELECT conversation_id, conversation_version, task_index, any_value(task_text) AS task,
+           min(first_turn) AS first_turn, max(last_turn) AS last_turn,
+           any_value(score) FILTER (WHERE metric = 'mcp_use') AS mcp_use,
+           any_value(passed) FILTER (WHERE metric = 'mcp_use') AS mcp_use_passed,
+           any_value(reason) FILTER (WHERE metric = 'mcp_use') AS mcp_use_reason,
+           any_value(score) FILTER (WHERE metric = 'mcp_task_completion') AS task_completion,
+           any_value(passed) FILTER (WHERE metric = 'mcp_task_completion') AS task_completion_passed,
+           any_value(reason) FILTER (WHERE metric = 'mcp_task_completion') AS task_completion_reason,
+           any_value(service_name) AS service_name, any_value(agent_name) AS agent_name
+    FROM latest GROUP BY conversation_id, conversation_version, task_index),
+judged AS (
+    SELECT t.*,
+           (SELECT list(i.call ORDER BY i.turn) FROM invalid i WHERE i.conversation_id = t.conversation_id
+                AND i.conversation_version = t.conversation_version AND i.turn BETWEEN t.first_turn AND t.last_turn)
+               AS invalid_calls
+    FROM tasks t)
+SELECT *,
+       concat_ws(', ',
+           CASE WHEN len(invalid_calls) > 0 THEN 'invalid or failed MCP call' END,
+           CASE WHEN NOT mcp_use_passed THEN 'wrong MCP use' END,
+           CASE WHEN NOT task_completion_passed THEN 'not completed' END) AS went_wrong,
+       coalesce(len(invalid_calls), 0) = 0 AND mcp_use_passed IS NOT FALSE
+           AND task_completion_passed IS NOT FALSE AS passed
+FROM judged;
+"""
+
+
 _SPAN_COLUMNS = """
         trace_id VARCHAR NOT NULL,
         span_id VARCHAR NOT NULL,
@@ -247,12 +310,14 @@ def summary_tables_ddl(temporary: bool = False) -> str:
         invalid_calls VARCHAR[],
         scored_at TIMESTAMPTZ NOT NULL,
         weight DOUBLE,
+        tasks INTEGER,
+        tasks_failed INTEGER,
         PRIMARY KEY (conversation_id, metric)
     );
     """.replace("{create}", create)
 
 
-SCHEMA_VERSION = 25
+SCHEMA_VERSION = 26
 # SQL, or a function of the connection where the migration needs Python (ids computed as ingest computes them)
 MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     1: f"""
@@ -563,6 +628,11 @@ MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
         called_at TIMESTAMPTZ NOT NULL
     );
     """,
+    # task-level verdicts: each judged score's tasks, and per task of the latest version what each metric said
+    26: lambda con: con.execute(task_views() + """
+    ALTER TABLE score_summary ADD COLUMN IF NOT EXISTS tasks INTEGER;
+    ALTER TABLE score_summary ADD COLUMN IF NOT EXISTS tasks_failed INTEGER;
+    """),
 }
 
 

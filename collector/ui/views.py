@@ -132,7 +132,9 @@ def overview(con: duckdb.DuckDBPyConnection, window: str, split: str, budget: fl
     # Hajek: each score weighs 1 / the chance its conversation had of being judged ([sampling] rules); p10 is of
     # the scored sample
     metrics = _rows(con, f"SELECT metric, count(*) AS conversations, {WEIGHTED_MEAN} AS mean, "
-                         f"quantile_cont(score, 0.1) AS p10, {WEIGHTED_PASS} AS pass_rate FROM score_summary "
+                         f"quantile_cont(score, 0.1) AS p10, {WEIGHTED_PASS} AS pass_rate, "
+                         "sum(tasks) AS tasks, sum(tasks_failed) AS tasks_failed, "
+                         "count(*) FILTER (WHERE tasks_failed > 0) AS with_failed_task FROM score_summary "
                          "WHERE scored_at >= ? AND score IS NOT NULL GROUP BY metric ORDER BY metric", [since])
     group = {"service": "coalesce(service_name, '-')", "agent": "coalesce(agent_name, '-')"}.get(split, "'all'")
     width = 3_600_000_000 if bucket == "hour" else 86_400_000_000  # UTC buckets by arithmetic: no time zone lookups
