@@ -115,10 +115,10 @@ def main() -> int:
                      api_key="sk-scripted" if server else None, context_tokens=args.context_tokens)
     names = [args.metric]
     with server or contextlib.nullcontext():
-        first, _, _ = run_once(reviewed, names, args, judge)
+        first, _, _, _ = run_once(reviewed, names, args, judge)
         examples = examples_from(reviewed, first[args.metric], args.metric, args.threshold, args.examples)
-        before, _, _ = run_once(held_out, names, args, judge)
-        after, _, _ = run_once(held_out, names, args, judge, examples)
+        before, _, _, _ = run_once(held_out, names, args, judge)
+        after, _, _, _ = run_once(held_out, names, args, judge, examples)
     results = {"judge": "scripted (plumbing, not validity)" if args.scripted else args.model or "gpt-5.4",
                "metric": args.metric, "reviewed": len(reviewed), "held_out": len(held_out),
                "examples": len(examples),

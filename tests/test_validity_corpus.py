@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from bench.validity.generate import CALL_FAULTS, CORPUS, FAULTS, corpus
+from bench.validity.generate import CALL_FAULTS, CORPUS, FAULTS, HONEST_FAILURE, corpus
 from tracejudge import MCPCallValidityMetric
 from tracejudge.interactions import split_tasks
 from tracejudge.test_case import load_test_case
@@ -35,8 +35,12 @@ def test_the_corpus_covers_every_fault_on_every_server_with_labels_per_task(rows
         labels = row["labels"]
         tasks = split_tasks(load_test_case(row["test_case"]))
         assert len(labels["tasks"]) == len(tasks), row["id"]
-        expected = {"clean"} if labels["fault"] == "clean" else {"clean", labels["fault"]}
-        assert set(labels["tasks"]) <= expected and (labels["fault"] == "clean") == (set(labels["tasks"]) == {"clean"})
+        # a recorded agent that reported a failed call honestly: its task is labelled honest_failure, not clean
+        honest = {HONEST_FAILURE} if labels["source"] != "generated" else set()
+        expected = ({"clean"} if labels["fault"] == "clean" else {"clean", labels["fault"]}) | honest
+        faults = set(labels["tasks"]) - {HONEST_FAILURE}
+        assert set(labels["tasks"]) <= expected and (labels["fault"] == "clean") == (faults == {"clean"})
+    assert sum(t == HONEST_FAILURE for r in rows for t in r["labels"]["tasks"]) >= 20
 
 
 def test_call_validity_finds_every_call_level_fault_and_flags_no_clean_call(rows) -> None:

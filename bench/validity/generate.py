@@ -30,6 +30,8 @@ FAULTS = ("clean", "wrong_tool", "missing_call", "unnecessary_call", "wrong_argu
           "partial_answer")
 VARIANTS = (*FAULTS, "clean_long_way")
 CALL_FAULTS = ("schema_invalid_arguments", "unknown_tool", "ignored_tool_error")  # what mcp_call_validity sees
+# a task label, not a fault: the agent behaved well (reported a failed call as failed), the task was not done
+HONEST_FAILURE = "honest_failure"
 BASES_PER_SERVER = 8
 NEAR_MISS = {"read_text_file": "read_file", "search_files": "find_files", "get_file_info": "stat_file",
              "read_query": "run_sql", "get_issue": "get_issue_details", "search_issues": "search_github_issues",
@@ -239,6 +241,9 @@ def from_recorded() -> list[dict[str, Any]]:
                 tasks = ["clean"] * (max(units) + 1)
                 if variant != "clean":
                     tasks[units[turn_index]] = variant
+                for seen in faulty:  # the agent reported a failed call honestly: it behaved well, the task is
+                    if seen["fault"] == "tool_error" and tasks[units[seen["turn"]]] == "clean":  # not done
+                        tasks[units[seen["turn"]]] = HONEST_FAILURE
                 name = f"recorded-{path.name.removesuffix('.otlp.json')}-{n}-{variant}"
                 variant_data["name"] = name
                 out.append({"id": name, "labels": {
