@@ -68,6 +68,11 @@ def test_each_task_is_a_row_and_the_metrics_meet_per_task(tmp_path: Path, judge_
         assert "tasks failed: 1 of 3" in page
         overview = httpx.get(f"{collector.admin_url}/", timeout=30).text
         assert "tasks failed: 1 of 3, in 1 conv." in overview
+        compared = httpx.get(f"{collector.admin_url}/api/compare", timeout=30,
+                             params={"a": "service=weather-agent", "b": "service=weather-agent,since=1h"}).json()
+        completion = next(m for m in compared["metrics"] if m["metric"] == "mcp_task_completion")
+        assert completion["a"]["failed_task_rate"]["value"] == 1.0  # its one conversation has a failed task
+        assert completion["a"]["pass_rate"]["value"] == 1.0  # though it passes on the mean
         collector.stop()
 
 

@@ -139,7 +139,8 @@ def _cohort_table(con: duckdb.DuckDBPyConnection, name: str, cohort: Cohort) -> 
 def _metrics(con: duckdb.DuckDBPyConnection, name: str) -> dict[str, dict[str, Any]]:
     """Per metric, Hajek estimates over the cohort's scores, each weighing 1 / the probability its conversation had
     of being scored ([sampling] rate and rules), with Kish's effective sample size: the pass rate (and the
-    effective number of passes), the mean score and its variance."""
+    effective number of passes), the mean score and its variance, and (judged metrics) the share of
+    conversations with a task under the threshold, whatever the conversation's own verdict."""
     rows = con.execute(f"""
         WITH w AS (
             SELECT s.*, 1.0 / coalesce(nullif(s.inclusion_probability, 0), 1.0) AS w
@@ -150,10 +151,19 @@ def _metrics(con: duckdb.DuckDBPyConnection, name: str) -> dict[str, dict[str, A
                sum(w) FILTER (WHERE success IS NOT NULL), sum(w * w) FILTER (WHERE success IS NOT NULL),
                sum(w) FILTER (WHERE success),
                count(score), sum(w) FILTER (WHERE score IS NOT NULL), sum(w * w) FILTER (WHERE score IS NOT NULL),
-               sum(w * score), sum(w * score * score), avg(evaluation_cost), any_value(threshold)
-        FROM w GROUP BY metric""").fetchall()
+               sum(w * score), sum(w * score * score), avg(evaluation_cost), any_value(threshold),
+               sum(w) FILTER (WHERE failed_task IS NOT NULL), sum(w * w) FILTER (WHERE failed_task IS NOT NULL),
+               sum(w) FILTER (WHERE failed_task)
+        FROM (SELECT *, CASE WHEN metric IN ('mcp_use', 'mcp_task_completion') AND threshold IS NOT NULL
+                             AND score IS NOT NULL THEN
+                   len(list_filter(from_json(breakdown->'tasks', '["JSON"]'),
+                                   t -> coalesce(TRY_CAST(t->>'alignment_score' AS DOUBLE),
+                                                 TRY_CAST(t->>'score' AS DOUBLE)) < threshold)) > 0
+                   END AS failed_task FROM w)
+        GROUP BY metric""").fetchall()
     out = {}
-    for metric, judged, wsum, w2, wpass, scored, sw, sw2, swx, swxx, cost, threshold in rows:
+    for (metric, judged, wsum, w2, wpass, scored, sw, sw2, swx, swxx, cost, threshold, tw, tw2,
+         tfail) in rows:
         ess = wsum * wsum / w2 if wsum else 0.0
         rate = (wpass or 0.0) / wsum if wsum else None
         ess_s = sw * sw / sw2 if sw else 0.0
@@ -161,9 +171,11 @@ def _metrics(con: duckdb.DuckDBPyConnection, name: str) -> dict[str, dict[str, A
         variance = None
         if mean is not None and ess_s > 1:
             variance = max(0.0, swxx / sw - mean * mean) * ess_s / (ess_s - 1)
+        ess_t = tw * tw / tw2 if tw else 0.0
         out[metric] = {"judged": judged, "effective_n": ess, "passes": (rate or 0.0) * ess, "rate": rate,
                        "scored": scored, "effective_scored": ess_s, "mean": mean, "variance": variance,
-                       "judge_cost_usd": cost, "threshold": threshold}
+                       "judge_cost_usd": cost, "threshold": threshold, "task_judged": ess_t,
+                       "failed_task": ((tfail or 0.0) / tw if tw else 0.0) * ess_t}
     return out
 
 
@@ -259,10 +271,12 @@ def compare(con: duckdb.DuckDBPyConnection, a: Cohort, b: Cohort, level: float =
             "metric": metric,
             "a": {"pass_rate": {**_rate(passes_a, judged_a), "n": ma.get("judged", 0), "effective_n": judged_a},
                   "mean_score": vars(mean_interval(moments_a, level)), "scored": ma.get("scored", 0),
-                  "judge_cost_usd": ma.get("judge_cost_usd")},
+                  "judge_cost_usd": ma.get("judge_cost_usd"),
+                  "failed_task_rate": _rate(ma.get("failed_task", 0), ma.get("task_judged", 0))},
             "b": {"pass_rate": {**_rate(passes_b, judged_b), "n": mb.get("judged", 0), "effective_n": judged_b},
                   "mean_score": vars(mean_interval(moments_b, level)), "scored": mb.get("scored", 0),
-                  "judge_cost_usd": mb.get("judge_cost_usd")},
+                  "judge_cost_usd": mb.get("judge_cost_usd"),
+                  "failed_task_rate": _rate(mb.get("failed_task", 0), mb.get("task_judged", 0))},
             "pass_rate_difference": {**vars(diff), "p_value": rate_p},
             "mean_score_difference": {**vars(mean_diff), "p_value": mean_p},
         })
