@@ -161,7 +161,8 @@ class EvaluationDataset:
         except ImportError as exc:
             raise DatasetError("reading a collector's history needs DuckDB, which the collector installs: "
                                "pip install tracejudge (or duckdb)") from exc
-        con = db if isinstance(db, duckdb.DuckDBPyConnection) else duckdb.connect(str(db), read_only=True)
+        opened = isinstance(db, str | Path)  # else a connection (or the collector's cursor) the caller keeps
+        con = duckdb.connect(str(db), read_only=True) if opened else db
         try:
             if reviewed_only:
                 return cls._reviewed(con, since)
@@ -176,7 +177,7 @@ class EvaluationDataset:
         except duckdb.CatalogException as exc:
             raise DatasetError(f"{db} has no tracejudge history ({str(exc).splitlines()[0]})") from exc
         finally:
-            if not isinstance(db, duckdb.DuckDBPyConnection):
+            if opened:
                 con.close()
         dataset = cls()
         for conversation_id, version, test_case, failed in rows:

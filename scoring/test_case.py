@@ -427,6 +427,9 @@ class _AdditionalMetadata:
         self.metadata = value
 
 
+FROM_RECORDS = "tracejudge.from_records"  # validation context key: data read from files or traces (nulls allowed)
+
+
 class Turn(_AdditionalMetadata, _CaseModel):
     role: Literal["user", "assistant"]
     content: str = ""
@@ -442,8 +445,12 @@ class Turn(_AdditionalMetadata, _CaseModel):
 
     @field_validator("content", mode="before")
     @classmethod
-    def _null_content(cls, value: Any) -> Any:
-        return "" if value is None else value  # assistant messages that only call tools carry null content
+    def _null_content(cls, value: Any, info: ValidationInfo) -> Any:
+        """`None` is refused, as DeepEval refuses it; a file or trace read by `load_test_case` may carry it (an
+        assistant message that only calls tools), and there it is the empty string."""
+        if value is None and (info.context or {}).get(FROM_RECORDS):
+            return ""
+        return value
 
     @property
     def has_mcp_calls(self) -> bool:
@@ -565,7 +572,7 @@ def load_test_case(data: dict[str, Any] | str | bytes | ConversationalTestCase) 
         except json.JSONDecodeError as exc:
             raise InvalidTestCaseError([f"not valid JSON: {exc}"]) from exc
     try:
-        return ConversationalTestCase.model_validate(data)
+        return ConversationalTestCase.model_validate(data, context={FROM_RECORDS: True})
     except ValidationError as exc:
         problems = [f"{_describe_location(err['loc'], data)}: {err['msg']}" for err in exc.errors()]
         raise InvalidTestCaseError(problems) from exc

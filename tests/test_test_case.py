@@ -82,3 +82,14 @@ def test_server_inventory_defaults_input_schema_to_an_object() -> None:
     server = dict(FLIGHTS_SERVER, available_tools=[{"name": "ping"}])
     case = load_test_case({"turns": [{"role": "user", "content": "hi"}], "mcp_servers": [server]})
     assert case.mcp_servers[0].available_tools[0].input_schema == {"type": "object"}
+
+
+def test_a_turn_without_content_is_refused_as_deepeval_refuses_it_but_a_recorded_null_is_read() -> None:
+    """`Turn(content=None)` raises (DeepEval's behaviour); a file or trace whose assistant message only called
+    tools (content null) still loads, as the empty string."""
+    from tracejudge.test_case import Turn
+
+    with pytest.raises(ValidationError):
+        Turn(role="user", content=None)
+    case = load_test_case({"turns": [{"role": "user", "content": "q"}, {"role": "assistant", "content": None}]})
+    assert case.turns[1].content == ""
