@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from tracejudge.evaluation import EvaluationResult, MetricResult, TestResult, a_evaluate, evaluate
     from tracejudge.evaluation_template import MCPTaskCompletionTemplate
     from tracejudge.judges import LLMJudge, RetryPolicy
-    from tracejudge.mcp_use import MultiTurnMCPUseMetric
+    from tracejudge.mcp_use import MCPUseMetric, MultiTurnMCPUseMetric
     from tracejudge.metric import BaseMetric
     from tracejudge.task_completion import MCPTaskCompletionMetric
 
@@ -45,14 +45,14 @@ _NAMES = {
     "tracejudge.dataset": ("ConversationalGolden", "DatasetError", "EvaluationDataset"),
     "tracejudge.evaluation": ("EvaluationResult", "MetricResult", "TestResult", "a_evaluate", "evaluate"),
     "tracejudge.judges": ("LLMJudge", "RetryPolicy"),
-    "tracejudge.mcp_use": ("MultiTurnMCPUseMetric",),
+    "tracejudge.mcp_use": ("MCPUseMetric", "MultiTurnMCPUseMetric"),
     "tracejudge.metric": ("BaseMetric",),
     "tracejudge.task_completion": ("MCPTaskCompletionMetric",),
     "tracejudge.evaluation_template": ("MCPTaskCompletionTemplate",),
     "tracejudge.errors": (
         "EvalModeError", "InvalidTestCaseError", "JudgeAuthenticationError", "JudgeConfigurationError",
         "JudgeContextOverflowError", "JudgeError", "JudgeOutputError", "JudgeRequestError", "JudgeUnavailableError",
-        "NoTaskError", "TracejudgeError", "EvaluationError"),
+        "NoTaskError", "TextOnlyJudgeError", "TracejudgeError", "EvaluationError"),
 }
 _WHERE = {name: module for module, names in _NAMES.items() for name in names}
 
@@ -95,8 +95,10 @@ __all__ = [
     "MCPTaskCompletionMetric",
     "MCPTaskCompletionTemplate",
     "MetricResult",
+    "MCPUseMetric",
     "MultiTurnMCPUseMetric",
     "NoTaskError",
+    "TextOnlyJudgeError",
     "RetryPolicy",
     "TestResult",
     "TracejudgeError",

@@ -27,8 +27,9 @@ _CSV_COLUMNS = ("scenario", "expected_outcome", "user_description", "context", "
 _JSON_COLUMNS = frozenset({"context", "turns", "metadata"})  # CSV cells holding JSON
 
 
-class DatasetError(TracejudgeError):
-    """A dataset file cannot be read or written, or a record in it does not validate."""
+class DatasetError(TracejudgeError, ValueError):
+    """A dataset file cannot be read or written, or a record in it does not validate. A ValueError, as DeepEval's
+    dataset errors are, so `except ValueError` written for DeepEval still catches it."""
 
 
 class ConversationalGolden(_AdditionalMetadata, _CaseModel):

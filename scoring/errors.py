@@ -27,6 +27,11 @@ class JudgeConfigurationError(TracejudgeError):
     """A judge cannot be built from the settings given (missing key, bad price, ...)."""
 
 
+class TextOnlyJudgeError(TracejudgeError, ValueError):
+    """A test case with images (MLLMImage placeholders) and a judge model known to read text only: DeepEval's
+    ValueError, raised before any judge call."""
+
+
 class JudgeError(TracejudgeError):
     """A judge call failed; the metric records the message in `error`.
 

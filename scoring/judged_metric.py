@@ -24,10 +24,12 @@ from tracejudge.errors import (
     JudgeError,
     JudgeUnavailableError,
     NoTaskError,
+    TextOnlyJudgeError,
 )
 from tracejudge.eval_mode import EvalMode, resolve_eval_mode
 from tracejudge.interactions import UNITS, Task, Units, conversation_data, render_tasks_text, split_tasks
 from tracejudge.judges.budget import DEFAULT_BUDGET, estimate_tokens
+from tracejudge.judges.context_windows import reads_text_only
 from tracejudge.judges.llm import LLMJudge
 from tracejudge.judges.questions import Question, ScoreLevels
 from tracejudge.judges.resolve import resolve_llm_judge, resolve_system_one_judge
@@ -133,6 +135,10 @@ class JudgedMetric(BaseMetric):
         return self.units == "deepeval" and not split_tasks(test_case, "deepeval")
 
     async def _score(self, test_case: ConversationalTestCase, usage: Usage) -> Scored:
+        model = getattr(self.model, "model", None)
+        if test_case.multimodal and isinstance(model, str) and reads_text_only(model):
+            raise TextOnlyJudgeError(f"the test case holds images (MLLMImage) and the judge model {model!r} reads "
+                                     "text only: pass a model that reads images, such as gpt-4o or gpt-4.1")
         if self.needs_no_judge(test_case):
             return Scored(0.0, {"eval_mode": self.eval_mode.value, "units": "deepeval", "tasks": [],
                                 "equation": "0: no unit interaction of more than two turns (DeepEval's rule)"},

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -18,6 +19,20 @@ def lazy_getattr(namespace: dict[str, Any], where: Mapping[str, str]) -> Callabl
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         value = getattr(importlib.import_module(where[name]), name)
         namespace[name] = value
+        return value
+
+    return __getattr__
+
+
+def deprecated_getattr(module: str, renamed: Mapping[str, tuple[str, Any]]) -> Callable[[str], Any]:
+    """A module `__getattr__` for names a library renamed: each old name gives the new object with a
+    DeprecationWarning that names the new one (DeepEval's `LLMTestCaseParams` -> `SingleTurnParams`)."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in renamed:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        new, value = renamed[name]
+        warnings.warn(f"{name} is deprecated, use {new}", DeprecationWarning, stacklevel=2)
         return value
 
     return __getattr__

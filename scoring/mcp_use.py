@@ -17,7 +17,7 @@ from tracejudge.judges.questions import ScoreLevels, YesNo
 from tracejudge.metric import Scored, Usage
 from tracejudge.prompts import ARGUMENT_CORRECTNESS, PRIMITIVE_SELECTION
 from tracejudge.system_one_mode import WeightedQuestion
-from tracejudge.test_case import ConversationalTestCase
+from tracejudge.test_case import ConversationalTestCase, LLMTestCase
 
 NO_CALL = Verdict(1.0, "No MCP call was made, so no argument could be wrong.", "rule: no MCP call")
 
@@ -116,3 +116,17 @@ class MultiTurnMCPUseMetric(JudgedMetric):
                                                                                          fmean(alignment))
         return Scored(score, breakdown, render_tasks_text(all_tasks),
                       detail=detail, confidence=self._task_confidence(list(decided.values())))
+
+
+class MCPUseMetric(MultiTurnMCPUseMetric):
+    """DeepEval's single-turn MCP Use: an `LLMTestCase` (input, actual output, the MCP servers and the calls made
+    for it) judged as a one-task conversation, with the multi-turn metric's judge, eval modes, per-task
+    breakdown and cost accounting. A `ConversationalTestCase` is scored as `MultiTurnMCPUseMetric` scores it."""
+
+    metric_id = "mcp_use_single_turn"
+    display_name = "MCP Use"
+
+    async def a_measure(self, test_case: Any) -> float | None:
+        return await super().a_measure(test_case.as_conversation() if isinstance(test_case, LLMTestCase)
+                                       else test_case)
+

@@ -392,3 +392,86 @@ def test_tracejudge_test_run_without_pytest_says_what_to_install(tmp_path: Path)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().count("\n") == 0 and "pip install pytest" in done.stderr
+
+
+# --- the single-turn surface: LLMTestCase, MLLMImage, MCPUseMetric ----------------------------------------
+
+
+def test_an_llm_test_case_takes_deepevals_fields_spellings_and_type_errors() -> None:
+    from tracejudge.test_case import LLMTestCase, ToolCall
+
+    case = LLMTestCase(input="q", actualOutput="a", retrievalContext=["r"], toolsCalled=[ToolCall(name="t")],
+                       additional_metadata={"k": 1}, tokenCost=0.5)
+    assert (case.actual_output, case.retrieval_context, case.metadata, case.token_cost) == ("a", ["r"], {"k": 1}, 0.5)
+    dumped = case.model_dump(by_alias=True)
+    assert {"actualOutput", "retrievalContext", "toolsCalled", "tokenCost", "metadata"} <= dumped.keys()
+    assert "additionalMetadata" not in dumped and case._identifier != LLMTestCase(input="q")._identifier
+    for bad, message in (({"input": 1}, "'input' must be a string"),
+                         ({"input": "q", "context": "c"}, "'context' must be None or a list of strings"),
+                         ({"input": "q", "tools_called": [{"name": "t"}]}, "list of `ToolCall`")):
+        with pytest.raises(TypeError, match=message):
+            LLMTestCase(**bad)
+
+
+def test_tool_calls_are_equal_by_value_and_hashable_as_deepevals_are() -> None:
+    from tracejudge.test_case import ToolCall
+
+    class Opaque:
+        __hash__ = None  # type: ignore[assignment]
+
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, Opaque)
+
+    a, b = ToolCall(name="t", input_parameters={"q": 1}), ToolCall(name="t", input_parameters={"q": 1})
+    assert a == b and hash(a) == hash(b) and len({a, b, ToolCall(name="u")}) == 2
+    assert hash(ToolCall(name="t", output=Opaque())) == hash(ToolCall(name="t", output=Opaque()))
+    assert repr(ToolCall(name="t", description="d")) == 'ToolCall(name="t", description="d")'
+
+
+def test_deepevals_older_parameter_names_still_import_with_a_deprecation_warning() -> None:
+    from tracejudge.test_case import MultiTurnParams, SingleTurnParams
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from tracejudge.test_case import LLMTestCaseParams, TurnParams
+        from tracejudge.test_case.conversational_test_case import TurnParams as SubmoduleTurnParams
+    assert LLMTestCaseParams is SingleTurnParams and TurnParams is MultiTurnParams is SubmoduleTurnParams
+    warned = {str(w.message).split()[0] for w in caught if issubclass(w.category, DeprecationWarning)}
+    assert warned == {"LLMTestCaseParams", "TurnParams"}
+
+
+def test_an_image_makes_a_case_multimodal_and_a_text_only_judge_is_refused_before_any_call(
+        tmp_path: Path, judge_server) -> None:
+    from tracejudge.errors import TextOnlyJudgeError
+    from tracejudge.metrics import MCPUseMetric
+    from tracejudge.test_case import LLMTestCase, MLLMImage
+
+    png = tmp_path / "car.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 16)
+    image = MLLMImage(url=str(png))
+    assert image.local and image.mimeType == "image/png" and image.dataBase64 and str(image).startswith(
+        "[DEEPEVAL:IMAGE:")
+    case = LLMTestCase(input=f"What is in {image}?", actual_output="A car.")
+    assert case.multimodal and not LLMTestCase(input="q").multimodal
+    with pytest.raises(ValueError, match="https://"):
+        MLLMImage(url="ftp://example.com/car.png")
+    metric = MCPUseMetric(model=LLMJudge("gpt-3.5-turbo", base_url=judge_server.base_url, api_key="sk-test"))
+    with pytest.raises(TextOnlyJudgeError, match="reads text only"):
+        metric.measure(case)
+    assert judge_server.requests == [] and isinstance(TextOnlyJudgeError("x"), ValueError)
+
+
+def test_evaluate_takes_llm_test_cases_and_dataset_errors_are_value_errors(judge_server) -> None:
+    from tracejudge.dataset import DatasetError, EvaluationDataset
+    from tracejudge.metrics import MCPUseMetric
+    from tracejudge.test_case import LLMTestCase
+
+    judge_server.script = lambda r: completion({"reason": "ok", "score": 0.9})
+    judge = LLMJudge("gpt-4o-mini", base_url=judge_server.base_url, api_key="sk-test")
+    result = evaluate([LLMTestCase(input="What if these shoes don't fit?", actual_output="Full refund.",
+                                   mcp_servers=[MCPServer(server_name="shop")])], [MCPUseMetric(model=judge)],
+                      print_results=False)
+    assert result.test_results[0].metrics[0].score == pytest.approx(0.9)
+    with pytest.raises(ValueError):  # DeepEval's users catch ValueError
+        EvaluationDataset().save_as(file_type="xml", directory="/tmp")
+    assert issubclass(DatasetError, ValueError)

@@ -539,3 +539,29 @@ def test_garbage_from_the_judge_is_an_error_never_a_score(server, judge, reply, 
     with pytest.raises(expected):
         metric.measure(two_turn_case())
     assert metric.score is None and metric.error
+
+
+def test_single_turn_mcp_use_judges_an_llm_test_case_as_a_one_task_conversation(server, judge) -> None:
+    """DeepEval's MCPUseMetric on an LLMTestCase: the same judge questions, score and accounting as the multi-turn
+    metric on the conversation of that one input and output."""
+    from tracejudge.metrics import MCPUseMetric
+    from tracejudge.test_case import LLMTestCase, MCPServer, MCPToolCall
+
+    servers = [MCPServer(server_name="weather", available_tools=[{"name": "get_weather", "inputSchema": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}])]
+    call = MCPToolCall(name="get_weather", args={"city": "New York"},
+                       result={"content": [{"type": "text", "text": "Sunny"}]})
+    single = LLMTestCase(input=WEATHER, actual_output="Sunny in New York.", mcp_servers=servers,
+                         mcp_tools_called=[call])
+    metric = MCPUseMetric(model=judge)
+    assert metric.measure(single) == pytest.approx(min(PRIMITIVE[WEATHER], ARGUMENT[WEATHER]))
+    assert [t["task"] for t in metric.score_breakdown["tasks"]] == [WEATHER]
+    assert metric.score_breakdown["judge_calls"] == 3  # primitives, arguments, final reason
+    assert metric.reason and metric.evaluation_cost is not None and single.multimodal is False
+
+    multi = MultiTurnMCPUseMetric(model=judge)
+    multi.measure({"turns": [{"role": "user", "content": WEATHER},
+                             {"role": "assistant", "content": "Sunny in New York.",
+                              "mcp_tools_called": [call.model_dump()]}],
+                   "mcp_servers": [s.model_dump() for s in servers]})
+    assert multi.score == metric.score

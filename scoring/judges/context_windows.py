@@ -33,6 +33,16 @@ _OVERFLOW = re.compile(r"context length|context window|context size|exceed_conte
                        r"reduce the length|tokens \+ `?max_new_tokens`? must be <=", re.IGNORECASE)
 
 
+# models that read text only (every other OpenAI chat model since gpt-4o reads images too): a multimodal test case
+# is refused for them, as DeepEval refuses it, instead of judging a placeholder for the image
+TEXT_ONLY_MODELS = re.compile(r"^(?:openai/)?(?:gpt-3\.5|gpt-4(?:-\d{4}|-32k)?$|gpt-4-(?:0314|0613|32k)|"
+                              r"text-davinci|davinci|babbage)")
+
+
+def reads_text_only(model: str) -> bool:
+    return bool(TEXT_ONLY_MODELS.match(model.strip().lower()))
+
+
 def known_context_tokens(model: str) -> int | None:
     name = model.strip().lower().removeprefix("openai/")
     for prefix, window in _WINDOWS:

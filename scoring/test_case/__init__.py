@@ -79,7 +79,7 @@ class _CaseModel(_Model):
     """A test-case record: snake_case names, camelCase accepted, unknown fields rejected."""
 
     model_config = ConfigDict(
-        alias_generator=AliasGenerator(validation_alias=to_camel),
+        alias_generator=AliasGenerator(validation_alias=to_camel, serialization_alias=to_camel),
         validate_by_name=True,
         validate_by_alias=True,
         loc_by_alias=False,  # errors name the snake_case field, whichever spelling came in
@@ -400,7 +400,8 @@ def _server_name(source: Any) -> str | None:
 
 
 class ToolCall(_CaseModel):
-    """A non-MCP tool (function) call, in DeepEval's shape."""
+    """A non-MCP tool (function) call, in DeepEval's shape: equal by value, hashable (DeepEval's users put them
+    in sets), and shown as DeepEval shows it."""
 
     name: str
     input_parameters: dict[str, Any] | None = None
@@ -408,6 +409,27 @@ class ToolCall(_CaseModel):
     type: str | None = None
     description: str | None = None
     reasoning: str | None = None
+
+    def __hash__(self) -> int:
+        return hash((self.name, _hashable(self.input_parameters), _hashable(self.output), self.type,
+                     self.description, self.reasoning))
+
+    def __repr__(self) -> str:
+        shown = [f'name="{self.name}"']
+        shown += [f'{key}="{getattr(self, key)}"' for key in ("description", "reasoning", "type")
+                  if getattr(self, key) is not None]
+        shown += [f"{key}={getattr(self, key)!r}" for key in ("input_parameters", "output")
+                  if getattr(self, key) is not None]
+        return f"ToolCall({', '.join(shown)})"
+
+
+def _hashable(value: Any) -> Any:
+    """A hashable stand-in for a value that agrees with equality: its JSON, an object JSON cannot hold by its
+    type's name (two equal objects must hash alike; equality tells apart those that only share a type)."""
+    try:
+        return json.dumps(value, sort_keys=True, default=lambda o: type(o).__qualname__)
+    except (TypeError, ValueError):
+        return type(value).__qualname__
 
 
 class _AdditionalMetadata:
@@ -458,7 +480,7 @@ class Turn(_AdditionalMetadata, _CaseModel):
 
 
 OWNED_TURNS = "tracejudge.owned_turns"  # validation context key: the Turns given are the case's own, not copied
-_MULTIMODAL = re.compile(r"\[DEEPEVAL:(?:IMAGE|PDF):.*?\]")  # DeepEval's placeholder for an image in text
+MULTIMODAL_PLACEHOLDER = re.compile(r"\[DEEPEVAL:(?:IMAGE|PDF):.*?\]")  # DeepEval's placeholder for an image in text
 
 
 class ConversationalTestCase(_AdditionalMetadata, _CaseModel):
@@ -537,7 +559,7 @@ class ConversationalTestCase(_AdditionalMetadata, _CaseModel):
     @model_validator(mode="after")
     def _set_multimodal(self) -> ConversationalTestCase:
         texts = [self.scenario, self.expected_outcome, self.user_description, *(t.content for t in self.turns)]
-        if not self.multimodal and any(text and _MULTIMODAL.search(text) for text in texts):
+        if not self.multimodal and any(text and MULTIMODAL_PLACEHOLDER.search(text) for text in texts):
             self.multimodal = True
         return self
 
@@ -562,8 +584,12 @@ def _describe_location(loc: tuple[int | str, ...], data: Any) -> str:
     return ", ".join(parts) or "test case"
 
 
-def load_test_case(data: dict[str, Any] | str | bytes | ConversationalTestCase) -> ConversationalTestCase:
-    """Validate a test case from a dict or JSON text, with errors that name the turn and field."""
+def load_test_case(data: dict[str, Any] | str | bytes | ConversationalTestCase | LLMTestCase
+                   ) -> ConversationalTestCase:
+    """Validate a test case from a dict or JSON text, with errors that name the turn and field; a single-turn
+    `LLMTestCase` is its one-task conversation."""
+    if isinstance(data, LLMTestCase):
+        return data.as_conversation().normalized()
     if isinstance(data, ConversationalTestCase):
         return data.normalized()
     if isinstance(data, str | bytes):
@@ -578,3 +604,21 @@ def load_test_case(data: dict[str, Any] | str | bytes | ConversationalTestCase) 
         raise InvalidTestCaseError(problems) from exc
     except TypeError as exc:  # DeepEval's errors for the shape of `turns` and `context`
         raise InvalidTestCaseError([str(exc)]) from exc
+
+
+# DeepEval's other test-case names, under the paths its users import them from (the submodules mirror
+# deepeval.test_case.llm_test_case, .conversational_test_case and .mcp)
+from tracejudge.test_case import conversational_test_case as _multi  # noqa: E402
+from tracejudge.test_case import llm_test_case as _single  # noqa: E402
+from tracejudge.test_case.conversational_test_case import MultiTurnParams  # noqa: E402
+from tracejudge.test_case.llm_test_case import LLMTestCase, MLLMImage, SingleTurnParams, ToolCallParams  # noqa: E402
+
+__all__ += ["LLMTestCase", "MLLMImage", "MultiTurnParams", "SingleTurnParams", "ToolCallParams"]
+
+
+def __getattr__(name: str) -> Any:
+    """DeepEval's older names (`LLMTestCaseParams`, `TurnParams`), with its DeprecationWarning."""
+    for module in (_single, _multi):
+        if name in module.DEPRECATED:
+            return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
