@@ -475,3 +475,16 @@ def test_evaluate_takes_llm_test_cases_and_dataset_errors_are_value_errors(judge
     with pytest.raises(ValueError):  # DeepEval's users catch ValueError
         EvaluationDataset().save_as(file_type="xml", directory="/tmp")
     assert issubclass(DatasetError, ValueError)
+
+
+def test_a_nameless_tool_is_left_out_of_a_server_and_its_names_are_listed_as_deepeval_lists_them() -> None:
+    from types import SimpleNamespace
+
+    from tracejudge.test_case import get_available_mcp_tool_names, normalize_mcp_servers
+
+    with pytest.warns(UserWarning, match="without a name"):
+        server = MCPServer(server_name="GitHub", available_tools=[{"description": "no name"}, {"name": "search"},
+                                                                  SimpleNamespace(name="create_issue")])
+    assert get_available_mcp_tool_names([server, {"server_name": "Slack", "available_tools": [{"name": "post"}]}]) \
+        == {"search", "create_issue", "post"}
+    assert normalize_mcp_servers([server])[0] is server

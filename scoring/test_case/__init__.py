@@ -57,7 +57,9 @@ __all__ = [
     "Tool",
     "ToolCall",
     "Turn",
+    "get_available_mcp_tool_names",
     "load_test_case",
+    "normalize_mcp_servers",
 ]
 
 
@@ -254,9 +256,16 @@ class MCPServer(_CaseModel):
     @field_validator(*_LISTINGS, mode="before")
     @classmethod
     def _listing_results(cls, value: Any, info: Any) -> Any:
-        """A `ListToolsResult` (what `session.list_tools()` returns) is taken as its list of tools; None as none."""
+        """A `ListToolsResult` (what `session.list_tools()` returns) is taken as its list of tools; None as none;
+        a tool or prompt without a name is left out, as DeepEval leaves it out (with a warning here)."""
         if value is None:
             return []
+        if isinstance(value, list | tuple) and info.field_name in ("available_tools", "available_prompts"):
+            named = [item for item in value if _name_of(item)]
+            if len(named) < len(value):
+                warnings.warn(f"{info.field_name}: {len(value) - len(named)} entries without a name were left out",
+                              UserWarning, stacklevel=2)
+            value = named
         attribute = _LISTINGS[info.field_name]
         for name in (attribute, to_camel(attribute)):
             listed = getattr(value, name, None)
@@ -383,6 +392,26 @@ def _server_record(server: Any) -> Any:
     # reading it on another loop could break a server bound to this one, and blocking this loop stalls it
     raise TypeError("an MCP SDK server object in 'mcp_servers' is read synchronously, which cannot be done inside "
                     "a running event loop: pass `await MCPServer.from_mcp(server)` instead")
+
+
+def _name_of(item: Any) -> Any:
+    return item.get("name") if isinstance(item, dict) else getattr(item, "name", None)
+
+
+def get_available_mcp_tool_names(servers: list[Any]) -> set[str]:
+    """Every tool name the servers advertise (DeepEval's helper of the same name)."""
+    return {name for server in normalize_mcp_servers(servers) for tool in server.available_tools
+            if (name := _name_of(tool))}
+
+
+def normalize_mcp_servers(servers: list[Any]) -> list[MCPServer]:
+    """The servers as `MCPServer`s: one already is kept as it is, an MCP SDK server is read for what it
+    advertises, a dict is validated (DeepEval's helper of the same name)."""
+    out = []
+    for server in servers:
+        record = server if isinstance(server, MCPServer) else _server_record(server)
+        out.append(record if isinstance(record, MCPServer) else MCPServer.model_validate(record))
+    return out
 
 
 def _server_name(source: Any) -> str | None:
@@ -611,9 +640,15 @@ def load_test_case(data: dict[str, Any] | str | bytes | ConversationalTestCase |
 from tracejudge.test_case import conversational_test_case as _multi  # noqa: E402
 from tracejudge.test_case import llm_test_case as _single  # noqa: E402
 from tracejudge.test_case.conversational_test_case import MultiTurnParams  # noqa: E402
-from tracejudge.test_case.llm_test_case import LLMTestCase, MLLMImage, SingleTurnParams, ToolCallParams  # noqa: E402
+from tracejudge.test_case.llm_test_case import (  # noqa: E402
+    LLMTestCase,
+    MLLMImage,
+    SingleTurnParams,
+    ToolCallParams,
+    ToolCallType,
+)
 
-__all__ += ["LLMTestCase", "MLLMImage", "MultiTurnParams", "SingleTurnParams", "ToolCallParams"]
+__all__ += ["LLMTestCase", "MLLMImage", "MultiTurnParams", "SingleTurnParams", "ToolCallParams", "ToolCallType"]
 
 
 def __getattr__(name: str) -> Any:

@@ -27,6 +27,7 @@ from tracejudge.test_case import (
     Turn,
     _AdditionalMetadata,
     _CaseModel,
+    normalize_mcp_servers,
 )
 
 
@@ -53,6 +54,13 @@ DEPRECATED = {"LLMTestCaseParams": ("SingleTurnParams", SingleTurnParams)}  # De
 
 
 __getattr__ = deprecated_getattr(__name__, DEPRECATED)
+
+
+class ToolCallType(Enum):
+    """What kind of tool a `ToolCall` called (DeepEval's): a function of the app, or an MCP server's tool."""
+
+    FUNCTION = "FUNCTION"
+    MCP = "MCP"
 
 
 class ToolCallParams(Enum):
@@ -188,6 +196,10 @@ class LLMTestCase(_AdditionalMetadata, _CaseModel):
             value = given.get(name)
             if value is not None and not (isinstance(value, list) and all(isinstance(v, ToolCall) for v in value)):
                 raise TypeError(f"'{name}' must be None or a list of `ToolCall`")
+        servers = data.get("mcp_servers", data.get("mcpServers"))
+        if isinstance(servers, list | tuple):  # MCP SDK server objects are read for what they advertise
+            data = {**{k: v for k, v in data.items() if k not in ("mcp_servers", "mcpServers")},
+                    "mcp_servers": normalize_mcp_servers(list(servers))}
         return data
 
     def as_conversation(self) -> ConversationalTestCase:
