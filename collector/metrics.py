@@ -125,6 +125,9 @@ class CollectorMetrics:
                                    "table", ["table"], registry=self.registry)
         self.last_prune = Gauge("tracejudge_last_prune_timestamp_seconds", "When retention last ran (Unix time)",
                                 registry=self.registry)
+        self.rows_compacted = Gauge("tracejudge_rows_compacted_total", "Deleted rows freed since the start by "
+                                    "rewriting keyed tables (DuckDB does not vacuum them), by table", ["table"],
+                                    registry=self.registry)
         self.task_results = Counter("tracejudge_task_results", "Judged tasks by metric and result at the "
                                     "threshold (pass / fail): a conversation's score averages them unless "
                                     "[scoring] aggregation = \"any_task\"", ["metric", "result"],
@@ -177,6 +180,8 @@ class CollectorMetrics:
             self.rows_archived.labels(table).set(rows)
         for outcome, count in report.checkpoints.items():
             self.checkpoints.labels(outcome).set(count)
+        for table, rows in report.compacted.items():
+            self.rows_compacted.labels(table).set(rows)
         if report.last_prune_at is not None:
             self.last_prune.set(report.last_prune_at)
 

@@ -34,6 +34,7 @@ from tracejudge.collector.store.checkpoint_gate import CheckpointGate
 from tracejudge.collector.store.durable_files import write_durably
 from tracejudge.collector.store.id_table import id_table
 from tracejudge.collector.store.span_tables import prune_unreferenced
+from tracejudge.collector.store.table_compaction import compact, garbage, keyed_tables
 
 Log = Callable[..., None]
 DISK_HIGH, DISK_LOW = 0.9, 0.8  # share of max_disk where the budget starts pruning, and where it stops
@@ -50,6 +51,7 @@ class RetentionStats:
     last_prune_at: float | None = None
     disk_full: str | None = None  # why ingest is refused, while nothing can be freed under the disk budget
     checkpoints: dict[str, int] = field(default_factory=dict)  # by outcome: done, refused
+    compacted: dict[str, int] = field(default_factory=dict)  # deleted rows freed by rewriting keyed tables
 
     def add(self, table: str, pruned: int, archived: int) -> None:
         self.pruned[table] = self.pruned.get(table, 0) + pruned
@@ -67,6 +69,7 @@ class StorageReport:
     archived: dict[str, int]
     last_prune_at: float | None
     checkpoints: dict[str, int] = field(default_factory=dict)
+    compacted: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -192,13 +195,34 @@ class Retention:
                 self.log("warning", "retention of a table deferred", table=name,  # next round
                          reason=f"{type(exc).__name__}: {str(exc)[:300]}")
         self._prune_rule_edits()
-        if sum(self.stats.pruned.values()) > before or self._checkpoint_due:
+        compacted = self._compact()
+        if sum(self.stats.pruned.values()) > before or self._checkpoint_due or compacted:
             self._checkpoint()
         self._disk_budget(now)
         if self._spans_pruned:
             self._spans_pruned = False
             self.prune_dictionaries()
         self.stats.last_prune_at = time.time()
+
+    def _compact(self) -> bool:
+        """Rewrite each keyed table that holds more deleted rows than live ones (DuckDB does not vacuum them:
+        `table_compaction`), with the pipeline's writers paused; whether any was."""
+        done = False
+        for table in keyed_tables(self.con):
+            found = garbage(self.con, table)
+            if not found.worth_compacting:
+                continue
+            try:
+                ran = self.gate.alone(lambda table=table: compact(self.con, table), CHECKPOINT_WAIT_S)
+            except (duckdb.Error, ValueError) as exc:  # the next round tries again; the table is as it was
+                self.log("warning", "table compaction deferred", table=table, reason=f"{type(exc).__name__}: {exc}")
+                continue
+            if ran:
+                done = True
+                freed = found.stored - found.live
+                self.stats.compacted[table] = self.stats.compacted.get(table, 0) + freed
+                self.log("info", "table compacted", table=table, live_rows=found.live, deleted_rows_freed=freed)
+        return done
 
     def _checkpoint(self) -> None:
         """Deleted rows free their blocks for reuse only once checkpointed; without it the WAL keeps growing
@@ -231,7 +255,8 @@ class Retention:
         wal = Path(str(self.db_path) + ".wal")
         sizes = {"used": block * used, "free": block * free, "wal": wal.stat().st_size if wal.exists() else 0}
         return StorageReport(rows, sizes, self.table_bytes(con, rows, block * used), dict(self.stats.pruned),
-                             dict(self.stats.archived), self.stats.last_prune_at, dict(self.stats.checkpoints))
+                             dict(self.stats.archived), self.stats.last_prune_at, dict(self.stats.checkpoints),
+                             dict(self.stats.compacted))
 
     def table_bytes(self, con: duckdb.DuckDBPyConnection, rows: dict[str, int], used: int) -> dict[str, int]:
         """The database's used bytes split between the tables by rows x average row width. The width is of the
