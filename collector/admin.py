@@ -73,6 +73,7 @@ class AdminServer:
         self.stage: ScoringStage | None = None
         self._query_token = query_token.encode() if query_token else None
         self._queries = ThreadPoolExecutor(2, thread_name_prefix="tracejudge-query")  # apart from the pipeline
+        self._rejudging = asyncio.Lock()  # `tracejudge rejudge`: one paid re-score at a time
         # /api/query and /report run the user's SQL one at a time: what DuckDB builds while it runs one (a 500 MB
         # vector of strings) is outside memory_limit, and two such queries at once took the server past 1 GB
         self._user_sql = ThreadPoolExecutor(1, thread_name_prefix="tracejudge-user-sql")
@@ -356,10 +357,13 @@ class AdminServer:
                 or not isinstance(body.get("metric"), str) \
                 or not isinstance(body.get("version"), int | None) or isinstance(body.get("version"), bool):
             return _error(400, 'send JSON: {"conversation_id": "...", "metric": "...", "version": null}')
-        try:
-            answer = await self.stage.rejudge(body["conversation_id"], body["metric"], body.get("version"))
-        except RejudgeError as exc:
-            return _error(404, str(exc))
+        if self._rejudging.locked():
+            return _error(429, "a rejudge is running (one at a time: each is a paid judge call); retry shortly")
+        async with self._rejudging:
+            try:
+                answer = await self.stage.rejudge(body["conversation_id"], body["metric"], body.get("version"))
+            except RejudgeError as exc:
+                return _error(404, str(exc))
         return web.Response(text=json.dumps(answer, default=str), content_type="application/json")
 
 

@@ -176,6 +176,9 @@ class RetentionSettings(_Section):
     judge_batches: float | None = Field(30 * 86400.0, description="the OpenAI Batch API ledger's rows this long "
                                         "after their batch was sent (a job retried later sends its request "
                                         "again); 30d")
+    judge_calls: float | None = Field(30 * 86400.0, description="the judge's requests and answers kept with each "
+                                      "score (`judge_calls`) this long after they were made, or with their score "
+                                      "if it goes first; 30d")
     archive_dir: Path | None = Field(None, description="pruned rows go here first, as Parquet partitioned by day "
                                      "(written and fsynced before the rows are deleted); read them back with "
                                      "tracejudge query --archive DIR")
@@ -183,8 +186,8 @@ class RetentionSettings(_Section):
     batch_conversations: int = Field(200, ge=1, description="conversations pruned per transaction, so a large "
                                      "prune never holds up ingest")
 
-    @field_validator("spans", "conversations", "scores", "failed_jobs", "reviews", "judge_batches", "interval_s",
-                     mode="before")
+    @field_validator("spans", "conversations", "scores", "failed_jobs", "reviews", "judge_batches", "judge_calls",
+                     "interval_s", mode="before")
     @classmethod
     def _duration(cls, value: Any) -> Any:
         if isinstance(value, str) and value.strip().lower() in ("forever", "none", ""):

@@ -133,7 +133,8 @@ class CollectorMetrics:
                                     "[scoring] aggregation = \"any_task\"", ["metric", "result"],
                                     registry=self.registry)
         self.checkpoints = Gauge("tracejudge_checkpoints_total", "Retention's checkpoints since the start, by outcome: "
-                                 "done, or refused while another transaction changed rows in place", ["outcome"],
+                                 "done; timed_out (a writer held the database past the wait); refused (DuckDB "
+                                 "refused it for a write outside the checkpoint gate)", ["outcome"],
                                  registry=self.registry)
         self.late_after_prune = Gauge("tracejudge_late_spans_after_prune_total", "Conversations that got spans "
                                       "after retention pruned theirs (stored, not assembled)", registry=self.registry)

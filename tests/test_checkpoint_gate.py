@@ -94,16 +94,41 @@ def test_a_failed_statement_or_rollback_releases_the_gate(con: duckdb.DuckDBPyCo
 
 
 def test_reads_neither_hold_nor_wait_for_the_gate(con: duckdb.DuckDBPyConnection) -> None:
+    """A read, alone or in a transaction that only reads, goes on while a checkpoint waits for a writer (here
+    for up to a minute): if it waited too, it would still be waiting when checked."""
     gate = CheckpointGate()
     writer, reader = GatedCursor(con.cursor(), gate), GatedCursor(con.cursor(), gate)
     writer.execute("BEGIN TRANSACTION")
     writer.execute("UPDATE jobs SET status = 'running' WHERE id = 1")
-    done = threading.Event()
-    checkpointer = threading.Thread(target=lambda: gate.alone(done.wait, timeout_s=5))
+    ran: list[bool] = []
+    checkpointer = threading.Thread(target=lambda: ran.append(gate.alone(lambda: None, timeout_s=60)))
     checkpointer.start()
     while gate._exclusive is None:
         time.sleep(0.01)
-    assert reader.execute("SELECT count(*) FROM jobs").fetchone() == (1000,)  # while a checkpoint waits
+    counted: list[tuple] = []
+
+    def read() -> None:
+        counted.append(reader.execute("SELECT count(*) FROM jobs").fetchone())
+        reader.execute("BEGIN TRANSACTION")  # a snapshot read, as the assembler takes one
+        counted.append(reader.execute("SELECT count(*) FROM jobs WHERE status = 'pending'").fetchone())
+        reader.execute("ROLLBACK")
+
+    reading = threading.Thread(target=read)
+    reading.start()
+    reading.join(20)
+    assert not reading.is_alive() and counted == [(1000,), (1000,)]
     writer.execute("COMMIT")
-    done.set()
-    checkpointer.join(5)
+    checkpointer.join(20)
+    assert ran == [True]
+
+
+def test_a_transaction_takes_the_gate_at_its_first_write(con: duckdb.DuckDBPyConnection) -> None:
+    gate = CheckpointGate()
+    cursor = GatedCursor(con.cursor(), gate)
+    cursor.execute("BEGIN TRANSACTION")
+    cursor.execute("SELECT count(*) FROM jobs").fetchall()
+    assert gate._writers == 0
+    cursor.execute("UPDATE jobs SET status = 'done' WHERE id = 3")
+    assert gate._writers == 1
+    cursor.execute("COMMIT")
+    assert gate._writers == 0

@@ -424,6 +424,8 @@ def test_tool_calls_are_equal_by_value_and_hashable_as_deepevals_are() -> None:
 
     a, b = ToolCall(name="t", input_parameters={"q": 1}), ToolCall(name="t", input_parameters={"q": 1})
     assert a == b and hash(a) == hash(b) and len({a, b, ToolCall(name="u")}) == 2
+    c = ToolCall(name="t", input_parameters={"q": 1.0})  # equal to a in Python, so the same hash
+    assert a == c and hash(a) == hash(c)
     assert hash(ToolCall(name="t", output=Opaque())) == hash(ToolCall(name="t", output=Opaque()))
     assert repr(ToolCall(name="t", description="d")) == 'ToolCall(name="t", description="d")'
 

@@ -38,33 +38,48 @@ def _on_collector(args: argparse.Namespace) -> tuple[int, dict[str, Any] | None]
 
 
 def _on_file(args: argparse.Namespace) -> tuple[int, dict[str, Any] | None]:
+    import duckdb
+
     from tracejudge.collector.config import ConfigError, load_settings
     from tracejudge.collector.log import Logger
     from tracejudge.collector.pipeline.rejudge import RejudgeError
     from tracejudge.collector.pipeline.scoring_stage import ScoringStage
     from tracejudge.collector.server import stage_config
-    from tracejudge.collector.store.span_store import SpanStore, StoreOpenError
+    from tracejudge.collector.store.schema import SCHEMA_VERSION
 
     try:
         settings = load_settings(Path(args.config) if args.config else None, {"db": args.db})
     except ConfigError as exc:
         print(f"tracejudge rejudge: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT, None
-    store = SpanStore(settings.store.db)
-    try:
-        store.open()
-    except StoreOpenError as exc:
-        print(f"tracejudge rejudge: {exc}; is a collector running at another --url?", file=sys.stderr)
+    if settings.scoring.batch:
+        print("tracejudge rejudge: [scoring] batch sends requests through the Batch API (hours); rejudge asks the "
+              "judge directly: run it with batch = false", file=sys.stderr)
+        return EXIT_BAD_INPUT, None
+    try:  # read-only: nothing is written, and the file is not even upgraded
+        con = duckdb.connect(str(settings.store.db), read_only=True)
+    except duckdb.Error as exc:
+        print(f"tracejudge rejudge: cannot open {settings.store.db} ({exc}); if a collector holds it, leave out "
+              "--db to ask that collector", file=sys.stderr)
         return EXIT_FAIL, None
     try:
-        stage = ScoringStage(store.cursor(), stage_config(settings), Logger(settings.log.level).log,
+        found = con.execute("SELECT max(version) FROM tracejudge_schema").fetchone()
+        if not found or found[0] != SCHEMA_VERSION:
+            print(f"tracejudge rejudge: {settings.store.db} is at schema {found[0] if found else 'none'}, this "
+                  f"tracejudge at {SCHEMA_VERSION}: start `tracejudge serve` on it once to upgrade it",
+                  file=sys.stderr)
+            return EXIT_BAD_INPUT, None
+        stage = ScoringStage(con.cursor(), stage_config(settings), Logger(settings.log.level).log,
                              redactor=settings.redaction.redactor())
         return EXIT_PASS, asyncio.run(stage.rejudge(args.conversation, args.metric, args.version))
     except RejudgeError as exc:
         print(f"tracejudge rejudge: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT, None
+    except duckdb.CatalogException as exc:
+        print(f"tracejudge rejudge: {settings.store.db} is not a tracejudge database ({exc})", file=sys.stderr)
+        return EXIT_BAD_INPUT, None
     finally:
-        store.close()
+        con.close()
 
 
 def _value(score: float | None, success: bool | None) -> str:

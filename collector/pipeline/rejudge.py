@@ -15,7 +15,7 @@ from typing import Any
 import duckdb
 
 from tracejudge.collector.pipeline.conversation_builder import measure_recorded, not_applicable
-from tracejudge.errors import InvalidTestCaseError, NoTaskError, TracejudgeError
+from tracejudge.errors import InvalidTestCaseError, NoTaskError, TextOnlyJudgeError, TracejudgeError
 from tracejudge.judges.exchanges import recording
 from tracejudge.metric import BaseMetric
 from tracejudge.test_case import load_test_case
@@ -62,7 +62,7 @@ async def rejudge(template: BaseMetric, metric: str, test_case_json: str) -> dic
     with recording() as log:
         try:
             await measure_recorded(scored, metric, load_test_case(test_case_json))
-        except (NoTaskError, InvalidTestCaseError) as exc:
+        except (NoTaskError, InvalidTestCaseError, TextOnlyJudgeError) as exc:
             not_applicable(scored, exc)
         except TracejudgeError as exc:
             error = f"{type(exc).__name__}: {exc}"

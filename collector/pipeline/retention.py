@@ -109,6 +109,7 @@ AGED = {
     "cohort_counts": _AgedTable("cohort_counts", "last_seen_at"),
     "pruned_conversations": _AgedTable("pruned_conversations", "pruned_at"),
     "judge_batches": _AgedTable("judge_batch_requests", "submitted_at"),
+    "judge_calls": _AgedTable("judge_calls", "called_at"),
 }
 WIDTH_SAMPLE_ROWS = 256  # rows per table whose width estimates its bytes
 WIDTH_REFRESH_S = 600.0
@@ -133,7 +134,7 @@ def windows(settings: RetentionSettings, late_window_s: float) -> dict[str, floa
             "cohort_counts": s.conversations,
             "pruned_conversations": None if s.conversations is None else max(s.conversations, s.spans or 0.0,
                                                                              late_window_s),
-            "judge_batches": s.judge_batches}
+            "judge_batches": s.judge_batches, "judge_calls": _shortest(s.judge_calls, s.scores)}
 
 
 class Retention:
@@ -195,13 +196,13 @@ class Retention:
                 self.log("warning", "retention of a table deferred", table=name,  # next round
                          reason=f"{type(exc).__name__}: {str(exc)[:300]}")
         self._prune_rule_edits()
+        if self._spans_pruned:  # before the checkpoint, which then frees their blocks too
+            self._spans_pruned = False
+            self.prune_dictionaries()
         compacted = self._compact()
         if sum(self.stats.pruned.values()) > before or self._checkpoint_due or compacted:
             self._checkpoint()
         self._disk_budget(now)
-        if self._spans_pruned:
-            self._spans_pruned = False
-            self.prune_dictionaries()
         self.stats.last_prune_at = time.time()
 
     def _compact(self) -> bool:

@@ -35,6 +35,7 @@ from tracejudge.errors import (
     JudgeConfigurationError,
     JudgeUnavailableError,
     NoTaskError,
+    TextOnlyJudgeError,
 )
 from tracejudge.eval_mode import EvalMode, resolve_eval_mode
 from tracejudge.interactions import conversation_data
@@ -500,7 +501,7 @@ class ScoringStage:
                 if case is not None:
                     try:
                         await measure_recorded(metric, metric_id, load_test_case(case[0]))
-                    except (NoTaskError, InvalidTestCaseError) as exc:
+                    except (NoTaskError, InvalidTestCaseError, TextOnlyJudgeError) as exc:
                         not_applicable(metric, exc)  # recorded as a score row, not retried
                     except Exception as exc:  # noqa: BLE001 - retried or failed like any job's error
                         error = exc
@@ -584,7 +585,7 @@ class ScoringStage:
         with recording() as exchanges:
             try:
                 await measure_recorded(metric, metric_id, load_test_case(test_case_json))
-            except (NoTaskError, InvalidTestCaseError) as exc:
+            except (NoTaskError, InvalidTestCaseError, TextOnlyJudgeError) as exc:
                 not_applicable(metric, exc)  # deterministic: recorded as a score row, not retried
             except Exception as exc:
                 error = exc
@@ -777,6 +778,14 @@ class ScoringStage:
         if template is None:
             why = self.unavailable.get(metric_id) or f"it is not one of [scoring] metrics ({', '.join(self.metrics)})"
             raise RejudgeError(f"cannot score {metric_id!r} again: {why}")
+        budget = self.config.daily_budget_usd
+        if budget is not None and metric_id in JUDGED:
+            day = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+            [(spent,)] = await self._sql("SELECT coalesce(sum(evaluation_cost), 0) FROM scores "
+                                         "WHERE scored_at >= ?", [day])
+            if spent >= budget:
+                raise RejudgeError(f"today's judge budget is spent (${spent:.4f} of ${budget:.4f}, "
+                                   "[scoring] daily_budget_usd): try again after midnight UTC")
         async with self._db:
             chosen, test_case_json = await asyncio.to_thread(stored_case, self.con, conversation_id, version)
             before = await asyncio.to_thread(stored_score, self.con, conversation_id, chosen, metric_id,

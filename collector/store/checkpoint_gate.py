@@ -5,9 +5,9 @@ DuckDB refuses `CHECKPOINT` while another transaction has updated rows in place 
 stage updates `eval_jobs` many times a second, so about half of retention's checkpoints were refused and the WAL
 and the file grew although the rows did not (`python bench/retention.py`). `FORCE CHECKPOINT` waits for every
 open transaction while holding new ones off, and hung the collector. The gate does the same in Python, bounded:
-the span writer's commits, and every cursor the store hands out for each writing statement or explicit
-transaction, hold it shared, and a checkpoint takes it alone for at most a timeout, then gives up and lets the
-writers on.
+the span writer's commits and jobs, and every cursor the store hands out for each writing statement or
+transaction that writes, hold it shared, and a checkpoint takes it alone for at most a timeout, then gives up
+and lets the writers on.
 """
 
 from __future__ import annotations
@@ -90,13 +90,15 @@ class CheckpointGate:
 
 
 class GatedCursor:
-    """A DuckDB cursor whose writing statements and explicit transactions hold `gate` shared; every other
-    method is the cursor's own."""
+    """A DuckDB cursor whose writing statements hold `gate` shared: one outside a transaction for itself, one
+    inside a transaction from there to its COMMIT or ROLLBACK. A transaction that only reads never takes it
+    (DuckDB checkpoints beside readers). Every other method is the cursor's own."""
 
     def __init__(self, cursor: duckdb.DuckDBPyConnection, gate: CheckpointGate) -> None:
         self._cursor = cursor
         self._gate = gate
         self._in_transaction = False
+        self._holding = False  # the open transaction has written, so holds the gate until it ends
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._cursor, name)
@@ -119,24 +121,25 @@ class GatedCursor:
     def _gated(self, query: str, run: Callable[[], duckdb.DuckDBPyConnection]) -> duckdb.DuckDBPyConnection:
         head = query.lstrip().upper()
         if self._in_transaction:
-            if not head.startswith(_END):
-                return run()
-            try:
-                return run()
-            finally:
-                self._in_transaction = False
-                self._gate.leave()
+            if head.startswith(_END):
+                try:
+                    return run()
+                finally:
+                    self._in_transaction = False
+                    if self._holding:
+                        self._holding = False
+                        self._gate.leave()
+            if not self._holding and not head.startswith(_READ_ONLY):
+                self._gate.enter()  # the transaction's first write: a waiting checkpoint goes first
+                self._holding = True
+            return run()
+        if head.startswith(_BEGIN):
+            result = run()
+            self._in_transaction = True
+            return result
         if head.startswith(_READ_ONLY):
             return run()
         self._gate.enter()
-        if head.startswith(_BEGIN):
-            try:
-                result = run()
-            except BaseException:
-                self._gate.leave()
-                raise
-            self._in_transaction = True
-            return result
         try:
             return run()
         finally:

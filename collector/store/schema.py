@@ -629,7 +629,8 @@ MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     );
     """,
     # task-level verdicts: each judged score's tasks, and per task of the latest version what each metric said
-    26: lambda con: con.execute(task_views() + """
+    # (and the mcp_calls view again: its duration_ms comes from the calls' spans since schema 24)
+    26: lambda con: con.execute(task_views() + MCP_CALLS_VIEW + """
     ALTER TABLE score_summary ADD COLUMN IF NOT EXISTS tasks INTEGER;
     ALTER TABLE score_summary ADD COLUMN IF NOT EXISTS tasks_failed INTEGER;
     """),

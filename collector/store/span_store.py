@@ -260,7 +260,8 @@ class SpanStore:
     def _run_job(self, job: _WriterJob) -> None:
         assert self._con is not None
         try:
-            result = job.run(self._con)
+            with self.gate.writing():  # a job deletes (resources and scopes no span refers to)
+                result = job.run(self._con)
         except Exception as exc:  # noqa: BLE001 - handed to whoever queued the job
             job.future.set_exception(exc)
         else:
@@ -390,10 +391,11 @@ class SpanStore:
         (disk full, file gone) or only the request was."""
         assert self._con is not None
         try:
-            self._con.execute("BEGIN TRANSACTION")
-            # a real write (the WAL must take it); received in 1970, so the next prune of old digests removes it
-            self._con.execute("INSERT INTO ingest_requests VALUES (''::BLOB, '1970-01-01 00:00:00+00')")
-            self._con.execute("COMMIT")
+            with self.gate.writing():
+                self._con.execute("BEGIN TRANSACTION")
+                # a real write (the WAL must take it); received in 1970, so the next prune of old digests removes it
+                self._con.execute("INSERT INTO ingest_requests VALUES (''::BLOB, '1970-01-01 00:00:00+00')")
+                self._con.execute("COMMIT")
         except duckdb.Error:
             with contextlib.suppress(duckdb.Error):
                 self._con.execute("ROLLBACK")
@@ -408,7 +410,7 @@ class SpanStore:
         if now - self._last_prune < 60 or self._con is None:
             return
         self._last_prune = now
-        with contextlib.suppress(duckdb.Error):  # pruning can wait for the next minute
+        with contextlib.suppress(duckdb.Error), self.gate.writing():  # pruning can wait for the next minute
             self._con.execute("DELETE FROM ingest_requests WHERE received_at < ?",
                               [dt.datetime.fromtimestamp(horizon, dt.UTC)])
 

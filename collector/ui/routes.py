@@ -209,7 +209,9 @@ class WebUI:
         if found is None:
             return self.render(request, "missing.html", thing=f"conversation holds trace {trace_id}",
                                 page="conversations", status=404)
-        raise web.HTTPSeeOther(f"/conversations/{quote(found, safe='')}#trace-{trace_id}")
+        shown = await self.data(views.conversation, found, None, self.trace_url)
+        page = shown.spans.trace_page.get(trace_id, 1) if shown is not None and shown.spans else 1
+        raise web.HTTPSeeOther(f"/conversations/{quote(found, safe='')}?spans_page={page}#trace-{trace_id}")
 
     async def tools(self, request: web.Request) -> web.StreamResponse:
         window = request.query.get("window", "7d")

@@ -101,6 +101,7 @@ class SpanTree:
     page_of: dict[str, int] = field(default_factory=dict)  # span id -> the page that shows it
     offsets_ms: dict[str, float] = field(default_factory=dict)  # span id -> ms since its trace's first span
     missing_traces: list[str] = field(default_factory=list)  # pruned by retention or never stored
+    trace_page: dict[str, int] = field(default_factory=dict)  # trace id -> the page its first span is on
     by_trace: dict[str, TraceFigures] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -125,8 +126,11 @@ def span_tree(con: duckdb.DuckDBPyConnection, test_case: dict[str, Any], trace_i
                for trace, spans in _by_trace(ordered).items()]
     totals = _total(figures) if figures else None
     seen = {row.trace_id for row in rows}
+    trace_page: dict[str, int] = {}
+    for row in ordered:
+        trace_page.setdefault(row.trace_id, page_of[row.span_id])
     return SpanTree(ordered[(page - 1) * PAGE_SPANS:page * PAGE_SPANS], page, pages, len(ordered), figures, totals,
-                    page_of, offsets, [t for t in trace_ids if t not in seen])
+                    page_of, offsets, [t for t in trace_ids if t not in seen], trace_page)
 
 
 def span_detail(con: duckdb.DuckDBPyConnection, trace_id: str, span_id: str) -> dict[str, Any] | None:
@@ -183,8 +187,8 @@ def _int(value: str | None) -> int | None:
 
 
 def _links(test_case: dict[str, Any]) -> tuple[dict[str, int], dict[str, str], dict[str, set[str]]]:
-    """From the test case: the turn each trace became, the MCP call each span recorded, and per trace the first
-    span of each MCP call (whose interval is the call's time)."""
+    """From the test case: the turn each trace became, the MCP call each span recorded, and per trace the spans
+    of its MCP calls (the union of their intervals is the time in MCP calls, as each call's own time is)."""
     turn_of_trace: dict[str, int] = {}
     call_of_span: dict[str, str] = {}
     call_roots: dict[str, set[str]] = {}
@@ -202,8 +206,7 @@ def _links(test_case: dict[str, Any]) -> tuple[dict[str, int], dict[str, str], d
                 label = f"{kind} {_call_name(calls[i]) if i < len(calls) else ''}".strip()
                 for span_id in ids:
                     call_of_span.setdefault(span_id, label)
-                if ids:
-                    call_roots.setdefault(trace, set()).add(ids[0])
+                call_roots.setdefault(trace, set()).update(ids)  # the union of their intervals: the call's time
     return turn_of_trace, call_of_span, call_roots
 
 
@@ -335,11 +338,13 @@ def model_calls(con: duckdb.DuckDBPyConnection, tree: SpanTree) -> tuple[list[Mo
     chosen = calls[:MODEL_CALLS_SHOWN]
     if not chosen:
         return [], 0
-    found = con.execute(
+    found = con.execute(  # bounded by the chosen spans' start times, so DuckDB skips the other row groups
         "SELECT trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, attributes, events "
         "FROM span_records WHERE list_contains(?, span_id) AND list_contains(?, trace_id) "
+        "AND start_ns BETWEEN ? AND ? "
         "QUALIFY row_number() OVER (PARTITION BY trace_id, span_id ORDER BY received_at DESC) = 1",
-        [[r.span_id for r in chosen], list({r.trace_id for r in chosen})]).fetchall()
+        [[r.span_id for r in chosen], list({r.trace_id for r in chosen}), min(r.start_ns for r in chosen),
+         max(r.start_ns for r in chosen)]).fetchall()
     spans = {}
     for trace, span, parent, name, kind, start, end, attributes, events in found:
         spans[(trace, span)] = Span(trace, span, parent, name or "", kind or 0, start or 0, end or 0,

@@ -14,8 +14,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-MAX_TEXT = 32_000  # characters kept of each message and of each answer
-MAX_EXCHANGES = 200  # per measure; past it they are counted, not kept
+MAX_TEXT = 16_000  # characters kept of each message and of each answer
+MAX_EXCHANGES = 50  # per measure; past it they are counted, not kept
 
 
 @dataclass(frozen=True)

@@ -453,12 +453,18 @@ class ToolCall(_CaseModel):
 
 
 def _hashable(value: Any) -> Any:
-    """A hashable stand-in for a value that agrees with equality: its JSON, an object JSON cannot hold by its
-    type's name (two equal objects must hash alike; equality tells apart those that only share a type)."""
-    try:
-        return json.dumps(value, sort_keys=True, default=lambda o: type(o).__qualname__)
-    except (TypeError, ValueError):
-        return type(value).__qualname__
+    """A hashable stand-in for a value that agrees with equality: numbers in one form (1, 1.0 and True are
+    equal in Python), containers recursively, an object JSON cannot hold by its type's name (two equal objects
+    must hash alike; equality tells apart those that only share a type)."""
+    if isinstance(value, bool | int | float):
+        return int(value) if float(value).is_integer() else float(value)
+    if isinstance(value, str | None):
+        return value
+    if isinstance(value, dict):
+        return frozenset((_hashable(k), _hashable(v)) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return tuple(_hashable(v) for v in value)
+    return type(value).__qualname__
 
 
 class _AdditionalMetadata:

@@ -8,6 +8,7 @@ import base64
 import mimetypes
 import os
 import uuid
+import weakref
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -68,7 +69,8 @@ class ToolCallParams(Enum):
     OUTPUT = "output"
 
 
-_IMAGES: dict[str, MLLMImage] = {}  # placeholder id -> image, so a placeholder in text finds its image again
+# placeholder id -> image, so a placeholder in text finds its image again while the image is alive
+_IMAGES: weakref.WeakValueDictionary[str, MLLMImage] = weakref.WeakValueDictionary()
 
 
 @dataclass
