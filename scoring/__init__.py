@@ -15,7 +15,7 @@ from tracejudge.lazy_names import lazy_getattr
 if TYPE_CHECKING:
     from tracejudge.assertions import assert_test
     from tracejudge.call_validity import MCPCallValidityMetric
-    from tracejudge.dataset import ConversationalGolden, DatasetError, EvaluationDataset
+    from tracejudge.dataset import ConversationalGolden, DatasetError, EvaluationDataset, Golden
     from tracejudge.errors import (
         EvalModeError,
         EvaluationError,
@@ -42,7 +42,7 @@ _NAMES = {
     "tracejudge.assertions": ("assert_test",),
     "tracejudge.evaluate.configs": ("AsyncConfig", "CacheConfig", "DisplayConfig", "ErrorConfig"),
     "tracejudge.call_validity": ("MCPCallValidityMetric",),
-    "tracejudge.dataset": ("ConversationalGolden", "DatasetError", "EvaluationDataset"),
+    "tracejudge.dataset": ("ConversationalGolden", "DatasetError", "EvaluationDataset", "Golden"),
     "tracejudge.evaluation": ("EvaluationResult", "MetricResult", "TestResult", "a_evaluate", "evaluate"),
     "tracejudge.judges": ("LLMJudge", "RetryPolicy"),
     "tracejudge.mcp_use": ("MCPUseMetric", "MultiTurnMCPUseMetric"),
@@ -81,6 +81,7 @@ __all__ = [
     "EvalModeError",
     "EvaluationError",
     "EvaluationDataset",
+    "Golden",
     "EvaluationResult",
     "InvalidTestCaseError",
     "JudgeAuthenticationError",

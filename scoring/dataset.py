@@ -15,16 +15,35 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import AliasChoices, Field, ValidationError
 
+from tracejudge.dataset_records import (
+    LIST_DELIMITER,
+    context_in,
+    context_out,
+    csv_cell,
+    from_csv_cell,
+    turns_in,
+)
 from tracejudge.errors import TracejudgeError
-from tracejudge.test_case import ConversationalTestCase, Turn, _AdditionalMetadata, _CaseModel, load_test_case
+from tracejudge.test_case import (
+    ConversationalTestCase,
+    LLMTestCase,
+    ToolCall,
+    Turn,
+    _AdditionalMetadata,
+    _CaseModel,
+    load_test_case,
+)
+from tracejudge.test_case.llm_test_case import SingleTurnFields
 
 if TYPE_CHECKING:  # the library imports DuckDB only to read a collector's history
     import duckdb
 
 FileType = Literal["json", "jsonl", "csv"]
-_CSV_COLUMNS = ("scenario", "expected_outcome", "user_description", "context", "turns", "name", "comments",
-                "metadata")
-_JSON_COLUMNS = frozenset({"context", "turns", "metadata"})  # CSV cells holding JSON
+SINGLE_TURN_COLUMNS = ("input", "actual_output", "expected_output", "retrieval_context", "context", "name",
+                       "comments", "source_file", "tools_called", "expected_tools", "additional_metadata",
+                       "custom_column_key_values")
+MULTI_TURN_COLUMNS = ("scenario", "turns", "expected_outcome", "user_description", "context", "name", "comments",
+                      "additional_metadata", "custom_column_key_values")
 
 
 class DatasetError(TracejudgeError, ValueError):
@@ -44,6 +63,7 @@ class ConversationalGolden(_AdditionalMetadata, _CaseModel):
     comments: str | None = None
     metadata: dict[str, Any] | None = Field(
         None, validation_alias=AliasChoices("metadata", "additional_metadata", "additionalMetadata"))
+    custom_column_key_values: dict[str, str] | None = None
 
     @classmethod
     def from_test_case(cls, case: ConversationalTestCase) -> ConversationalGolden:
@@ -54,61 +74,119 @@ class ConversationalGolden(_AdditionalMetadata, _CaseModel):
                    name=case.name, comments=case.comments, metadata=case.metadata)
 
 
-class EvaluationDataset:
-    """Goldens and test cases; `evaluate(dataset.test_cases, metrics)` scores the cases."""
+class Golden(SingleTurnFields):
+    """One input to run a single-turn agent on, with what should come of it (DeepEval's `Golden`)."""
 
-    def __init__(self, goldens: Sequence[ConversationalGolden | dict[str, Any]] | None = None,
-                 test_cases: Sequence[ConversationalTestCase | dict[str, Any]] | None = None) -> None:
-        self.goldens: list[ConversationalGolden] = []
-        self.test_cases: list[ConversationalTestCase] = []
+    source_file: str | None = None
+    custom_column_key_values: dict[str, str] | None = None
+
+    @classmethod
+    def from_test_case(cls, case: LLMTestCase) -> Golden:
+        return cls(input=case.input, actual_output=case.actual_output, expected_output=case.expected_output,
+                   context=case.context, retrieval_context=case.retrieval_context, metadata=case.metadata,
+                   comments=case.comments, tools_called=case.tools_called, expected_tools=case.expected_tools,
+                   name=case.name)
+
+
+AnyGolden = Golden | ConversationalGolden
+
+
+def _record(golden: AnyGolden) -> dict[str, Any]:
+    """A golden as DeepEval writes it: its fields, `additional_metadata`, retrieval context as markers, tool calls
+    with their type."""
+    record = golden.model_dump(mode="json", exclude={"metadata"})
+    record["additional_metadata"] = golden.metadata
+    if isinstance(golden, Golden):
+        record["retrieval_context"] = context_out(golden.retrieval_context)
+        for key in ("tools_called", "expected_tools"):
+            record[key] = _tool_records(getattr(golden, key))
+    elif golden.turns is not None:
+        record["turns"] = [{**t.model_dump(mode="json", exclude={"metadata"}), "additional_metadata": t.metadata,
+                            "retrieval_context": context_out(t.retrieval_context),
+                            "tools_called": _tool_records(t.tools_called)} for t in golden.turns]
+    return record
+
+
+def _tool_records(calls: list[ToolCall] | None) -> list[dict[str, Any]] | None:
+    if calls is None:
+        return None
+    return [{**c.model_dump(mode="json", exclude_none=True), "type": c.type or "FUNCTION"} for c in calls]
+
+
+class EvaluationDataset:
+    """Goldens and test cases, all single-turn or all multi-turn (DeepEval's rule); `evaluate(dataset.test_cases,
+    metrics)` scores the cases."""
+
+    def __init__(self, goldens: Sequence[AnyGolden | dict[str, Any]] | None = None,
+                 test_cases: Sequence[ConversationalTestCase | LLMTestCase | dict[str, Any]] | None = None) -> None:
+        self.goldens: list[Any] = []
+        self.test_cases: list[Any] = []
+        self._multi_turn: bool | None = None  # decided by the first golden or test case
         for golden in goldens or []:
             self.add_golden(golden)
         for case in test_cases or []:
             self.add_test_case(case)
 
-    def __iter__(self) -> Iterator[ConversationalGolden]:
+    def __iter__(self) -> Iterator[Any]:
         return iter(self.goldens)
 
     def __len__(self) -> int:
         return len(self.goldens)
 
-    def add_golden(self, golden: ConversationalGolden | dict[str, Any]) -> None:
-        self.goldens.append(golden if isinstance(golden, ConversationalGolden)
-                            else ConversationalGolden.model_validate(golden))
+    def _kind(self, multi_turn: bool, what: str) -> None:
+        if self._multi_turn is None:
+            self._multi_turn = multi_turn
+        elif self._multi_turn != multi_turn:
+            raise TypeError(f"You cannot add '{what}' to a {'multi' if self._multi_turn else 'single'}-turn "
+                            "dataset.")
 
-    def add_test_case(self, test_case: ConversationalTestCase | dict[str, Any]) -> None:
+    def add_golden(self, golden: AnyGolden | dict[str, Any]) -> None:
+        if isinstance(golden, dict):
+            golden = ConversationalGolden.model_validate(golden) if "scenario" in golden and "input" not in golden \
+                else Golden.model_validate(golden)
+        self._kind(isinstance(golden, ConversationalGolden), type(golden).__name__)
+        self.goldens.append(golden)
+
+    def add_test_case(self, test_case: ConversationalTestCase | LLMTestCase | dict[str, Any]) -> None:
+        if isinstance(test_case, LLMTestCase):
+            self._kind(False, "LLMTestCase")
+            self.test_cases.append(test_case)
+            return
+        self._kind(True, "ConversationalTestCase")
         self.test_cases.append(load_test_case(test_case))
 
     # --- files -------------------------------------------------------------------------------------------
 
     def save_as(self, file_type: FileType, directory: str | Path, file_name: str | None = None,
                 include_test_cases: bool = False) -> str:
-        """Write the goldens (and the test cases, as goldens with their turns) to one file; its path."""
+        """Write the goldens (and the test cases, as goldens) to one file, as DeepEval writes them; its path."""
         if file_type not in ("json", "jsonl", "csv"):
             raise DatasetError(f"file_type must be 'json', 'jsonl' or 'csv', not {file_type!r}")
-        goldens = self.goldens + ([ConversationalGolden.from_test_case(c) for c in self.test_cases]
-                                  if include_test_cases else [])
+        goldens = list(self.goldens)
+        if include_test_cases:
+            goldens += [Golden.from_test_case(c) if isinstance(c, LLMTestCase)
+                        else ConversationalGolden.from_test_case(c) for c in self.test_cases]
         if not goldens:
-            raise DatasetError("the dataset has no goldens to save (add some, or pass include_test_cases=True)")
+            raise DatasetError("No goldens found in the dataset to save (add some, or pass include_test_cases=True "
+                               "with test cases)")
         name = file_name or dt.datetime.now(dt.UTC).strftime("%Y%m%d_%H%M%S")
         path = Path(directory) / f"{name}.{file_type}"
         path.parent.mkdir(parents=True, exist_ok=True)
-        records = [g.model_dump(mode="json", exclude_none=True) for g in goldens]
+        records = [_record(g) for g in goldens]
+        columns = MULTI_TURN_COLUMNS if isinstance(goldens[0], ConversationalGolden) else SINGLE_TURN_COLUMNS
         with path.open("w", encoding="utf-8", newline="") as out:
             if file_type == "json":
                 json.dump(records, out, ensure_ascii=False, indent=2)
             elif file_type == "jsonl":
                 out.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
             else:
-                writer = csv.DictWriter(out, fieldnames=_CSV_COLUMNS)
-                writer.writeheader()
-                for record in records:
-                    writer.writerow({k: json.dumps(v, ensure_ascii=False) if k in _JSON_COLUMNS else v
-                                     for k, v in record.items()})
+                writer = csv.writer(out)
+                writer.writerow(columns)
+                writer.writerows([csv_cell(c, r.get(c)) for c in columns] for r in records)
         return str(path)
 
     def add_goldens_from_json_file(self, file_path: str | Path) -> None:
-        """A JSON list of goldens, or JSON Lines (one golden per line)."""
+        """A JSON list of goldens, or JSON Lines (one golden per line); single-turn or multi-turn by their fields."""
         text = _read(file_path)
         try:
             records = json.loads(text) if text.lstrip().startswith("[") else \
@@ -119,34 +197,62 @@ class EvaluationDataset:
 
     add_goldens_from_jsonl_file = add_goldens_from_json_file
 
-    def add_goldens_from_csv_file(self, file_path: str | Path) -> None:
-        """A CSV file with the columns `save_as("csv")` writes; `context`, `turns` and `metadata` hold JSON."""
-        rows = list(csv.DictReader(io.StringIO(_read(file_path), newline="")))  # cells may hold newlines
-        records = []
-        for number, row in enumerate(rows, start=2):
-            record: dict[str, Any] = {}
-            for key, value in row.items():
-                if not value:
-                    continue
-                try:
-                    record[key] = json.loads(value) if key in _JSON_COLUMNS else value
-                except json.JSONDecodeError as exc:
-                    raise DatasetError(f"{file_path} line {number}: column {key} is not JSON: {exc}") from exc
-            records.append(record)
-        self._add_records(records, file_path)
+    def add_goldens_from_csv_file(self, file_path: str | Path, delimiter: str = LIST_DELIMITER,
+                                  **column_names: str) -> None:
+        """A CSV file as DeepEval and `save_as("csv")` write it: list columns (`context`, `retrieval_context`)
+        joined with `delimiter`, structured ones as JSON. `<field>_col_name=` names a column otherwise named
+        (DeepEval's arguments, e.g. `input_col_name="question"`); an absent column leaves its field None."""
+        names = {_field_of(arg): column for arg, column in column_names.items()}
+        self._add_records(_csv_records(file_path, names, delimiter), file_path)
+
+    def add_test_cases_from_csv_file(self, file_path: str | Path, input_col_name: str = "input",
+                                     actual_output_col_name: str = "actual_output",
+                                     expected_output_col_name: str = "expected_output",
+                                     context_col_name: str = "context", context_col_delimiter: str = LIST_DELIMITER,
+                                     retrieval_context_col_name: str = "retrieval_context",
+                                     retrieval_context_col_delimiter: str = LIST_DELIMITER,
+                                     tools_called_col_name: str = "tools_called",
+                                     expected_tools_col_name: str = "expected_tools",
+                                     additional_metadata_col_name: str = "additional_metadata") -> None:
+        """Single-turn test cases from a CSV file (DeepEval's loader, with its column-name arguments)."""
+        names = {"input": input_col_name, "actual_output": actual_output_col_name,
+                 "expected_output": expected_output_col_name, "context": context_col_name,
+                 "retrieval_context": retrieval_context_col_name, "tools_called": tools_called_col_name,
+                 "expected_tools": expected_tools_col_name, "additional_metadata": additional_metadata_col_name}
+        delimiter = context_col_delimiter if context_col_delimiter == retrieval_context_col_delimiter else None
+        for record in _csv_records(file_path, names, delimiter or LIST_DELIMITER,
+                                   {"retrieval_context": retrieval_context_col_delimiter}, empty_lists=True):
+            fields = {k: v for k, v in record.items() if k in names}
+            try:
+                for key in ("tools_called", "expected_tools"):  # JSON cells: DeepEval's test case wants ToolCalls
+                    if isinstance(fields.get(key), list):
+                        fields[key] = [ToolCall.model_validate(call) for call in fields[key]]
+                self.add_test_case(LLMTestCase(**fields))
+            except (ValidationError, TypeError) as exc:
+                raise DatasetError(f"{file_path}: a row is not a test case: {str(exc).splitlines()[0]}") from exc
 
     def _add_records(self, records: Any, source: str | Path) -> None:
         if not isinstance(records, list):
             raise DatasetError(f"{source} must hold a list of goldens")
         problems, goldens = [], []
         for i, record in enumerate(records):
+            if not isinstance(record, dict):
+                problems.append(f"record {i}: not a JSON object")
+                continue
+            record = {k: v for k, v in record.items() if v is not None}
+            if "turns" in record:
+                record["turns"] = turns_in(record["turns"])
+            if "retrieval_context" in record:
+                record["retrieval_context"] = context_in(record["retrieval_context"])
             try:
-                goldens.append(ConversationalGolden.model_validate(record))
-            except (ValidationError, TypeError) as exc:
+                goldens.append(Golden.model_validate(record) if "input" in record
+                               else ConversationalGolden.model_validate(record))
+            except ValidationError as exc:
                 problems.append(f"record {i}: {str(exc).splitlines()[0]}")
         if problems:
             raise DatasetError(f"{source}: {len(problems)} invalid golden(s): " + "; ".join(problems[:10]))
-        self.goldens.extend(goldens)
+        for golden in goldens:  # DeepEval's TypeError for a golden of the other kind
+            self.add_golden(golden)
 
     # --- history -----------------------------------------------------------------------------------------
 
@@ -181,6 +287,7 @@ class EvaluationDataset:
             if opened:
                 con.close()
         dataset = cls()
+        dataset._multi_turn = True
         for conversation_id, version, test_case, failed in rows:
             if failing_only and not failed:
                 continue
@@ -200,6 +307,7 @@ class EvaluationDataset:
             "c.conversation_id = r.conversation_id AND c.version = r.conversation_version WHERE r.reviewed_at >= ? "
             "GROUP BY 1, 2 ORDER BY 1, 2", [dt.datetime.now(dt.UTC) - since]).fetchall()
         dataset = cls()
+        dataset._multi_turn = True
         for conversation_id, version, test_case, reviews in rows:
             case = load_test_case(test_case)
             case.name = case.name or conversation_id
@@ -217,6 +325,38 @@ def human_verdicts(votes: Iterable[tuple[str, bool]]) -> dict[str, bool]:
     for metric, passed in votes:
         tally.setdefault(metric, []).append(passed)
     return {metric: sum(passes) * 2 > len(passes) for metric, passes in tally.items()}
+
+
+def _field_of(argument: str) -> str:
+    if not argument.endswith("_col_name"):
+        raise TypeError(f"unexpected argument {argument!r}: name a column as <field>_col_name=...")
+    return argument.removesuffix("_col_name")
+
+
+def _csv_records(file_path: str | Path, names: dict[str, str], delimiter: str,
+                 delimiters: dict[str, str] | None = None, empty_lists: bool = False) -> list[dict[str, Any]]:
+    """Each CSV row as a record of fields (`names`: field -> column, for columns named otherwise); an empty list
+    cell is an empty list with `empty_lists` (DeepEval's test-case loader), else no value (a golden saved with
+    none reads back with none); a cell that is not JSON where JSON is due is the file's error, with its line."""
+    rows = list(csv.DictReader(io.StringIO(_read(file_path), newline="")))  # cells may hold newlines
+    field_of = {column: field for field, column in names.items()}
+    columns = {field_of.get(c, c): c for c in (rows[0].keys() if rows else ())}
+    records = []
+    for number, row in enumerate(rows, start=2):
+        record: dict[str, Any] = {}
+        for field, column in columns.items():
+            text = row.get(column) or ""
+            try:
+                value = from_csv_cell(field, text, (delimiters or {}).get(field, delimiter))
+            except json.JSONDecodeError as exc:
+                raise DatasetError(f"{file_path} line {number}: column {column} is not JSON: {exc}") from exc
+            if value is not None and value != "" and (value != [] or empty_lists):
+                record[field] = value
+        for field in ("input", "scenario"):  # an empty cell of the other kind's key column is no key
+            if record.get(field) in ("", None):
+                record.pop(field, None)
+        records.append(record)
+    return records
 
 
 def _read(file_path: str | Path) -> str:

@@ -53,7 +53,7 @@ def test_bad_records_are_named_and_nothing_is_added(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="2 invalid golden") as failed:
         dataset.add_goldens_from_json_file(path)
     assert "record 1" in str(failed.value) and "record 2" in str(failed.value) and len(dataset) == 0
-    with pytest.raises(DatasetError, match="no goldens to save"):
+    with pytest.raises(DatasetError, match="No goldens found in the dataset to save"):
         EvaluationDataset().save_as("json", tmp_path)
 
 
@@ -76,3 +76,58 @@ def test_the_history_gives_the_failing_conversations_as_test_cases_and_goldens(t
     result = evaluate(everything, [MCPCallValidityMetric()], print_results=False)
     assert len(result.test_results) == 3 and all(t.success for t in result.test_results)
     store.close()
+
+
+# --- DeepEval's single-turn goldens and its file formats ----------------------------------------------
+
+
+def test_single_turn_goldens_round_trip_every_format_with_their_retrieval_sources(tmp_path: Path) -> None:
+    from tracejudge.dataset import Golden
+    from tracejudge.test_case import RetrievedContextData, ToolCall
+
+    golden = Golden(input="q", actual_output="a", context=["c1", "c2"],
+                    retrieval_context=[RetrievedContextData(context="doc", source="kb"), "plain"],
+                    tools_called=[ToolCall(name="search", input_parameters={"q": "x"})], source_file="f.txt",
+                    additional_metadata={"flagged": True}, custom_column_key_values={"owner": "platform"})
+    for file_type in ("json", "jsonl", "csv"):
+        path = EvaluationDataset([golden]).save_as(file_type, tmp_path, file_name=f"g-{file_type}")
+        loaded = EvaluationDataset()
+        (loaded.add_goldens_from_csv_file if file_type == "csv" else loaded.add_goldens_from_json_file)(path)
+        back = loaded.goldens[0]
+        assert back.retrieval_context == [RetrievedContextData(context="doc", source="kb"), "plain"], file_type
+        assert (back.context, back.source_file, back.metadata, back.custom_column_key_values) == (
+            ["c1", "c2"], "f.txt", {"flagged": True}, {"owner": "platform"}), file_type
+        assert back.tools_called[0].input_parameters == {"q": "x"}, file_type
+    saved = (tmp_path / "g-json.json").read_text()
+    assert '"deepeval_source=kb,deepeval_context=doc"' in saved and '"additional_metadata"' in saved
+
+
+def test_deepevals_csv_files_load_with_pipe_lists_json_cells_and_renamed_columns(tmp_path: Path) -> None:
+    path = tmp_path / "deepeval.csv"
+    path.write_text('question,actual_output,context,tools_called\n'
+                    'Tallest mountain?,Everest,Geography|Mountains,"[{""name"": ""lookup"", '
+                    '""inputParameters"": {""q"": ""tallest""}}]"\n')
+    dataset = EvaluationDataset()
+    dataset.add_goldens_from_csv_file(path, input_col_name="question")
+    golden = dataset.goldens[0]
+    assert (golden.input, golden.context, golden.retrieval_context) == ("Tallest mountain?",
+                                                                        ["Geography", "Mountains"], None)
+    assert golden.tools_called[0].input_parameters == {"q": "tallest"}
+    cases = EvaluationDataset()
+    cases.add_test_cases_from_csv_file(path, "question", "actual_output")
+    assert cases.test_cases[0].context == ["Geography", "Mountains"] and cases.test_cases[0].expected_tools is None
+
+
+def test_a_dataset_is_single_or_multi_turn_and_says_so_as_deepeval_does(tmp_path: Path) -> None:
+    mixed = tmp_path / "mixed.json"
+    mixed.write_text(json.dumps([{"input": "single"}, {"scenario": "multi"}]))
+    with pytest.raises(TypeError, match="You cannot add 'ConversationalGolden' to a single-turn dataset."):
+        EvaluationDataset().add_goldens_from_json_file(mixed)
+    turns_as_text = tmp_path / "convo.json"  # DeepEval's JSON files hold the turns as a JSON string
+    turns_as_text.write_text(json.dumps([{"scenario": "s", "turns": json.dumps([{"role": "user", "content": "hi"}]),
+                                          "context": ["Weather", "Paris"]}]))
+    dataset = EvaluationDataset()
+    dataset.add_goldens_from_json_file(turns_as_text)
+    assert dataset.goldens[0].turns[0].content == "hi"
+    with pytest.raises(TypeError, match="You cannot add 'Golden' to a multi-turn dataset."):
+        dataset.add_golden({"input": "single"})

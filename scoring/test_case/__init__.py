@@ -33,6 +33,7 @@ from pydantic import (
     WrapSerializer,
     WrapValidator,
     field_validator,
+    model_serializer,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
@@ -51,6 +52,7 @@ __all__ = [
     "Prompt",
     "PromptArgument",
     "PromptMessage",
+    "RetrievedContextData",
     "ReadResourceResult",
     "Resource",
     "ResourceContents",
@@ -484,6 +486,18 @@ class _AdditionalMetadata:
         self.metadata = value
 
 
+class RetrievedContextData(BaseModel):
+    """A piece of retrieved context with where it came from (DeepEval's); in a test case's JSON it is the text
+    `source: context`."""
+
+    context: str
+    source: str
+
+    @model_serializer
+    def _as_text(self) -> str:
+        return f"{self.source}: {self.context}"
+
+
 FROM_RECORDS = "tracejudge.from_records"  # validation context key: data read from files or traces (nulls allowed)
 
 
@@ -492,7 +506,7 @@ class Turn(_AdditionalMetadata, _CaseModel):
     content: str = ""
     user_id: str | None = None
     latency_ms: float | None = None
-    retrieval_context: list[str] | None = None
+    retrieval_context: list[str | RetrievedContextData] | None = None
     tools_called: list[ToolCall] | None = None
     mcp_tools_called: list[MCPToolCall] | None = None
     mcp_resources_called: list[MCPResourceCall] | None = None

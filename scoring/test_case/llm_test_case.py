@@ -24,6 +24,7 @@ from tracejudge.test_case import (
     MCPResourceCall,
     MCPServer,
     MCPToolCall,
+    RetrievedContextData,
     ToolCall,
     Turn,
     _AdditionalMetadata,
@@ -149,23 +150,28 @@ _STRING_LISTS = ("context", "retrieval_context")
 _TOOL_LISTS = ("tools_called", "expected_tools")
 
 
-class LLMTestCase(_AdditionalMetadata, _CaseModel):
-    """One input and the agent's output (DeepEval's `LLMTestCase`), with the MCP servers and the calls made for
-    it: what the single-turn `MCPUseMetric` judges."""
+class SingleTurnFields(_AdditionalMetadata, _CaseModel):
+    """What a single-turn test case and a single-turn golden share (DeepEval's fields and spellings)."""
 
     input: str
     actual_output: str | None = None
     expected_output: str | None = None
     context: list[str] | None = None
-    retrieval_context: list[str] | None = None
+    retrieval_context: list[str | RetrievedContextData] | None = None
     metadata: dict[str, Any] | None = Field(
         None, validation_alias=AliasChoices("metadata", "additional_metadata", "additionalMetadata"))
     tools_called: list[ToolCall] | None = None
     comments: str | None = None
     expected_tools: list[ToolCall] | None = None
+    name: str | None = None
+
+
+class LLMTestCase(SingleTurnFields):
+    """One input and the agent's output (DeepEval's `LLMTestCase`), with the MCP servers and the calls made for
+    it: what the single-turn `MCPUseMetric` judges."""
+
     token_cost: float | None = None
     completion_time: float | None = None
-    name: str | None = None
     tags: list[str] | None = None
     mcp_servers: list[MCPServer] | None = None
     mcp_tools_called: list[MCPToolCall] | None = None
@@ -192,7 +198,8 @@ class LLMTestCase(_AdditionalMetadata, _CaseModel):
                 raise TypeError(f"'{name}' must be a string")
         for name in _STRING_LISTS:
             value = given.get(name)
-            if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            allowed = (str, RetrievedContextData) if name == "retrieval_context" else (str,)
+            if value is not None and not (isinstance(value, list) and all(isinstance(v, allowed) for v in value)):
                 raise TypeError(f"'{name}' must be None or a list of strings")
         for name in _TOOL_LISTS:
             value = given.get(name)
@@ -218,7 +225,7 @@ class LLMTestCase(_AdditionalMetadata, _CaseModel):
     def multimodal(self) -> bool:
         """Whether any text holds an `MLLMImage` placeholder: such a case needs a judge that reads images."""
         texts = [self.input, self.actual_output, self.expected_output, *(self.context or []),
-                 *(self.retrieval_context or [])]
+                 *(c if isinstance(c, str) else c.context for c in self.retrieval_context or [])]
         return any(MULTIMODAL_PLACEHOLDER.search(t) for t in texts if t)
 
 
