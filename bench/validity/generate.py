@@ -206,6 +206,15 @@ def from_recorded() -> list[dict[str, Any]]:
             data.pop("metadata", None)
             for turn in data["turns"]:
                 turn.pop("metadata", None)
+                # a resource read or prompt get whose recording holds neither what was read nor its result (MCP
+                # spans without content capture) is left out: a judge could only mark the unknown down, and the
+                # label is about what the agent did, which the recording does not say
+                for key in ("mcp_resources_called", "mcp_prompts_called"):
+                    kept = [c for c in turn.get(key) or [] if c.get("result")]
+                    if kept:
+                        turn[key] = kept
+                    else:
+                        turn.pop(key, None)
             called = [(i, t) for i, t in enumerate(data["turns"]) if t.get("mcp_tools_called")]
             if not called:
                 continue
