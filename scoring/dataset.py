@@ -89,6 +89,7 @@ class Golden(SingleTurnFields):
 
 
 AnyGolden = Golden | ConversationalGolden
+GOLDEN_FIELDS = set(Golden.model_fields) | set(ConversationalGolden.model_fields) | {"additional_metadata"}
 
 
 def _record(golden: AnyGolden) -> dict[str, Any]:
@@ -111,6 +112,7 @@ def _tool_records(calls: list[ToolCall] | None) -> list[dict[str, Any]] | None:
     if calls is None:
         return None
     return [{**c.model_dump(mode="json", exclude_none=True), "type": c.type or "FUNCTION"} for c in calls]
+
 
 
 class EvaluationDataset:
@@ -148,6 +150,8 @@ class EvaluationDataset:
         self.goldens.append(golden)
 
     def add_test_case(self, test_case: ConversationalTestCase | LLMTestCase | dict[str, Any]) -> None:
+        if isinstance(test_case, dict) and "input" in test_case and "turns" not in test_case:
+            test_case = LLMTestCase.model_validate(test_case)
         if isinstance(test_case, LLMTestCase):
             self._kind(False, "LLMTestCase")
             self.test_cases.append(test_case)
@@ -185,25 +189,47 @@ class EvaluationDataset:
                 writer.writerows([csv_cell(c, r.get(c)) for c in columns] for r in records)
         return str(path)
 
-    def add_goldens_from_json_file(self, file_path: str | Path) -> None:
-        """A JSON list of goldens, or JSON Lines (one golden per line); single-turn or multi-turn by their fields."""
-        text = _read(file_path)
+    def add_goldens_from_json_file(self, file_path: str | Path, encoding_type: str = "utf-8",
+                                   **key_names: str | None) -> None:
+        """A JSON list of goldens, or JSON Lines (one golden per line); single-turn or multi-turn by their fields.
+        `<field>_key_name=` reads a field from a key otherwise named (DeepEval's arguments)."""
+        text = _read(file_path, encoding_type)
         try:
             records = json.loads(text) if text.lstrip().startswith("[") else \
                 [json.loads(line) for line in text.splitlines() if line.strip()]
         except json.JSONDecodeError as exc:
             raise DatasetError(f"{file_path} is not JSON or JSON Lines: {exc}") from exc
+        renamed = {key: _field_of(arg, "_key_name") for arg, key in key_names.items() if key}
+        if renamed and isinstance(records, list):
+            records = [{renamed.get(k, k): v for k, v in r.items()} if isinstance(r, dict) else r for r in records]
         self._add_records(records, file_path)
 
     add_goldens_from_jsonl_file = add_goldens_from_json_file
 
-    def add_goldens_from_csv_file(self, file_path: str | Path, delimiter: str = LIST_DELIMITER,
-                                  **column_names: str) -> None:
+    def add_goldens_from_csv_file(self, file_path: str | Path, input_col_name: str | None = "input",
+                                  actual_output_col_name: str | None = "actual_output",
+                                  expected_output_col_name: str | None = "expected_output",
+                                  context_col_name: str | None = "context",
+                                  context_col_delimiter: str = LIST_DELIMITER,
+                                  retrieval_context_col_name: str | None = "retrieval_context",
+                                  retrieval_context_col_delimiter: str = LIST_DELIMITER,
+                                  **more_columns: str | None) -> None:
         """A CSV file as DeepEval and `save_as("csv")` write it: list columns (`context`, `retrieval_context`)
-        joined with `delimiter`, structured ones as JSON. `<field>_col_name=` names a column otherwise named
-        (DeepEval's arguments, e.g. `input_col_name="question"`); an absent column leaves its field None."""
-        names = {_field_of(arg): column for arg, column in column_names.items()}
-        self._add_records(_csv_records(file_path, names, delimiter), file_path)
+        joined with their delimiter, structured ones as JSON; DeepEval's arguments name columns otherwise named
+        (`<field>_col_name=`, `<field>_key_name=`; its tool-call delimiters are accepted, tool cells being JSON).
+        An absent column leaves its field None; a column that is no field of a golden is left out."""
+        names = {"input": input_col_name, "actual_output": actual_output_col_name,
+                 "expected_output": expected_output_col_name, "context": context_col_name,
+                 "retrieval_context": retrieval_context_col_name}
+        for arg, column in more_columns.items():
+            if arg.endswith("_col_delimiter"):
+                continue
+            names[_field_of(arg, "_key_name" if arg.endswith("_key_name") else "_col_name")] = column
+        records = _csv_records(file_path, {f: c for f, c in names.items() if c},
+                               delimiters={"context": context_col_delimiter,
+                                           "retrieval_context": retrieval_context_col_delimiter},
+                               keep=GOLDEN_FIELDS)
+        self._add_records(records, file_path)
 
     def add_test_cases_from_csv_file(self, file_path: str | Path, input_col_name: str = "input",
                                      actual_output_col_name: str = "actual_output",
@@ -219,9 +245,9 @@ class EvaluationDataset:
                  "expected_output": expected_output_col_name, "context": context_col_name,
                  "retrieval_context": retrieval_context_col_name, "tools_called": tools_called_col_name,
                  "expected_tools": expected_tools_col_name, "additional_metadata": additional_metadata_col_name}
-        delimiter = context_col_delimiter if context_col_delimiter == retrieval_context_col_delimiter else None
-        for record in _csv_records(file_path, names, delimiter or LIST_DELIMITER,
-                                   {"retrieval_context": retrieval_context_col_delimiter}, empty_lists=True):
+        for record in _csv_records(file_path, names, delimiters={"context": context_col_delimiter,
+                                                                  "retrieval_context": retrieval_context_col_delimiter},
+                                   keep=set(names), empty_lists=True):
             fields = {k: v for k, v in record.items() if k in names}
             try:
                 for key in ("tools_called", "expected_tools"):  # JSON cells: DeepEval's test case wants ToolCalls
@@ -251,7 +277,14 @@ class EvaluationDataset:
                 problems.append(f"record {i}: {str(exc).splitlines()[0]}")
         if problems:
             raise DatasetError(f"{source}: {len(problems)} invalid golden(s): " + "; ".join(problems[:10]))
-        for golden in goldens:  # DeepEval's TypeError for a golden of the other kind
+        kind = self._multi_turn
+        for golden in goldens:  # DeepEval's TypeError for a golden of the other kind, before any is added
+            multi = isinstance(golden, ConversationalGolden)
+            if kind is not None and kind != multi:
+                raise TypeError(f"You cannot add '{type(golden).__name__}' to a {'multi' if kind else 'single'}-"
+                                "turn dataset.")
+            kind = multi
+        for golden in goldens:
             self.add_golden(golden)
 
     # --- history -----------------------------------------------------------------------------------------
@@ -327,27 +360,29 @@ def human_verdicts(votes: Iterable[tuple[str, bool]]) -> dict[str, bool]:
     return {metric: sum(passes) * 2 > len(passes) for metric, passes in tally.items()}
 
 
-def _field_of(argument: str) -> str:
-    if not argument.endswith("_col_name"):
-        raise TypeError(f"unexpected argument {argument!r}: name a column as <field>_col_name=...")
-    return argument.removesuffix("_col_name")
+def _field_of(argument: str, suffix: str) -> str:
+    if not argument.endswith(suffix):
+        raise TypeError(f"unexpected argument {argument!r}: name a column or key as <field>{suffix}=...")
+    return argument.removesuffix(suffix)
 
 
-def _csv_records(file_path: str | Path, names: dict[str, str], delimiter: str,
-                 delimiters: dict[str, str] | None = None, empty_lists: bool = False) -> list[dict[str, Any]]:
-    """Each CSV row as a record of fields (`names`: field -> column, for columns named otherwise); an empty list
-    cell is an empty list with `empty_lists` (DeepEval's test-case loader), else no value (a golden saved with
-    none reads back with none); a cell that is not JSON where JSON is due is the file's error, with its line."""
+def _csv_records(file_path: str | Path, names: dict[str, str], delimiters: dict[str, str], keep: set[str],
+                 empty_lists: bool = False) -> list[dict[str, Any]]:
+    """Each CSV row as a record of the fields in `keep` (`names`: field -> column, for columns named
+    otherwise); an empty list cell is an empty list with `empty_lists` (DeepEval's test-case loader), else no
+    value (a golden saved with none reads back with none); a cell that is not JSON where JSON is due is the
+    file's error, with its line."""
     rows = list(csv.DictReader(io.StringIO(_read(file_path), newline="")))  # cells may hold newlines
     field_of = {column: field for field, column in names.items()}
     columns = {field_of.get(c, c): c for c in (rows[0].keys() if rows else ())}
+    columns = {field: column for field, column in columns.items() if field in keep}
     records = []
     for number, row in enumerate(rows, start=2):
         record: dict[str, Any] = {}
         for field, column in columns.items():
             text = row.get(column) or ""
             try:
-                value = from_csv_cell(field, text, (delimiters or {}).get(field, delimiter))
+                value = from_csv_cell(field, text, delimiters.get(field, LIST_DELIMITER))
             except json.JSONDecodeError as exc:
                 raise DatasetError(f"{file_path} line {number}: column {column} is not JSON: {exc}") from exc
             if value is not None and value != "" and (value != [] or empty_lists):
@@ -359,8 +394,8 @@ def _csv_records(file_path: str | Path, names: dict[str, str], delimiter: str,
     return records
 
 
-def _read(file_path: str | Path) -> str:
+def _read(file_path: str | Path, encoding: str = "utf-8") -> str:
     try:
-        return Path(file_path).read_text(encoding="utf-8")
+        return Path(file_path).read_text(encoding=encoding)
     except (OSError, UnicodeDecodeError) as exc:
         raise DatasetError(f"cannot read {file_path}: {exc}") from exc

@@ -132,3 +132,38 @@ def test_a_transaction_takes_the_gate_at_its_first_write(con: duckdb.DuckDBPyCon
     assert gate._writers == 1
     cursor.execute("COMMIT")
     assert gate._writers == 0
+
+
+def test_a_table_swap_waits_for_an_open_transaction_that_read_then_writes(con: duckdb.DuckDBPyConnection) -> None:
+    """A transaction that read a table and writes it after a swap would fail (the table it read was dropped):
+    the swap waits for open transactions to end, the open one writes and commits, then the swap runs."""
+    from tracejudge.collector.store.table_compaction import compact
+
+    gate = CheckpointGate()
+    worker, swapper = GatedCursor(con.cursor(), gate), GatedCursor(con.cursor(), gate)
+    worker.execute("BEGIN TRANSACTION")
+    assert worker.execute("SELECT count(*) FROM jobs WHERE status = 'pending'").fetchone() == (1000,)
+    ran: list[bool] = []
+    swapping = threading.Thread(target=lambda: ran.append(gate.alone(lambda: compact(swapper, "jobs"),
+                                                                     timeout_s=60, no_transactions=True)))
+    swapping.start()
+    while gate._exclusive is None:
+        time.sleep(0.01)
+    worker.execute("UPDATE jobs SET status = 'done' WHERE id < 10")  # not held off: the swap waits for it
+    worker.execute("COMMIT")
+    swapping.join(60)
+    assert ran == [True]
+    assert con.execute("SELECT count(*) FROM jobs WHERE status = 'done'").fetchone() == (10,)
+    late = GatedCursor(con.cursor(), gate)
+    late.execute("BEGIN TRANSACTION")  # a transaction after the swap sees the new table
+    late.execute("UPDATE jobs SET status = 'done' WHERE id = 500")
+    late.execute("COMMIT")
+    assert con.execute("SELECT count(*) FROM jobs WHERE status = 'done'").fetchone() == (11,)
+
+
+def test_a_statement_that_starts_like_a_read_but_writes_holds_the_gate() -> None:
+    from tracejudge.collector.store.checkpoint_gate import reads_only
+
+    assert reads_only("SELECT updated_at, last_update FROM eval_jobs")
+    assert not reads_only("WITH old AS (SELECT 1) DELETE FROM eval_jobs WHERE job_id IN (SELECT * FROM old)")
+    assert not reads_only("EXPLAIN ANALYZE UPDATE eval_jobs SET status = 'done'")

@@ -131,3 +131,18 @@ def test_a_dataset_is_single_or_multi_turn_and_says_so_as_deepeval_does(tmp_path
     assert dataset.goldens[0].turns[0].content == "hi"
     with pytest.raises(TypeError, match="You cannot add 'Golden' to a multi-turn dataset."):
         dataset.add_golden({"input": "single"})
+
+
+def test_deepevals_loader_arguments_delimiters_and_extra_columns(tmp_path: Path) -> None:
+    path = tmp_path / "extra.csv"
+    path.write_text("id,question,context,notes\n7,Why?,a;b,internal note\n")
+    dataset = EvaluationDataset()
+    dataset.add_goldens_from_csv_file(path, "question", context_col_delimiter=";", name_key_name="id",
+                                      tools_called_col_delimiter=";")
+    golden = dataset.goldens[0]
+    assert (golden.input, golden.context, golden.name) == ("Why?", ["a", "b"], "7")  # `notes` is no field
+    cases = EvaluationDataset()
+    cases.add_test_cases_from_csv_file(path, "question", "answer", context_col_delimiter=";")
+    assert cases.test_cases[0].context == ["a", "b"]
+    cases.add_test_case({"input": "q", "actual_output": "a"})  # a dict with an input is a single-turn case
+    assert cases.test_cases[1].actual_output == "a"

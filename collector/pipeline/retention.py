@@ -39,6 +39,8 @@ from tracejudge.collector.store.table_compaction import compact, garbage, keyed_
 Log = Callable[..., None]
 DISK_HIGH, DISK_LOW = 0.9, 0.8  # share of max_disk where the budget starts pruning, and where it stops
 CHECKPOINT_WAIT_S = 2.0  # how long a checkpoint waits for the pipeline's writes to pause before the next round
+MAX_COMPACT_ROWS = 500_000  # a keyed table with more live rows is not rewritten in one pause of the pipeline
+COMPACT_BACKOFF_ROUNDS = 10  # a table whose rewrite failed is tried again after this many rounds
 BUDGET_BATCHES_PER_ROUND = 20  # the budget prunes at most this many batches a round, and stops when one frees nothing
 
 
@@ -160,6 +162,8 @@ class Retention:
         self._widths: dict[str, float] = {}  # average row width of each table, as text (`table_bytes`)
         self._widths_at: float | None = None
         self._checkpoint_due = False  # rows were deleted and the checkpoint that frees their blocks was skipped
+        self._round = 0
+        self._compact_after: dict[str, int] = {}  # table -> the round its rewrite may be tried again
 
     @property
     def enabled(self) -> bool:
@@ -207,16 +211,26 @@ class Retention:
 
     def _compact(self) -> bool:
         """Rewrite each keyed table that holds more deleted rows than live ones (DuckDB does not vacuum them:
-        `table_compaction`), with the pipeline's writers paused; whether any was."""
+        `table_compaction`), with the pipeline's writes and transactions paused; whether any was. A table too
+        large to copy in one pause, or whose copy would not fit under the disk budget, is left as it is; one
+        whose rewrite failed waits COMPACT_BACKOFF_ROUNDS rounds."""
         done = False
+        self._round += 1
         for table in keyed_tables(self.con):
             found = garbage(self.con, table)
-            if not found.worth_compacting:
+            if not found.worth_compacting or self._compact_after.get(table, 0) > self._round:
+                continue
+            copy_bytes = found.live * self._widths.get(table, 0.0)
+            if found.live > MAX_COMPACT_ROWS or (self.max_disk is not None
+                                                  and self.used_bytes() + copy_bytes > self.max_disk * 0.9):
                 continue
             try:
-                ran = self.gate.alone(lambda table=table: compact(self.con, table), CHECKPOINT_WAIT_S)
-            except (duckdb.Error, ValueError) as exc:  # the next round tries again; the table is as it was
-                self.log("warning", "table compaction deferred", table=table, reason=f"{type(exc).__name__}: {exc}")
+                ran = self.gate.alone(lambda table=table: compact(self.con, table), CHECKPOINT_WAIT_S,
+                                      no_transactions=True)
+            except (duckdb.Error, ValueError) as exc:  # the table is as it was; it waits some rounds
+                self._compact_after[table] = self._round + COMPACT_BACKOFF_ROUNDS
+                self.log("warning", "table compaction deferred", table=table, reason=f"{type(exc).__name__}: {exc}",
+                         retry_in_rounds=COMPACT_BACKOFF_ROUNDS)
                 continue
             if ran:
                 done = True

@@ -12,6 +12,7 @@ and lets the writers on.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,19 +21,31 @@ from typing import Any
 
 import duckdb
 
-# Statements that only read: they never block a checkpoint, so they never wait for one either
+# Statements that only read: they never block a checkpoint, so they never wait for one either; a statement that
+# starts like one but writes (`WITH ... DELETE`, `EXPLAIN ANALYZE UPDATE`) is told by its keywords
 _READ_ONLY = ("SELECT", "WITH", "FROM", "PRAGMA", "DESCRIBE", "SHOW", "EXPLAIN", "SUMMARIZE")
+_WRITES = re.compile(r"\b(?:INSERT|UPDATE|DELETE|MERGE|COPY|CREATE|DROP|ALTER|ATTACH|CHECKPOINT)\b")
 _BEGIN = ("BEGIN",)
 _END = ("COMMIT", "ROLLBACK", "ABORT", "END")
 
 
+def reads_only(statement: str) -> bool:
+    head = statement.lstrip().upper()
+    return head.startswith(_READ_ONLY) and not _WRITES.search(head)
+
+
 class CheckpointGate:
-    """A shared/exclusive lock: writers share it, a checkpoint holds it alone and new writers wait meanwhile."""
+    """A shared/exclusive lock: writers share it, a checkpoint holds it alone and new writers wait meanwhile.
+    It also counts open transactions, for work that must have none (a table swap: a transaction that read the
+    table and writes it after the swap would fail); while such work waits, new transactions wait too."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._writers = 0
+        self._transactions = 0  # explicit transactions open on gated cursors
         self._exclusive: int | None = None  # the thread that holds (or waits for) the gate alone
+        self._no_transactions = False  # the exclusive holder wants no transaction open either
+        self._running = False  # the exclusive holder has stopped waiting and runs its work
 
     @contextmanager
     def writing(self) -> Iterator[None]:
@@ -42,12 +55,16 @@ class CheckpointGate:
         finally:
             self.leave()
 
-    def enter(self) -> None:
+    def enter(self, in_transaction: bool = False) -> None:
+        """A write begins. It waits while a checkpoint holds or waits for the gate; a transaction already open
+        goes on writing while a table swap waits (the swap waits for it to end anyway, and would otherwise
+        wait on a transaction that waits on the swap)."""
         with self._cond:
             if self._exclusive == threading.get_ident():  # the checkpointer's own statements
                 self._writers += 1
                 return
-            while self._exclusive is not None:
+            while self._exclusive is not None and not (in_transaction and self._no_transactions
+                                                       and not self._running):
                 self._cond.wait()
             self._writers += 1
 
@@ -57,9 +74,23 @@ class CheckpointGate:
             if self._writers == 0:
                 self._cond.notify_all()
 
-    def alone(self, run: Callable[[], Any], timeout_s: float) -> bool:
-        """Run `run` once no writer holds the gate; False (and `run` not called) if they still did after
-        `timeout_s`. Writers that arrive meanwhile wait, so the gate empties unless one writer holds it long."""
+    def begin(self) -> None:
+        """A transaction opens: it waits only for work that wants none open."""
+        with self._cond:
+            while self._no_transactions and self._exclusive != threading.get_ident():
+                self._cond.wait()
+            self._transactions += 1
+
+    def end(self) -> None:
+        with self._cond:
+            self._transactions -= 1
+            if self._transactions == 0:
+                self._cond.notify_all()
+
+    def alone(self, run: Callable[[], Any], timeout_s: float, no_transactions: bool = False) -> bool:
+        """Run `run` once no writer holds the gate (and, with `no_transactions`, no transaction is open); False
+        (and `run` not called) if that took longer than `timeout_s`. Writers (and transactions) that arrive
+        meanwhile wait, so the gate empties unless one holds it long."""
         me = threading.get_ident()
         deadline = time.monotonic() + timeout_s
         with self._cond:
@@ -67,25 +98,26 @@ class CheckpointGate:
                 left = deadline - time.monotonic()
                 if left <= 0 or not self._cond.wait(left):
                     return False
-            self._exclusive = me
+            self._exclusive, self._no_transactions = me, no_transactions
             try:
-                while self._writers:
+                while self._writers or (no_transactions and self._transactions):
                     left = deadline - time.monotonic()
                     if left <= 0:
-                        self._exclusive = None
+                        self._exclusive, self._no_transactions = None, False
                         self._cond.notify_all()
                         return False
                     self._cond.wait(left)
             except BaseException:
-                self._exclusive = None
+                self._exclusive, self._no_transactions = None, False
                 self._cond.notify_all()
                 raise
+            self._running = True
         try:
             run()
             return True
         finally:
             with self._cond:
-                self._exclusive = None
+                self._exclusive, self._no_transactions, self._running = None, False, False
                 self._cond.notify_all()
 
 
@@ -126,18 +158,24 @@ class GatedCursor:
                     return run()
                 finally:
                     self._in_transaction = False
+                    self._gate.end()
                     if self._holding:
                         self._holding = False
                         self._gate.leave()
-            if not self._holding and not head.startswith(_READ_ONLY):
-                self._gate.enter()  # the transaction's first write: a waiting checkpoint goes first
+            if not self._holding and not reads_only(head):
+                self._gate.enter(in_transaction=True)  # the first write: a waiting checkpoint goes first
                 self._holding = True
             return run()
         if head.startswith(_BEGIN):
-            result = run()
+            self._gate.begin()
+            try:
+                result = run()
+            except BaseException:
+                self._gate.end()
+                raise
             self._in_transaction = True
             return result
-        if head.startswith(_READ_ONLY):
+        if reads_only(head):
             return run()
         self._gate.enter()
         try:

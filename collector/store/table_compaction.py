@@ -10,6 +10,7 @@ BENCHMARKS.md). Rewriting the table into a new one and swapping them frees the o
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
 
@@ -66,5 +67,6 @@ def compact(con: duckdb.DuckDBPyConnection, table: str) -> None:
         con.execute(f'ALTER TABLE "{fresh}" RENAME TO "{table}"')
         con.execute("COMMIT")
     except BaseException:
-        con.execute("ROLLBACK")
+        with contextlib.suppress(duckdb.Error):  # a failed COMMIT has ended it: keep the error that did
+            con.execute("ROLLBACK")
         raise

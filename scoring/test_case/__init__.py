@@ -441,9 +441,15 @@ class ToolCall(_CaseModel):
     description: str | None = None
     reasoning: str | None = None
 
+    def __eq__(self, other: object) -> bool:
+        """The same call: name, arguments and output (DeepEval's equality; type, description and reasoning are
+        about the call, not which call it was)."""
+        if not isinstance(other, ToolCall):
+            return NotImplemented
+        return (self.name, self.input_parameters, self.output) == (other.name, other.input_parameters, other.output)
+
     def __hash__(self) -> int:
-        return hash((self.name, _hashable(self.input_parameters), _hashable(self.output), self.type,
-                     self.description, self.reasoning))
+        return hash((self.name, _hashable(self.input_parameters), _hashable(self.output)))
 
     def __repr__(self) -> str:
         shown = [f'name="{self.name}"']

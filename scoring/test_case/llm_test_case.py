@@ -8,7 +8,7 @@ import base64
 import mimetypes
 import os
 import uuid
-import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -70,8 +70,10 @@ class ToolCallParams(Enum):
     OUTPUT = "output"
 
 
-# placeholder id -> image, so a placeholder in text finds its image again while the image is alive
-_IMAGES: weakref.WeakValueDictionary[str, MLLMImage] = weakref.WeakValueDictionary()
+# placeholder id -> image, so a placeholder in text finds its image again (an f-string keeps only the
+# placeholder, as DeepEval's users write them); the newest MAX_IMAGES are kept, each with its Base64 data
+MAX_IMAGES = 1_000
+_IMAGES: OrderedDict[str, MLLMImage] = OrderedDict()
 
 
 @dataclass
@@ -115,6 +117,8 @@ class MLLMImage:
                 self.filename = os.path.basename(urlparse(self.url).path)
                 self.mimeType = mimetypes.guess_type(self.filename)[0]
         _IMAGES[self._id] = self
+        while len(_IMAGES) > MAX_IMAGES:
+            _IMAGES.popitem(last=False)
 
     @staticmethod
     def is_local_path(url: str) -> bool:
