@@ -39,7 +39,10 @@ from tracejudge.collector.store.table_compaction import compact, garbage, keyed_
 Log = Callable[..., None]
 DISK_HIGH, DISK_LOW = 0.9, 0.8  # share of max_disk where the budget starts pruning, and where it stops
 CHECKPOINT_WAIT_S = 2.0  # how long a checkpoint waits for the pipeline's writes to pause before the next round
-MAX_COMPACT_ROWS = 500_000  # a keyed table with more live rows is not rewritten in one pause of the pipeline
+# a keyed table with more live rows, or more bytes of them (rows x sampled width), is not rewritten: the
+# pipeline's writes wait for the copy
+MAX_COMPACT_ROWS = 200_000
+MAX_COMPACT_BYTES = 256 * 1024 * 1024
 COMPACT_BACKOFF_ROUNDS = 10  # a table whose rewrite failed is tried again after this many rounds
 BUDGET_BATCHES_PER_ROUND = 20  # the budget prunes at most this many batches a round, and stops when one frees nothing
 
@@ -220,9 +223,11 @@ class Retention:
             found = garbage(self.con, table)
             if not found.worth_compacting or self._compact_after.get(table, 0) > self._round:
                 continue
-            copy_bytes = found.live * self._widths.get(table, 0.0)
-            if found.live > MAX_COMPACT_ROWS or (self.max_disk is not None
-                                                  and self.used_bytes() + copy_bytes > self.max_disk * 0.9):
+            if table not in self._widths:  # its row width is sampled by the first report: until then, no estimate
+                continue
+            copy_bytes = found.live * self._widths[table]
+            if found.live > MAX_COMPACT_ROWS or copy_bytes > MAX_COMPACT_BYTES or (
+                    self.max_disk is not None and self.used_bytes() + copy_bytes > self.max_disk * 0.9):
                 continue
             try:
                 ran = self.gate.alone(lambda table=table: compact(self.con, table), CHECKPOINT_WAIT_S,
