@@ -462,6 +462,15 @@ def test_an_image_makes_a_case_multimodal_and_a_text_only_judge_is_refused_befor
         metric.measure(case)
     assert judge_server.requests == [] and isinstance(TextOnlyJudgeError("x"), ValueError)
 
+    judge_server.script = lambda r: completion({"reason": "ok", "score": 0.9})  # a judge that reads images
+    seeing = MCPUseMetric(model=LLMJudge("gpt-4o-mini", base_url=judge_server.base_url, api_key="sk-test"))
+    assert seeing.measure(case) == pytest.approx(0.9)
+    parts = [part for r in judge_server.requests for m in r.body["messages"] if isinstance(m["content"], list)
+             for part in m["content"]]
+    images = [p["image_url"]["url"] for p in parts if p["type"] == "image_url"]
+    assert images and all(url == f"data:image/png;base64,{image.dataBase64}" for url in images)
+    assert not any(str(image) in p.get("text", "") for p in parts)  # the placeholder became the image
+
 
 def test_evaluate_takes_llm_test_cases_and_dataset_errors_are_value_errors(judge_server) -> None:
     from tracejudge.dataset import DatasetError, EvaluationDataset

@@ -36,6 +36,7 @@ from tracejudge.judges.context_windows import (
     prompt_budget,
 )
 from tracejudge.judges.exchanges import is_recording, record
+from tracejudge.judges.images import with_images
 from tracejudge.judges.loop_pool import LoopPool
 from tracejudge.judges.pricing import TokenPrice, known_price
 from tracejudge.judges.retry import Retry, RetryPolicy, call_with_retries, parse_retry_after, retryable_status
@@ -329,7 +330,7 @@ class LLMJudge:
 
     def _request(self, messages: list[dict[str, str]], spec: OutputSpec, fmt: str,
                  temperature: bool) -> dict[str, Any]:
-        request: dict[str, Any] = {"messages": messages}
+        request: dict[str, Any] = {"messages": with_images(messages)}  # a case's images go as image parts
         if fmt == "json_schema":
             request["response_format"] = {
                 "type": "json_schema",
