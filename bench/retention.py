@@ -5,7 +5,8 @@ A collector runs with every retention window short (`--spans`, and `--windows` f
 jobs, reviews and the judge's batch ledger) and an archive directory; agent conversations (4 spans each, ended
 with tracejudge.conversation.end) are exported at a fixed rate for the whole run and scored by all three metrics
 against a loopback judge (`--judge-latency`), or by call validity alone with `--no-judge`. Every `--sample-s` it
-samples the file + WAL size and the rows of every table (`/metrics`), with the export latency since the last
+samples the file and WAL size, the blocks in use (the file's other blocks are free and reused), the checkpoints
+and the rows of every table (`/metrics`), with the export latency since the last
 sample; at the end it prints each table's rows over the second half (flat means retention keeps up) and the
 export latency over the run.
 
@@ -75,7 +76,7 @@ def main() -> None:
             started, sent, next_sample = time.monotonic(), 0, 0.0
             latencies: list[float] = []
             samples: list[tuple[float, float, dict[str, float]]] = []  # (minute, file + WAL MB, rows per table)
-            print("minute  file MB  WAL MB  checkpoints done/timed out/refused  " + "  ".join(SHOWN)
+            print("minute  file MB  used MB  WAL MB  checkpoints done/timed out/refused  " + "  ".join(SHOWN)
                   + "  p99 export ms (since last)")
             window: list[float] = []
             while (elapsed := time.monotonic() - started) < seconds:
@@ -96,8 +97,10 @@ def main() -> None:
                     latencies += window
                     window = []
                     samples.append((elapsed / 60, size, tables))
-                    print(f"{elapsed / 60:6.1f}  {file_mb:7.1f}  {wal_mb:6.1f}  {checkpoints:>24}  " + "  ".join(
-                        f"{tables.get(t, 0):>{len(t)}.0f}" for t in SHOWN) + f"  {p99:8.1f}", flush=True)
+                    used_mb = metrics.get('tracejudge_db_bytes{kind="used"}', 0.0) / 1e6  # the rest: free, reused
+                    counts = "  ".join(f"{tables.get(t, 0):>{len(t)}.0f}" for t in SHOWN)
+                    print(f"{elapsed / 60:6.1f}  {file_mb:7.1f}  {used_mb:7.1f}  {wal_mb:6.1f}  {checkpoints:>24}  "
+                          f"{counts}  {p99:8.1f}", flush=True)
                     next_sample += args.sample_s
                 time.sleep(0.002)
             latencies += window
@@ -113,6 +116,10 @@ def main() -> None:
             print(f"sent {sent:,} conversations ({sent * 4:,} spans); export latency over the run: p50 "
                   f"{latencies[len(latencies) // 2]:.1f} ms, p99 {latencies[int(len(latencies) * 0.99)]:.1f} ms, "
                   f"max {latencies[-1]:.1f} ms")
+            final = _scrape(collector)
+            compacted = {k.split('"')[1]: v for k, v in final.items() if k.startswith("tracejudge_rows_compacted_total{")}
+            print("deleted rows freed by compacting keyed tables: " + (", ".join(
+                f"{t} {n:,.0f}" for t, n in sorted(compacted.items())) or "none"))
             said = [line for line in collector.log_lines if '"retention' in line]
             print(f"retention log lines: {len(said)}" + "".join(f"\n  {line.strip()[:300]}" for line in said[-3:]))
         finally:
