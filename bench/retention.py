@@ -117,7 +117,8 @@ def main() -> None:
                   f"{latencies[len(latencies) // 2]:.1f} ms, p99 {latencies[int(len(latencies) * 0.99)]:.1f} ms, "
                   f"max {latencies[-1]:.1f} ms")
             final = _scrape(collector)
-            compacted = {k.split('"')[1]: v for k, v in final.items() if k.startswith("tracejudge_rows_compacted_total{")}
+            compacted = {k.split('"')[1]: v for k, v in final.items()
+                         if k.startswith("tracejudge_rows_compacted_total{")}
             print("deleted rows freed by compacting keyed tables: " + (", ".join(
                 f"{t} {n:,.0f}" for t, n in sorted(compacted.items())) or "none"))
             said = [line for line in collector.log_lines if '"retention' in line]
