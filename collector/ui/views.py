@@ -348,8 +348,10 @@ def conversation(con: duckdb.DuckDBPyConnection, conversation_id: str, version: 
                     violations.setdefault((call["turn"], call["kind"], call["name"]), []).extend(call["violations"])
     case = json.loads(test_case)
     traces = list(trace_ids or [])
-    tree = span_tree(con, case, traces, first_ns, last_ns, spans_page)
-    given, model_call_count = model_calls(con, tree)
+    tree, given, model_call_count = None, [], 0
+    if _has_table(con, "span_records"):  # the lake and replicas' reports hold no spans
+        tree = span_tree(con, case, traces, first_ns, last_ns, spans_page)
+        given, model_call_count = model_calls(con, tree)
     return ConversationView(conversation_id, chosen, versions, case, traces, service, agent, scores, violations,
                             trace_url, tree, given, model_call_count, test_case)
 
@@ -361,6 +363,8 @@ EXCHANGES_SHOWN = 40  # a score's judge exchanges on its page; `judge_calls` has
 def _exchanges(con: duckdb.DuckDBPyConnection, conversation_id: str, version: int, metric: str,
                config: str) -> tuple[list[dict[str, Any]], int]:
     """The judge's requests (messages, model, parameters as sent) and raw answers for one score, and how many."""
+    if not _has_table(con, "judge_calls"):  # a history older than schema 25 (a replica's file, the lake)
+        return [], 0
     rows = _rows(con, "SELECT seq, judge, request, response, error, input_tokens, output_tokens, latency_ms, "
                       "called_at, count(*) OVER () AS total FROM judge_calls WHERE conversation_id = ? "
                       "AND conversation_version = ? AND metric = ? AND metric_config = ? ORDER BY seq "
@@ -370,6 +374,11 @@ def _exchanges(con: duckdb.DuckDBPyConnection, conversation_id: str, version: in
         row["messages"] = request.pop("messages", None) if isinstance(request, dict) else None
         row["parameters"] = request
     return rows, rows[0]["total"] if rows else 0
+
+
+def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    return bool(con.execute("SELECT 1 FROM duckdb_tables() WHERE table_name = ? UNION ALL "
+                            "SELECT 1 FROM duckdb_views() WHERE view_name = ?", [name, name]).fetchall())
 
 
 def conversation_of_trace(con: duckdb.DuckDBPyConnection, trace_id: str) -> str | None:
