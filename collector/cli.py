@@ -107,12 +107,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser(
         "evaluate",
-        help="score test cases from a JSON or JSON Lines file",
-        description="Score ConversationalTestCase records from FILE (a JSON object, a JSON list, or JSON "
-        "Lines). Exit status: 0 all pass, 1 any fails or errors, 2 bad input or settings. The LLM judge "
-        "uses OPENAI_API_KEY and OPENAI_BASE_URL (any OpenAI-compatible server).",
+        help="score test cases from JSON or JSON Lines files, or the conversations of OTLP files",
+        description="Score ConversationalTestCase records from FILEs (a JSON object, a JSON list, or JSON "
+        "Lines), or the conversations rebuilt from OTLP files (a trace file, with its log file where the framework "
+        "logs the messages as log records, as Semantic Kernel does). Exit status: 0 all pass, 1 any fails or "
+        "errors, 2 bad input or settings. The LLM judge uses OPENAI_API_KEY and OPENAI_BASE_URL (any "
+        "OpenAI-compatible server).",
     )
-    ev.add_argument("file", metavar="FILE", help="test cases: .json (one case or a list) or .jsonl")
+    ev.add_argument("files", nargs="+", metavar="FILE",
+                    help="test cases: .json (one case or a list) or .jsonl; or OTLP trace and log files (.json, "
+                    ".jsonl, .pb), mapped together")
     ev.add_argument("--metric", action="append", choices=list(METRIC_IDS),
                     help="metric to run (repeatable; default: all three)")
     ev.add_argument("--threshold", type=_threshold, default=0.5,
@@ -132,14 +136,16 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = sub.add_parser(
         "inspect",
         help="print the conversations a trace file maps to, or how a collector maps a stored conversation",
-        description="Decode an OTLP trace file (OTLP/JSON: one ExportTraceServiceRequest or one per line; "
-        ".pb: protobuf) and print each conversation it maps to: turns, MCP calls with arguments and results, "
-        "and the MCP servers. Use it to check how your agent's traces are read. Given a conversation id instead "
-        "of a file, the running collector at --url maps that conversation's stored spans again (with --explain: "
-        "from which span each part came).",
+        description="Decode OTLP files (OTLP/JSON: one export request or one per line; .pb: protobuf) and print "
+        "each conversation they map to: turns, MCP calls with arguments and results, and the MCP servers. Use it "
+        "to check how your agent's traces are read. A trace file and a log file given together map as one: "
+        "frameworks that log the messages as OTLP log records (Semantic Kernel) need both. Given a conversation "
+        "id instead of files, the running collector at --url maps that conversation's stored spans again (with "
+        "--explain: from which span each part came).",
     )
-    inspect.add_argument("file", metavar="FILE_OR_CONVERSATION_ID",
-                         help="OTLP/JSON (.json, .jsonl) or protobuf (.pb) trace file, or a conversation id")
+    inspect.add_argument("files", nargs="+", metavar="FILE_OR_CONVERSATION_ID",
+                         help="OTLP/JSON (.json, .jsonl) or protobuf (.pb) trace and log files, or one conversation "
+                         "id")
     inspect.add_argument("--url", default="http://127.0.0.1:4319",
                          help="admin API of the running collector that holds the conversation (TRACEJUDGE_QUERY_TOKEN "
                          "if it needs one)")
@@ -154,12 +160,14 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser(
         "replay",
         help="send saved trace files to a running collector",
-        description="Send OTLP trace files (OTLP/JSON, JSON Lines of requests, or .pb protobuf) to a collector "
-        "over OTLP/HTTP (default) or OTLP/gRPC. Exit status 0 when every span was accepted.",
+        description="Send OTLP trace and log files (OTLP/JSON, JSON Lines of requests, or .pb protobuf) to a "
+        "collector over OTLP/HTTP (default) or OTLP/gRPC: traces to /v1/traces (TraceService), log records to "
+        "/v1/logs (LogsService). Exit status 0 when every span and log record was accepted.",
     )
     rp.add_argument("files", nargs="+", metavar="FILE")
     rp.add_argument("--protocol", choices=["http", "grpc"], default="http")
-    rp.add_argument("--endpoint", help="default http://127.0.0.1:4318/v1/traces (http) or 127.0.0.1:4317 (grpc)")
+    rp.add_argument("--endpoint", help="default http://127.0.0.1:4318 (http: /v1/traces and /v1/logs are added) "
+                    "or 127.0.0.1:4317 (grpc)")
     rp.add_argument("--token", help="bearer token (default TRACEJUDGE_INGEST_TOKEN)")
     rp.set_defaults(command_module="replay")
 

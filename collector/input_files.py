@@ -1,8 +1,10 @@
 """The files users hand to `evaluate`, `inspect` and `replay`: test cases (JSON or JSON Lines), what `inspect
---format json` printed, and OTLP trace files (OTLP/JSON, JSON Lines of requests, protobuf).
+--format json` printed, and OTLP files (OTLP/JSON, JSON Lines of requests, protobuf) of traces or of log records.
 
-Each command accepts what it can use and names what a file is when it cannot, with the command to run
-instead; a bad line is reported with every other bad line, not one at a time.
+Log files matter because some frameworks (Semantic Kernel, OTel's GenAI instrumentations in event mode) write the
+messages as log records beside the spans: a trace file and its log file, given together, map as the collector
+maps the two signals it received. Each command accepts what it can use and names what a file is when it cannot,
+with the command to run instead; a bad line is reported with every other bad line, not one at a time.
 """
 
 from __future__ import annotations
@@ -11,14 +13,20 @@ import json
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
+
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tracejudge.errors import InvalidTestCaseError, TracejudgeError
 from tracejudge.mapping import OTLPDecodeError, Span, build_conversations, decode_otlp
+from tracejudge.mapping.otlp_logs import decode_otlp_logs
 from tracejudge.mapping.redaction import Redactor
 from tracejudge.test_case import ConversationalTestCase, load_test_case
 
-FileKind = Literal["otlp", "test_cases", "inspect", "unknown"]
+FileKind = Literal["otlp", "otlp_logs", "test_cases", "inspect", "unknown"]
+Signal = Literal["traces", "logs"]
+OTLP_KINDS = ("otlp", "otlp_logs")
 PROTOBUF_SUFFIXES = (".pb", ".bin", ".protobuf")
 MAX_ERRORS_SHOWN = 20
 
@@ -66,6 +74,8 @@ def kind_of(value: Any) -> FileKind:
         return "unknown"
     if "resourceSpans" in first or "resource_spans" in first:
         return "otlp"
+    if "resourceLogs" in first or "resource_logs" in first:
+        return "otlp_logs"
     if "test_case" in first and "conversation_id" in first:
         return "inspect"
     if "turns" in first:
@@ -74,9 +84,12 @@ def kind_of(value: Any) -> FileKind:
 
 
 def sniff(path: Path) -> FileKind:
-    """What a file holds, from its first JSON document (protobuf files are OTLP)."""
+    """What a file holds, from its first JSON document (protobuf files are OTLP traces or logs)."""
     if path.suffix in PROTOBUF_SUFFIXES:
-        return "otlp"
+        try:
+            return "otlp_logs" if protobuf_signal(path.read_bytes()) == "logs" else "otlp"
+        except OSError:
+            return "unknown"
     try:
         documents, _ = _documents(path)
     except InputFileError:
@@ -92,19 +105,32 @@ def _raise_all(errors: Sequence[str]) -> None:
         raise InputFileError(f"{len(errors)} bad record(s):\n  " + "\n  ".join(shown))
 
 
-def read_test_cases(path: Path, redactor: Redactor | None = None, *,
+def read_test_cases(paths: Path | Sequence[Path], redactor: Redactor | None = None, *,
                     mcp_tools: Mapping[str, Sequence[str]] | None = None,
                     on_problem: Callable[[str], None] | None = None) -> list[ConversationalTestCase]:
-    """Test cases from a test-case file (JSON, JSON Lines), `inspect --format json` output, or an OTLP trace
-    file (mapped to its conversations first); redacted first. Every bad record is reported at once."""
-    if sniff(path) == "otlp":
-        spans = read_trace_file(path, on_problem)
+    """Test cases from test-case files (JSON, JSON Lines), `inspect --format json` output, or OTLP files (the
+    trace and log files together mapped to their conversations first); redacted first. Every bad record is
+    reported at once."""
+    paths = [paths] if isinstance(paths, Path) else list(paths)
+    otlp = [path for path in paths if sniff(path) in OTLP_KINDS]
+    cases = []
+    if otlp:
+        spans = read_otlp_files(otlp, on_problem)
         conversations = build_conversations(redactor.spans(spans) if redactor is not None else spans,
                                             mcp_tools=mcp_tools)
         if not conversations:
-            raise InputFileError(f"{path} is an OTLP trace file, but no conversation could be rebuilt from it; "
-                                 f"run `tracejudge inspect {path} --explain` to see what its spans hold")
-        return [c.test_case for c in conversations]
+            named = " ".join(str(path) for path in otlp)
+            raise InputFileError(f"{named}: OTLP {'files' if len(otlp) > 1 else 'file'}, but no conversation could "
+                                 f"be rebuilt from {'them' if len(otlp) > 1 else 'it'}; run `tracejudge inspect "
+                                 f"{named} --explain` to see what the spans hold")
+        cases = [c.test_case for c in conversations]
+    for path in paths:
+        if path not in otlp:
+            cases.extend(_read_case_file(path, redactor))
+    return cases
+
+
+def _read_case_file(path: Path, redactor: Redactor | None) -> list[ConversationalTestCase]:
     documents, errors = _documents(path)
     items: list[tuple[str, Any]] = []
     for line, document in documents:
@@ -125,14 +151,44 @@ def read_test_cases(path: Path, redactor: Redactor | None = None, *,
     return cases
 
 
-def trace_requests(path: Path) -> Iterator[tuple[int | None, bytes, str]]:
-    """(line, payload, content type) of each export request in a trace file; a test-case file is refused
-    with the command that takes it."""
+class OTLPRequest(NamedTuple):
+    """One export request of a file: where it is, its body as sent, and which signal's endpoint takes it."""
+
+    line: int | None
+    payload: bytes
+    content_type: str
+    signal: Signal
+
+
+def protobuf_signal(payload: bytes) -> Signal:
+    """Whether protobuf bytes are a trace or a logs export request. The two messages share their outer field
+    numbers, so each may parse as the other; only a trace request's spans have 16-byte trace ids and 8-byte span
+    ids (a log record's field 1 is its time). Undecided (no span, no record): traces, whose decoder explains."""
+    traces = ExportTraceServiceRequest()
+    try:
+        traces.ParseFromString(payload)
+        if any(len(span.trace_id) == 16 and len(span.span_id) == 8
+               for rs in traces.resource_spans for ss in rs.scope_spans for span in ss.spans):
+            return "traces"
+    except Exception:  # noqa: BLE001, S110 - protobuf raises several types: then it is no trace request
+        pass
+    logs = ExportLogsServiceRequest()
+    try:
+        logs.ParseFromString(payload)
+    except Exception:  # noqa: BLE001 - neither: the trace decoder names what is wrong
+        return "traces"
+    return "logs" if any(sl.log_records for rl in logs.resource_logs for sl in rl.scope_logs) else "traces"
+
+
+def otlp_requests(path: Path) -> Iterator[OTLPRequest]:
+    """Each export request of an OTLP file (traces or logs); a test-case file is refused with the command that
+    takes it."""
     if path.suffix in PROTOBUF_SUFFIXES:
         try:
-            yield None, path.read_bytes(), "application/x-protobuf"
+            payload = path.read_bytes()
         except OSError as exc:
             raise InputFileError(f"cannot read {path}: {exc}") from exc
+        yield OTLPRequest(None, payload, "application/x-protobuf", protobuf_signal(payload))
         return
     documents, errors = _documents(path)
     _raise_all(errors)
@@ -140,24 +196,30 @@ def trace_requests(path: Path) -> Iterator[tuple[int | None, bytes, str]]:
         raise InputFileError(f"{path} is a test-case file (it has turns, not OTLP spans): score it with "
                              f"`tracejudge evaluate {path}`")
     for line, document in documents:
-        if kind_of(document) != "otlp":
-            raise InputFileError(f"{path}{f':{line}' if line else ''}: not an OTLP trace request (an object with "
-                                 "'resourceSpans'); `tracejudge inspect` and `replay` take OTLP/JSON or .pb files")
-        yield line, json.dumps(document).encode(), "application/json"
+        kind = kind_of(document)
+        if kind not in OTLP_KINDS:
+            raise InputFileError(f"{path}{f':{line}' if line else ''}: not an OTLP export request (an object with "
+                                 "'resourceSpans', or 'resourceLogs' for log records); `tracejudge inspect` and "
+                                 "`replay` take OTLP/JSON or .pb files")
+        yield OTLPRequest(line, json.dumps(document).encode(), "application/json",
+                          "logs" if kind == "otlp_logs" else "traces")
 
 
-def read_trace_file(path: Path, on_problem: Callable[[str], None] | None = None) -> list[Span]:
-    """Spans from an OTLP/JSON file (one request, or one request per line) or an OTLP protobuf file; spans
-    that cannot be kept are passed to `on_problem` (default: printed to stderr)."""
+def read_otlp_files(paths: Sequence[Path], on_problem: Callable[[str], None] | None = None) -> list[Span]:
+    """Spans from OTLP trace files, and the GenAI events of OTLP log files as the collector keeps them (each
+    joins the span it names when a conversation is built); spans that cannot be kept are passed to
+    `on_problem` (default: printed to stderr)."""
     spans: list[Span] = []
-    for line, payload, content_type in trace_requests(path):
-        try:
-            decoded = decode_otlp(payload, content_type)
-        except OTLPDecodeError as exc:
-            raise InputFileError(f"{path}{f':{line}' if line else ''}: {exc}") from exc
-        for problem in decoded.problems:
-            (on_problem or _stderr)(f"skipped {problem}")
-        spans.extend(decoded.spans)
+    for path in paths:
+        for request in otlp_requests(path):
+            decode = decode_otlp_logs if request.signal == "logs" else decode_otlp
+            try:
+                decoded = decode(request.payload, request.content_type)
+            except OTLPDecodeError as exc:
+                raise InputFileError(f"{path}{f':{request.line}' if request.line else ''}: {exc}") from exc
+            for problem in decoded.problems:
+                (on_problem or _stderr)(f"skipped {problem}")
+            spans.extend(decoded.spans)
     return spans
 
 

@@ -1,7 +1,9 @@
-"""`tracejudge replay`: send saved trace files to a running collector over OTLP/HTTP or OTLP/gRPC.
+"""`tracejudge replay`: send saved OTLP files (traces, and the log records some frameworks write the messages as) to
+a running collector over OTLP/HTTP or OTLP/gRPC.
 
 OTLP/JSON files are sent as they are over HTTP; for gRPC they are converted to protobuf (OTLP/JSON is
-protobuf's JSON mapping with hex instead of base64 ids).
+protobuf's JSON mapping with hex instead of base64 ids). Each request goes to its signal's endpoint: traces to
+`/v1/traces` (TraceService), log records to `/v1/logs` (LogsService).
 """
 
 from __future__ import annotations
@@ -11,51 +13,87 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
 import grpc
 import httpx
 from google.protobuf import json_format
+from google.protobuf.message import Message
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+    ExportLogsServiceRequest,
+    ExportLogsServiceResponse,
+)
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
 
-from tracejudge.collector.input_files import InputFileError, trace_requests
+from tracejudge.collector.input_files import InputFileError, OTLPRequest, Signal, otlp_requests
 from tracejudge.errors import TracejudgeError
 
-EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 ID_KEYS = ("traceId", "spanId", "parentSpanId")
 
 
+class _Wire(NamedTuple):
+    """What one signal's export looks like: its gRPC method, request and response messages, and the field of its
+    partial success that counts what was rejected."""
+
+    method: str
+    request: type[Message]
+    response: type[Message]
+    rejected: str  # protobuf field name
+    rejected_json: str  # OTLP/JSON field name
+
+
+WIRES: dict[Signal, _Wire] = {
+    "traces": _Wire("/opentelemetry.proto.collector.trace.v1.TraceService/Export", ExportTraceServiceRequest,
+                    ExportTraceServiceResponse, "rejected_spans", "rejectedSpans"),
+    "logs": _Wire("/opentelemetry.proto.collector.logs.v1.LogsService/Export", ExportLogsServiceRequest,
+                  ExportLogsServiceResponse, "rejected_log_records", "rejectedLogRecords"),
+}
+EXPORT = WIRES["traces"].method
+
+
 class ReplayError(TracejudgeError):
-    """A trace file cannot be read or converted."""
+    """A file cannot be read or converted."""
 
 
 @dataclass
 class ReplayReport:
     requests: int = 0
     rejected_spans: int = 0
+    rejected_log_records: int = 0
     failures: list[str] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)
 
+    @property
+    def rejected(self) -> int:
+        return self.rejected_spans + self.rejected_log_records
 
-def requests_in(path: Path) -> Iterator[tuple[bytes, str]]:
-    """(payload, content type) of each export request in a file: .pb protobuf, else OTLP/JSON or JSON Lines."""
+    def count(self, signal: Signal, rejected: int) -> None:
+        if signal == "logs":
+            self.rejected_log_records += rejected
+        else:
+            self.rejected_spans += rejected
+
+
+def requests_in(path: Path) -> Iterator[OTLPRequest]:
+    """Each export request of a file: .pb protobuf, else OTLP/JSON or JSON Lines; traces or logs."""
     try:
-        for _, payload, content_type in trace_requests(path):
-            yield payload, content_type
+        yield from otlp_requests(path)
     except InputFileError as exc:
         raise ReplayError(str(exc)) from exc
 
 
-def http_traces_url(endpoint: str) -> str:
-    """OTel exporters take the base URL (`http://host:4318`) and add `/v1/traces`; so does replay."""
+def http_signal_url(endpoint: str, signal: Signal = "traces") -> str:
+    """OTel exporters take the base URL (`http://host:4318`) and add `/v1/traces` or `/v1/logs`; so does replay.
+    An endpoint given with `/v1/traces` sends log records to the `/v1/logs` beside it."""
     parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
-    if parts.path in ("", "/"):
-        parts = parts._replace(path="/v1/traces")
-    return urlunsplit(parts)
+    path = parts.path.rstrip("/")
+    if path in ("", "/v1/traces", "/v1/logs"):
+        path = f"/v1/{signal}"
+    return urlunsplit(parts._replace(path=path))
 
 
 def grpc_target(endpoint: str) -> str:
@@ -72,10 +110,10 @@ def _hex_ids_to_base64(value: Any) -> Any:
     return value
 
 
-def json_to_protobuf(payload: bytes) -> bytes:
+def json_to_protobuf(payload: bytes, signal: Signal = "traces") -> bytes:
     try:
         body = _hex_ids_to_base64(json.loads(payload))
-        return json_format.ParseDict(body, ExportTraceServiceRequest(), ignore_unknown_fields=True).SerializeToString()
+        return json_format.ParseDict(body, WIRES[signal].request(), ignore_unknown_fields=True).SerializeToString()
     except (ValueError, json_format.ParseError) as exc:
         raise ReplayError(f"cannot convert OTLP/JSON to protobuf for gRPC: {exc}") from exc
 
@@ -84,39 +122,42 @@ def replay(files: list[Path], protocol: str, endpoint: str, token: str | None, t
     report = ReplayReport()
     headers = {"authorization": f"Bearer {token}"} if token else {}
     if protocol == "http":
-        endpoint = http_traces_url(endpoint)
         with httpx.Client(timeout=timeout) as client:
             for path in files:
-                for payload, content_type in requests_in(path):
+                for request in requests_in(path):
                     report.requests += 1
-                    reply = client.post(endpoint, content=payload, headers={**headers, "Content-Type": content_type})
+                    wire = WIRES[request.signal]
+                    reply = client.post(http_signal_url(endpoint, request.signal), content=request.payload,
+                                        headers={**headers, "Content-Type": request.content_type})
                     if reply.status_code != 200:
                         report.failures.append(f"{path}: HTTP {reply.status_code}: {reply.text[:300]}")
                         continue
-                    if content_type == "application/json":
+                    if request.content_type == "application/json":
                         partial = (reply.json() or {}).get("partialSuccess") or {}
-                        rejected, message = int(partial.get("rejectedSpans") or 0), partial.get("errorMessage", "")
+                        rejected, message = int(partial.get(wire.rejected_json) or 0), partial.get("errorMessage", "")
                     else:
-                        response = ExportTraceServiceResponse.FromString(reply.content)
-                        rejected = response.partial_success.rejected_spans
+                        response = wire.response.FromString(reply.content)
+                        rejected = getattr(response.partial_success, wire.rejected)
                         message = response.partial_success.error_message
-                    report.rejected_spans += rejected
+                    report.count(request.signal, rejected)
                     if message:
                         report.messages.append(f"{path}: {message}")
         return report
     with grpc.insecure_channel(grpc_target(endpoint)) as channel:
-        export = channel.unary_unary(EXPORT, request_serializer=None,
-                                     response_deserializer=ExportTraceServiceResponse.FromString)
+        exports = {signal: channel.unary_unary(wire.method, request_serializer=None,
+                                               response_deserializer=wire.response.FromString)
+                   for signal, wire in WIRES.items()}
         for path in files:
-            for payload, content_type in requests_in(path):
+            for request in requests_in(path):
                 report.requests += 1
-                body = payload if content_type == "application/x-protobuf" else json_to_protobuf(payload)
+                body = request.payload if request.content_type == "application/x-protobuf" \
+                    else json_to_protobuf(request.payload, request.signal)
                 try:
-                    response = export(body, timeout=timeout, metadata=tuple(headers.items()))
+                    response = exports[request.signal](body, timeout=timeout, metadata=tuple(headers.items()))
                 except grpc.RpcError as exc:
                     report.failures.append(f"{path}: {exc.code().name}: {exc.details()}")
                     continue
-                report.rejected_spans += response.partial_success.rejected_spans
+                report.count(request.signal, getattr(response.partial_success, WIRES[request.signal].rejected))
                 if response.partial_success.error_message:
                     report.messages.append(f"{path}: {response.partial_success.error_message}")
     return report

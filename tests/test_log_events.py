@@ -3,15 +3,21 @@ the real OTel SDK log exporters (gRPC and HTTP) against `tracejudge serve`, with
 
 from __future__ import annotations
 
+import base64
 import json
 import time
+from pathlib import Path
 
 import httpx
 import pytest
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
+from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter as GrpcLogExporter
 from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter as HttpLogExporter
 from opentelemetry.sdk._logs import LoggerProvider
-from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
+from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -19,7 +25,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import set_span_in_context
 
 from tests.support.collector_process import CollectorProcess
+from tests.test_cli import run
 from tests.test_pipeline import config, export, query, wait_for
+from tracejudge.collector.input_files import read_test_cases
 from tracejudge.mapping import build_conversations, decode_otlp_logs
 
 QUESTION, ANSWER = "What's the weather in Oslo?", "Snow in Oslo, -3°C."
@@ -119,3 +127,61 @@ def test_metrics_exports_are_accepted_and_dropped_without_an_error(tmp_path, pro
                    and f'protocol="{protocol}"' in line]
         assert dropped and float(dropped[0].rsplit(" ", 1)[1]) >= 1
         assert query(collector, "SELECT count(*) FROM spans") == [[0]]
+
+
+def _otlp_json(request: Message) -> str:
+    """A request as OTLP/JSON: protobuf's JSON mapping with hex ids (what other collectors' file exporters write)."""
+    def hex_ids(value: object) -> object:
+        if isinstance(value, dict):
+            return {k: base64.b64decode(v).hex() if k in ("traceId", "spanId", "parentSpanId") else hex_ids(v)
+                    for k, v in value.items()}
+        return [hex_ids(v) for v in value] if isinstance(value, list) else value
+    return json.dumps(hex_ids(MessageToDict(request, use_integers_for_enums=True)))
+
+
+def recorded_files(tmp_path: Path) -> dict[str, Path]:
+    """The turn of `record_turn` as a user saves it: the spans in a trace file, the log records in a log file, each
+    as OTLP/JSON and as protobuf."""
+    logs = InMemoryLogRecordExporter()
+    spans = record_turn(logs)
+    traces_request, logs_request = encode_spans(spans), encode_logs(logs.get_finished_logs())
+    files = {"trace.json": _otlp_json(traces_request), "logs.json": _otlp_json(logs_request),
+             "trace.pb": traces_request.SerializeToString(), "logs.pb": logs_request.SerializeToString()}
+    for name, content in files.items():
+        (tmp_path / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+    return {name: tmp_path / name for name in files}
+
+
+def test_inspect_and_evaluate_take_a_trace_file_with_its_log_file(tmp_path) -> None:
+    files = recorded_files(tmp_path)
+    alone = run(["inspect", str(files["trace.json"])])
+    assert alone.returncode == 0 and QUESTION not in alone.stdout  # the messages are only in the log records
+    for trace, logs in (("trace.json", "logs.json"), ("trace.pb", "logs.pb"), ("logs.pb", "trace.json")):
+        proc = run(["inspect", str(files[trace]), str(files[logs])])
+        assert proc.returncode == 0, proc.stderr
+        assert f"  [0] user: {QUESTION}" in proc.stdout.splitlines(), (trace, logs, proc.stdout)
+        assert f"  [1] assistant: {ANSWER}" in proc.stdout.splitlines()
+    cases = read_test_cases([files["trace.pb"], files["logs.json"]])
+    assert [(t.role, t.content) for t in cases[0].turns] == [("user", QUESTION), ("assistant", ANSWER)]
+    proc = run(["evaluate", str(files["trace.json"]), str(files["logs.pb"]), "--metric", "mcp_call_validity",
+                "--format", "json"])
+    [result] = json.loads(proc.stdout)["test_results"]
+    assert result["name"] == "conv-events", proc.stderr
+    other = tmp_path / "other.json"
+    other.write_text('{"service": "weather"}')
+    assert f"{other}: not an OTLP export request" in run(["inspect", str(files["trace.json"]), str(other)]).stderr
+
+
+@pytest.mark.parametrize(("protocol", "trace", "logs"), [("http", "trace.json", "logs.json"),
+                                                         ("grpc", "trace.json", "logs.pb")])
+def test_replay_sends_log_files_to_the_logs_endpoint(tmp_path, protocol, trace, logs) -> None:
+    files = recorded_files(tmp_path)
+    with CollectorProcess(tmp_path / "t.duckdb", config=config(tmp_path)) as collector:
+        endpoint = collector.http_url if protocol == "http" else collector.grpc_endpoint
+        proc = run(["replay", str(files[logs]), str(files[trace]), "--protocol", protocol, "--endpoint", endpoint])
+        assert proc.returncode == 0, proc.stderr
+        assert "sent 2 request(s)" in proc.stdout
+        [[test_case]] = wait_for(collector, "SELECT test_case FROM conversations "
+                                            "WHERE conversation_id = 'conv-events'", 1)
+        turns = json.loads(test_case)["turns"]
+        assert [(t["role"], t["content"]) for t in turns] == [("user", QUESTION), ("assistant", ANSWER)]

@@ -55,7 +55,7 @@ def _build_metrics(args: argparse.Namespace, settings: Settings) -> tuple[list[B
 def run(args: argparse.Namespace) -> int:
     try:
         settings = load_settings(None, judge_flags(args))
-        cases = read_test_cases(Path(args.file), settings.redaction.redactor(),
+        cases = read_test_cases([Path(f) for f in args.files], settings.redaction.redactor(),
                                 mcp_tools=settings.mapping.mcp_tools)
         metrics, skipped = _build_metrics(args, settings)
     except (InputFileError, JudgeConfigurationError, TracejudgeError, ValueError) as exc:

@@ -14,7 +14,7 @@ import httpx
 from tracejudge.collector.commands import EXIT_BAD_INPUT, EXIT_PASS
 from tracejudge.collector.commands.admin_client import admin_headers
 from tracejudge.collector.config import ConfigError, load_settings
-from tracejudge.collector.input_files import InputFileError, read_trace_file
+from tracejudge.collector.input_files import InputFileError, read_otlp_files
 from tracejudge.collector.server_file import ServerFileError, read_server_file
 from tracejudge.mapping import Conversation, build_conversations
 
@@ -64,10 +64,16 @@ def _explain(conversation: Conversation) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not Path(args.file).exists():
+    paths = [Path(f) for f in args.files]
+    missing = [p for p in paths if not p.exists()]
+    if len(paths) == 1 and missing:
         return _from_collector(args)
+    if missing:
+        print(f"tracejudge inspect: no such file: {', '.join(map(str, missing))} (a conversation id is looked up "
+              "alone, without files)", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
-        spans = read_trace_file(Path(args.file))
+        spans = read_otlp_files(paths)
         servers = read_server_file(Path(args.servers)) if args.servers else None
         settings = load_settings()
         redactor = settings.redaction.redactor()
@@ -91,12 +97,13 @@ def _print(conversations: list[Conversation], args: argparse.Namespace, nothing:
 def _from_collector(args: argparse.Namespace) -> int:
     """A conversation id: the running collector maps its stored spans again (always with where each part came
     from; --explain prints it)."""
-    url = f"{args.url.rstrip('/')}/api/conversations/{quote(args.file, safe='')}/mapping"
+    conversation_id = args.files[0]
+    url = f"{args.url.rstrip('/')}/api/conversations/{quote(conversation_id, safe='')}/mapping"
     try:
         reply = httpx.get(url, headers=admin_headers(), timeout=120)
     except httpx.HTTPError as exc:
-        print(f"tracejudge inspect: {args.file} is no file, and no collector answered at {args.url} to look it up "
-              f"as a conversation id ({type(exc).__name__}); start one or pass --url", file=sys.stderr)
+        print(f"tracejudge inspect: {conversation_id} is no file, and no collector answered at {args.url} to look "
+              f"it up as a conversation id ({type(exc).__name__}); start one or pass --url", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
         body = reply.json()

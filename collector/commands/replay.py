@@ -10,12 +10,12 @@ from pathlib import Path
 import httpx
 
 from tracejudge.collector.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS
-from tracejudge.collector.replay import ReplayError, grpc_target, http_traces_url, replay
+from tracejudge.collector.replay import ReplayError, grpc_target, replay
 
 
 def run(args: argparse.Namespace) -> int:
     endpoint = args.endpoint or ("http://127.0.0.1:4318" if args.protocol == "http" else "127.0.0.1:4317")
-    endpoint = http_traces_url(endpoint) if args.protocol == "http" else grpc_target(endpoint)
+    endpoint = endpoint if args.protocol == "http" else grpc_target(endpoint)
     token = args.token or os.environ.get("TRACEJUDGE_INGEST_TOKEN")
     try:
         report = replay([Path(f) for f in args.files], args.protocol, endpoint, token)
@@ -28,5 +28,6 @@ def run(args: argparse.Namespace) -> int:
     for line in report.messages + report.failures:
         print(line, file=sys.stderr)
     print(f"sent {report.requests} request(s) to {endpoint}: {len(report.failures)} failed, "
-          f"{report.rejected_spans} span(s) rejected")
-    return EXIT_PASS if not report.failures and not report.rejected_spans else EXIT_FAIL
+          f"{report.rejected_spans} span(s) rejected" + (f", {report.rejected_log_records} log record(s) rejected"
+                                                          if report.rejected_log_records else ""))
+    return EXIT_PASS if not report.failures and not report.rejected else EXIT_FAIL
