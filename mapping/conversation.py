@@ -125,6 +125,8 @@ def _facts(span: Span) -> _Facts:
         facts.op = facts.op or dialect.mcp_operation(span)
         if offered := dialect.tool_definitions(span):
             facts.definitions = merge_definitions(facts.definitions, offered) if facts.definitions else offered
+        if dialect.exclusive(span):
+            break
     return facts
 
 

@@ -41,7 +41,7 @@ from tracejudge.mapping.otlp import (
     _pb_attrs,
     _time,
 )
-from tracejudge.mapping.spans import Span, SpanEvent
+from tracejudge.mapping.spans import Span, SpanEvent, parse_json_value
 
 LOG_EVENT_SCOPE = "tracejudge.log_event"
 EVENT_PREFIX = "gen_ai."
@@ -67,6 +67,8 @@ def _carrier(trace_id: str | None, span_id: str | None, event_name: str, time_ns
     if not event_name.startswith(EVENT_PREFIX):
         return None
     fields = {k: v for k, v in attributes.items() if k != "event.name"}
+    if isinstance(body, str) and body.lstrip().startswith("{"):
+        body = parse_json_value(body)  # Semantic Kernel logs the message as its JSON text
     if isinstance(body, dict):
         fields = {**body, **fields}
     elif body is not None:

@@ -51,8 +51,10 @@ def ui(tmp_path: Path, judge_server) -> Iterator[CollectorProcess]:
     with CollectorProcess(tmp_path / "t.duckdb", config=config(tmp_path), env=env) as collector:
         export(collector, conversations(end=True))
         export(collector, hostile_conversation())
-        for fixture in sorted(REAL.glob("*.otlp.json")):
-            httpx.post(collector.http_url, content=fixture.read_bytes(), headers={"Content-Type": "application/json"})
+        for fixture in sorted(REAL.glob("*.otlp.json")):  # Semantic Kernel's messages are in its log file
+            url = collector.http_url.replace("/v1/traces", "/v1/logs") if fixture.name.endswith(".logs.otlp.json") \
+                else collector.http_url
+            httpx.post(url, content=fixture.read_bytes(), headers={"Content-Type": "application/json"})
         wait_for(collector, "SELECT 1 FROM scores WHERE metric = 'mcp_use'", 3, token=TOKEN)
         wait_for(collector, "SELECT 1 FROM conversations", 14, token=TOKEN)
         yield collector

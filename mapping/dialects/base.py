@@ -81,6 +81,11 @@ class Dialect:
     def applies(self, span: Span) -> bool:
         raise NotImplementedError
 
+    def exclusive(self, span: Span) -> bool:
+        """Whether this dialect's answers are all there is to read of the span: the dialects after it, which
+        would read the span's generic attributes another way, are not asked."""
+        return False
+
     def agent_run(self, span: Span) -> AgentRun | None:
         return None
 

@@ -38,7 +38,8 @@ def _event_message(name: str, attrs: dict[str, Any]) -> Message | None:
     parts: list[Part] = []
     content = parse_json_value(attrs.get("content"))
     if role == "tool":
-        return Message("tool", [Part("tool_call_response", id=_s(attrs.get("id")), result=content)])
+        return Message("tool", [Part("tool_call_response", id=_s(attrs.get("id", attrs.get("tool_call_id"))),
+                                     result=content)])
     if isinstance(content, str) and content:
         parts.append(Part("text", text=content))
     for call in as_list(parse_json_value(attrs.get("tool_calls"))):

@@ -1,0 +1,57 @@
+"""What the Semantic Kernel and Mastra dialects decide beyond the recorded scenario (tests/test_mapping_frameworks.py
+checks the recordings field by field): which SK functions are MCP, when an SK result is an MCP error, and that a
+hostile result repr costs bounded work."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tests.test_mapping_frameworks import recorded_spans
+from tracejudge.mapping import build_conversations
+from tracejudge.mapping.python_reprs import MAX_REPR_CHARS, read_repr
+
+RESULT = "gen_ai.tool.call.result"
+
+
+def _with_results(change: dict[str, str]) -> list:
+    """The recorded SK conversation with some execute_tool results replaced (tool name -> new result text)."""
+    spans = []
+    for span in recorded_spans("semantic_kernel"):
+        name = span.attributes.get("gen_ai.tool.name")
+        if name in change:
+            span = dataclasses.replace(span, attributes={**span.attributes, RESULT: change[name]}, _parsed={})
+        spans.append(span)
+    return spans
+
+
+def _calls(spans: list) -> tuple[list[tuple[str, bool]], list[str]]:
+    [conversation] = build_conversations(spans)
+    turns = conversation.test_case.turns
+    mcp = [(c.name, bool(c.result and c.result.is_error)) for t in turns for c in t.mcp_tools_called or []]
+    functions = [c.name for t in turns for c in t.tools_called or []]
+    return mcp, functions
+
+
+def test_sk_functions_whose_results_hold_no_mcp_object_are_function_tools() -> None:
+    mcp, functions = _calls(_with_results({"weather-get_weather": "18°C and rain",
+                                           "weather-book_umbrella": "[TextContent(text='booked', encoding=None)]"}))
+    assert mcp == []
+    assert sorted(functions) == ["weather-book_umbrella", "weather-get_weather", "weather-get_weather"]
+
+
+def test_an_sk_result_is_an_mcp_error_only_when_the_sdk_says_so_for_that_tool() -> None:
+    recorded = _calls(recorded_spans("semantic_kernel"))[0]
+    assert ("book_umbrella", True) in recorded and ("get_weather", False) in recorded
+    other = ("[TextContent(inner_content=TextContent(type='text', text='Error executing tool get_weather: no', "
+             "annotations=None, meta=None), text='Error executing tool get_weather: no')]")
+    mcp, _ = _calls(_with_results({"weather-book_umbrella": other}))
+    assert ("book_umbrella", False) in mcp  # another tool's error text is this tool's answer, not its error
+
+
+def test_hostile_reprs_are_read_as_nothing_in_bounded_time() -> None:
+    assert read_repr("[" * 200_000) is None
+    assert read_repr("TextContent(text='" + "x" * MAX_REPR_CHARS + "')") is None
+    assert read_repr("__import__('os').system('false')") == {"__class__": "system"}  # read, never run
+    assert read_repr("TextContent(text=f'{1/0}')") == {"__class__": "TextContent", "text": None}
+    mcp, functions = _calls(_with_results({"weather-get_weather": "[TextContent(inner_content=" * 50_000}))
+    assert "weather-get_weather" in functions and ("book_umbrella", True) in mcp
