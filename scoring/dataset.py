@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import AliasChoices, Field, ValidationError
+from pydantic import AliasChoices, Field, ValidationError, model_validator
 
 from tracejudge.dataset_records import (
     LIST_DELIMITER,
@@ -24,6 +24,12 @@ from tracejudge.dataset_records import (
     turns_in,
 )
 from tracejudge.errors import TracejudgeError
+from tracejudge.persona import (  # noqa: F401 - DeepEval users import the persona types from the dataset module
+    BackgroundNoiseSettings,
+    InterruptionBehavior,
+    Persona,
+    resolve_persona,
+)
 from tracejudge.test_case import (
     ConversationalTestCase,
     LLMTestCase,
@@ -64,14 +70,22 @@ class ConversationalGolden(_AdditionalMetadata, _CaseModel):
     metadata: dict[str, Any] | None = Field(
         None, validation_alias=AliasChoices("metadata", "additional_metadata", "additionalMetadata"))
     custom_column_key_values: dict[str, str] | None = None
+    persona: Persona | None = None  # who the simulated user is; `user_description` is its older, text-only form
+
+    @model_validator(mode="after")
+    def _persona_in_step(self) -> ConversationalGolden:
+        self.__dict__["persona"], self.__dict__["user_description"] = resolve_persona(self.persona,
+                                                                                      self.user_description)
+        return self
 
     @classmethod
     def from_test_case(cls, case: ConversationalTestCase) -> ConversationalGolden:
         """The case as a golden; its scenario, else its first user turn, is the scenario."""
         first_user = next((t.content for t in case.turns if t.role == "user"), "")
-        return cls(scenario=case.scenario or first_user, expected_outcome=case.expected_outcome,
-                   user_description=case.user_description, context=case.context, turns=case.turns,
-                   name=case.name, comments=case.comments, metadata=case.metadata)
+        persona = Persona(characteristics=case.user_description) if case.user_description is not None else None
+        return cls(scenario=case.scenario or first_user, expected_outcome=case.expected_outcome, persona=persona,
+                   context=case.context, turns=case.turns, name=case.name, comments=case.comments,
+                   metadata=case.metadata)
 
 
 class Golden(SingleTurnFields):
@@ -266,6 +280,9 @@ class EvaluationDataset:
                 problems.append(f"record {i}: not a JSON object")
                 continue
             record = {k: v for k, v in record.items() if v is not None}
+            description = record.get("user_description", record.get("userDescription"))
+            if isinstance(description, str) and "persona" not in record:  # a file's text is no deprecated call
+                record["persona"] = {"characteristics": description}
             if "turns" in record:
                 record["turns"] = turns_in(record["turns"])
             if "retrieval_context" in record:

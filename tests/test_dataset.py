@@ -12,13 +12,14 @@ import pytest
 from tests.support.cases import three_task_case, two_turn_case
 from tracejudge import ConversationalGolden, DatasetError, EvaluationDataset, MCPCallValidityMetric, evaluate
 from tracejudge.collector.store.span_store import SpanStore
+from tracejudge.dataset import Persona
 from tracejudge.test_case import ConversationalTestCase, load_test_case
 
 
 def _goldens() -> list[ConversationalGolden]:
     return [
         ConversationalGolden(scenario="Find a flight to JFK for Christmas Eve", expected_outcome="a booked flight",
-                             user_description="a traveller in SFO", context=["prefers mornings"],
+                             persona=Persona(characteristics="a traveller in SFO"), context=["prefers mornings"],
                              additional_metadata={"team": "travel"}),
         ConversationalGolden.from_test_case(_case_with_comments()),
     ]

@@ -499,3 +499,43 @@ def test_a_nameless_tool_is_left_out_of_a_server_and_its_names_are_listed_as_dee
     assert get_available_mcp_tool_names([server, {"server_name": "Slack", "available_tools": [{"name": "post"}]}]) \
         == {"search", "create_issue", "post"}
     assert normalize_mcp_servers([server])[0] is server
+
+
+def test_a_persona_is_validated_and_kept_in_step_with_the_older_user_description(tmp_path: Path) -> None:
+    from tracejudge.dataset import (
+        BackgroundNoiseSettings,
+        ConversationalGolden,
+        EvaluationDataset,
+        InterruptionBehavior,
+        Persona,
+    )
+
+    with pytest.raises(ValueError, match="interruption frequency"):
+        InterruptionBehavior(frequency="always")
+    with pytest.raises(ValueError, match="overlap behavior"):
+        InterruptionBehavior(overlap="shout")
+    with pytest.raises(ValueError):
+        BackgroundNoiseSettings(audio="cafe.wav", volume=1.5)
+    with pytest.raises(ValueError):
+        Persona(characteristics="Anyone", hold_timeout=0)
+    assert Persona(characteristics="Anyone").tts_kwargs() == {}
+    assert Persona(characteristics="Anyone", voice="coral").tts_kwargs() == {"voice": "coral"}
+    assert Persona(characteristics="  In a hurry.  ").prompt_block() == "<persona>\nIn a hurry.\n</persona>"
+    with pytest.warns(DeprecationWarning, match="user_description"):
+        old = ConversationalGolden(scenario="Refund", user_description="An impatient caller.")
+    assert old.persona == Persona(characteristics="An impatient caller.")
+    with pytest.raises(ValueError, match="conflicting"):
+        ConversationalGolden(scenario="Refund", persona=Persona(characteristics="Calm."), user_description="Loud.")
+    assert ConversationalGolden(scenario="Refund").persona is None
+    # a dataset file's user_description is its text, not a deprecated call: loaded without a warning
+    path = tmp_path / "goldens.json"
+    dataset = EvaluationDataset(goldens=[ConversationalGolden(
+        scenario="Refund", persona=Persona(name="Dana", characteristics="An impatient caller.", voice="coral"))])
+    dataset.save_as("json", str(tmp_path), file_name="goldens")
+    loaded = EvaluationDataset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        loaded.add_goldens_from_json_file(str(path))
+    [golden] = loaded.goldens
+    assert golden.persona == Persona(name="Dana", characteristics="An impatient caller.", voice="coral")
+    assert golden.user_description == "An impatient caller."

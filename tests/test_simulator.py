@@ -30,11 +30,12 @@ def test_deepevals_documented_example_runs_with_only_the_import_changed(judge_se
     from tracejudge.simulator import ConversationSimulator
     from tracejudge.test_case import Turn
 
-    conversation_golden = ConversationalGolden(
-        scenario="Andy Byron wants to purchase a VIP ticket to a cold play concert.",
-        expected_outcome="Successful purchase of a ticket.",
-        user_description="Andy Byron is the CEO of Astronomer.",
-    )
+    with pytest.warns(DeprecationWarning, match="user_description"):  # as DeepEval now warns: a Persona replaces it
+        conversation_golden = ConversationalGolden(
+            scenario="Andy Byron wants to purchase a VIP ticket to a cold play concert.",
+            expected_outcome="Successful purchase of a ticket.",
+            user_description="Andy Byron is the CEO of Astronomer.",
+        )
 
     async def chatbot_callback(input):  # noqa: A002 - DeepEval's argument name
         return Turn(role="assistant", content=f"Chatbot response to: {input}")
@@ -50,6 +51,29 @@ def test_deepevals_documented_example_runs_with_only_the_import_changed(judge_se
     assert case.metadata["simulation"]["stopped"] == "max_user_simulations (10) reached"
     simulated = case.metadata["simulation"]
     assert simulated["calls"] == 10 + 10 and simulated["input_tokens"] > 0  # 10 user turns, 10 outcome checks
+
+
+def test_the_simulated_user_is_prompted_with_the_goldens_persona(judge_server) -> None:
+    from tracejudge.dataset import ConversationalGolden, InterruptionBehavior, Persona
+    from tracejudge.simulator import ConversationSimulator
+
+    prompts: list[str] = []
+
+    def user(request: Request) -> Reply:
+        if request.judge != "conversation_complete":
+            prompts.append(request.user)
+        return user_and_judge(request)
+
+    judge_server.script = user
+    persona = Persona(name="Dana", characteristics="Impatient; writes in short bursts.", speaks_first=False,
+                      interruption_behavior=InterruptionBehavior(frequency="frequent", overlap="insist"))
+    golden = ConversationalGolden(scenario="Buy a VIP ticket", expected_outcome="A ticket is booked", persona=persona)
+    assert golden.user_description == "Impatient; writes in short bursts."  # the older field follows the persona
+    [case] = ConversationSimulator(model_callback=lambda input: "Ticket #42 booked for you.").simulate(
+        [golden], max_user_simulations=2)
+    assert case.user_description == "Impatient; writes in short bursts."
+    assert prompts and all("Who the user is: \n<persona>\nName: Dana\n\nImpatient; writes in short bursts.\n\n"
+                           in prompt for prompt in prompts)
 
 
 def test_a_simulated_user_stops_when_the_expected_outcome_is_reached(judge_server) -> None:

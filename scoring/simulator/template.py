@@ -9,6 +9,14 @@ from collections.abc import Sequence
 from typing import Any
 
 
+def _who(golden: Any) -> str:
+    """Who the user is: the golden's persona (tagged, as its text may hold anything), else its description."""
+    persona = getattr(golden, "persona", None)
+    if persona is not None:
+        return "\n" + persona.prompt_block()
+    return golden.user_description or "not given"
+
+
 def _transcript(turns: Sequence[Any]) -> str:
     return json.dumps([{"role": t.role, "content": t.content} for t in turns], ensure_ascii=False, indent=2)
 
@@ -19,7 +27,7 @@ class ConversationSimulatorTemplate:
         return (
             f"You play a user talking to an AI assistant, in {language}. Write the user's first message.\n"
             f"Scenario (what the user wants): {golden.scenario}\n"
-            f"Who the user is: {golden.user_description or 'not given'}\n"
+            f"Who the user is: {_who(golden)}\n"
             "Write only what this user would type: no explanations, no quotes, and never say you are simulated.\n"
             'Answer with JSON: {"simulated_input": "<the message>"}'
         )
@@ -29,7 +37,7 @@ class ConversationSimulatorTemplate:
         return (
             f"You play a user talking to an AI assistant, in {language}. Write the user's next message.\n"
             f"Scenario (what the user wants): {golden.scenario}\n"
-            f"Who the user is: {golden.user_description or 'not given'}\n"
+            f"Who the user is: {_who(golden)}\n"
             f"The conversation so far:\n{_transcript(turns)}\n"
             "Reply to the assistant's last message as this user would, to get what the scenario says; do not repeat "
             "yourself, and never say you are simulated.\n"
