@@ -5,8 +5,17 @@ hostile result repr costs bounded work."""
 from __future__ import annotations
 
 import dataclasses
+import gzip
+import json
+from collections.abc import Iterator
+from pathlib import Path
 
-from tests.test_mapping_frameworks import recorded_spans
+import httpx
+
+from tests.support.collector_process import CollectorProcess
+from tests.test_cli import run
+from tests.test_mapping_frameworks import REAL, recorded_spans
+from tests.test_pipeline import config, wait_for
 from tracejudge.mapping import build_conversations
 from tracejudge.mapping.python_reprs import MAX_REPR_CHARS, read_repr
 
@@ -55,3 +64,31 @@ def test_hostile_reprs_are_read_as_nothing_in_bounded_time() -> None:
     assert read_repr("TextContent(text=f'{1/0}')") == {"__class__": "TextContent", "text": None}
     mcp, functions = _calls(_with_results({"weather-get_weather": "[TextContent(inner_content=" * 50_000}))
     assert "weather-get_weather" in functions and ("book_umbrella", True) in mcp
+
+
+def test_the_collector_maps_both_frameworks_as_sent(tmp_path: Path) -> None:
+    """Semantic Kernel's trace and log files replayed (each to its own endpoint); Mastra's OTLP/JSON as its exporter
+    may send it, gzip and chunked: the stored conversations hold the user turns and MCP calls the files map to."""
+    with CollectorProcess(tmp_path / "t.duckdb", config=config(tmp_path)) as collector:
+        files = [str(REAL / "semantic_kernel.otlp.json"), str(REAL / "semantic_kernel.logs.otlp.json")]
+        proc = run(["replay", *files, "--endpoint", collector.http_url])
+        assert proc.returncode == 0, proc.stderr
+
+        def chunks() -> Iterator[bytes]:
+            body = gzip.compress((REAL / "mastra.otlp.json").read_bytes())
+            yield from (body[i:i + 4096] for i in range(0, len(body), 4096))
+
+        reply = httpx.post(collector.http_url, content=chunks(), headers={
+            "Content-Type": "application/json", "Content-Encoding": "gzip"})
+        assert reply.status_code == 200, reply.text
+        rows = wait_for(collector, "SELECT conversation_id, test_case FROM conversations WHERE conversation_id IN "
+                                   "('conv-fw-semantic_kernel', 'conv-fw-mastra') ORDER BY 1", 2)
+        for conversation_id, test_case in rows:
+            turns = json.loads(test_case)["turns"]
+            name = conversation_id.removeprefix("conv-fw-")
+            users = [t["content"] for t in json.loads((REAL / f"{name}.expected.json").read_text())["turns"]
+                     if t["role"] == "user"]
+            assert [t["content"] for t in turns if t["role"] == "user"] == users, conversation_id
+            calls = [(c["name"], bool(c["result"].get("isError"))) for t in turns
+                     for c in t.get("mcp_tools_called") or []]
+            assert calls == [("get_weather", False), ("get_weather", False), ("book_umbrella", True)], conversation_id
