@@ -66,6 +66,12 @@ class ReplayReport:
     rejected_log_records: int = 0
     failures: list[str] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)
+    sent_to: list[str] = field(default_factory=list)  # each endpoint requests went to, in order
+
+    def went_to(self, endpoint: str) -> None:
+        self.requests += 1
+        if endpoint not in self.sent_to:
+            self.sent_to.append(endpoint)
 
     @property
     def rejected(self) -> int:
@@ -125,9 +131,9 @@ def replay(files: list[Path], protocol: str, endpoint: str, token: str | None, t
         with httpx.Client(timeout=timeout) as client:
             for path in files:
                 for request in requests_in(path):
-                    report.requests += 1
-                    wire = WIRES[request.signal]
-                    reply = client.post(http_signal_url(endpoint, request.signal), content=request.payload,
+                    wire, url = WIRES[request.signal], http_signal_url(endpoint, request.signal)
+                    report.went_to(url)
+                    reply = client.post(url, content=request.payload,
                                         headers={**headers, "Content-Type": request.content_type})
                     if reply.status_code != 200:
                         report.failures.append(f"{path}: HTTP {reply.status_code}: {reply.text[:300]}")
@@ -149,7 +155,7 @@ def replay(files: list[Path], protocol: str, endpoint: str, token: str | None, t
                    for signal, wire in WIRES.items()}
         for path in files:
             for request in requests_in(path):
-                report.requests += 1
+                report.went_to(f"{grpc_target(endpoint)} ({WIRES[request.signal].method.split('/')[1]})")
                 body = request.payload if request.content_type == "application/x-protobuf" \
                     else json_to_protobuf(request.payload, request.signal)
                 try:

@@ -27,7 +27,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_FAIL
     for line in report.messages + report.failures:
         print(line, file=sys.stderr)
-    print(f"sent {report.requests} request(s) to {endpoint}: {len(report.failures)} failed, "
+    print(f"sent {report.requests} request(s) to {', '.join(report.sent_to) or endpoint}: "
+          f"{len(report.failures)} failed, "
           f"{report.rejected_spans} span(s) rejected" + (f", {report.rejected_log_records} log record(s) rejected"
                                                           if report.rejected_log_records else ""))
     return EXIT_PASS if not report.failures and not report.rejected else EXIT_FAIL
