@@ -26,7 +26,7 @@ def tool_result(value: Any, error: bool, error_message: str | None) -> CallToolR
         except ValueError:
             result = None
         if result is not None:
-            return result.model_copy(update={"is_error": result.is_error or error})
+            return result if result.is_error or not error else result.model_copy(update={"is_error": True})
     if isinstance(value, dict) and isinstance(value.get("type"), str) and value["type"] in CONTENT_TYPES:
         value = [value]  # a single content block
     if isinstance(value, list) and value and all(isinstance(b, dict) and isinstance(b.get("type"), str)

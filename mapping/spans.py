@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 SPAN_KIND_NAMES = {0: "UNSPECIFIED", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}
 STATUS_ERROR = 2
 
@@ -29,14 +31,24 @@ class SpanLink:
     attributes: dict[str, Any]
 
 
+def loads(text: str | bytes) -> Any:
+    """JSON text as its value: orjson, several times the standard library's speed on the mapping's hot path, and
+    the standard library for what orjson refuses and Python reads (NaN, Infinity, integers past 64 bits). A
+    ValueError when neither reads it."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
+
+
 def parse_json_value(value: Any) -> Any:
     """A JSON string as its value; anything else (or text that is not JSON) unchanged."""
     if isinstance(value, str):
         text = value.strip()
         if text[:1] in ("{", "[", '"') or text in ("true", "false", "null") or _looks_numeric(text):
             try:
-                return json.loads(text)
-            except ValueError:
+                return loads(text)
+            except (ValueError, RecursionError):
                 return value
     return value
 
