@@ -539,3 +539,26 @@ def test_a_persona_is_validated_and_kept_in_step_with_the_older_user_description
     [golden] = loaded.goldens
     assert golden.persona == Persona(name="Dana", characteristics="An impatient caller.", voice="coral")
     assert golden.user_description == "An impatient caller."
+
+
+def test_goldens_convert_to_test_cases_and_back_keeping_what_each_holds() -> None:
+    from tracejudge.dataset import ConversationalGolden, Golden, Persona
+    from tracejudge.dataset.utils import (
+        convert_convo_goldens_to_convo_test_cases,
+        convert_convo_test_cases_to_convo_goldens,
+        convert_goldens_to_test_cases,
+        convert_test_cases_to_goldens,
+    )
+
+    golden = ConversationalGolden(scenario="Refund", expected_outcome="refunded", context=["order 42"],
+                                  turns=[Turn(role="user", content="Hi")], persona=Persona(characteristics="Terse."),
+                                  metadata={"team": "billing"})
+    [case] = convert_convo_goldens_to_convo_test_cases([golden])
+    assert (case.scenario, case.expected_outcome, case.user_description, case.context, case.metadata) == (
+        "Refund", "refunded", "Terse.", ["order 42"], {"team": "billing"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)  # the case's text becomes a persona, not a warning
+        [back] = convert_convo_test_cases_to_convo_goldens([case])
+    assert back.persona == Persona(characteristics="Terse.") and back.turns == golden.turns
+    single = Golden(input="Weather in Oslo?", expected_output="snow", name="oslo", metadata={"k": 1})
+    assert convert_test_cases_to_goldens(convert_goldens_to_test_cases([single])) == [single]
