@@ -10,7 +10,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tracejudge.collector.store.checkpoint_gate import CheckpointGate, GatedCursor
+from tracejudge.collector.store.checkpoint_gate import CheckpointGate, GatedCursor, WritesRefused
 
 
 @pytest.fixture
@@ -167,3 +167,20 @@ def test_a_statement_that_starts_like_a_read_but_writes_holds_the_gate() -> None
     assert reads_only("SELECT updated_at, last_update FROM eval_jobs")
     assert not reads_only("WITH old AS (SELECT 1) DELETE FROM eval_jobs WHERE job_id IN (SELECT * FROM old)")
     assert not reads_only("EXPLAIN ANALYZE UPDATE eval_jobs SET status = 'done'")
+
+
+def test_a_refused_store_takes_reads_but_no_write_and_nothing_is_half_written(con: duckdb.DuckDBPyConnection) -> None:
+    reason: list[str | None] = ["the disk is full"]
+    cursor = GatedCursor(con.cursor(), CheckpointGate(), refuse=lambda: reason[0])
+    con.execute("CREATE TABLE keyed (k INTEGER PRIMARY KEY, v INTEGER)")
+    con.execute("INSERT INTO keyed VALUES (1, 1)")
+    with pytest.raises(WritesRefused, match="the disk is full"):
+        cursor.execute("UPDATE keyed SET v = 2")
+    cursor.execute("BEGIN TRANSACTION")
+    assert cursor.execute("SELECT v FROM keyed").fetchall() == [(1,)]  # reads go on
+    with pytest.raises(duckdb.IOException):  # handled wherever a failed write is
+        cursor.execute("INSERT OR REPLACE INTO keyed VALUES (1, 3)")
+    cursor.execute("ROLLBACK")
+    reason[0] = None  # the span writer's commits succeed again
+    cursor.execute("UPDATE keyed SET v = 4")
+    assert con.execute("SELECT v FROM keyed").fetchall() == [(4,)]

@@ -78,10 +78,6 @@ def _export_while(exporter: HttpSpanExporter, spans: list, fix: callable) -> Spa
     return result[0]
 
 
-@pytest.mark.xfail(strict=False, reason="DuckDB 1.5.5 aborts the whole process (an INTERNAL error, 'duplicate key' "
-                   "in PRIMARY_eval_jobs_0) when it reverts a commit that failed for lack of space after updating "
-                   "a keyed table (the scoring stage's lease), which this test reaches since commit c74f3dd (more "
-                   "bytes per conversation, presumably). Open in issue 43's note: not fixed here")
 def test_disk_full_answers_retryable_loses_nothing_and_recovers(small_fs: Path, tmp_path: Path, judged) -> None:
     db = small_fs / "t.duckdb"
     with CollectorProcess(db, config=config(tmp_path), env=judged) as collector:

@@ -121,14 +121,26 @@ class CheckpointGate:
                 self._cond.notify_all()
 
 
+class WritesRefused(duckdb.IOException):
+    """The store cannot take a write now (its disk is full, or its last commit failed): the pipeline's write was not
+    started and is retried by its next poll, once the span writer's commits succeed again. An IOException, so it
+    is handled where a failed write is."""
+
+
 class GatedCursor:
     """A DuckDB cursor whose writing statements hold `gate` shared: one outside a transaction for itself, one
     inside a transaction from there to its COMMIT or ROLLBACK. A transaction that only reads never takes it
-    (DuckDB checkpoints beside readers). Every other method is the cursor's own."""
+    (DuckDB checkpoints beside readers). Every other method is the cursor's own.
 
-    def __init__(self, cursor: duckdb.DuckDBPyConnection, gate: CheckpointGate) -> None:
+    `refuse`, asked before each statement or transaction starts writing, names why the store cannot take a write
+    now: then `WritesRefused` is raised before anything is written. A commit that fails for lack of space after it
+    updated a keyed table makes DuckDB 1.5 abort the whole process as it reverts it; a write not started cannot."""
+
+    def __init__(self, cursor: duckdb.DuckDBPyConnection, gate: CheckpointGate,
+                 refuse: Callable[[], str | None] | None = None) -> None:
         self._cursor = cursor
         self._gate = gate
+        self._refuse = refuse
         self._in_transaction = False
         self._holding = False  # the open transaction has written, so holds the gate until it ends
 
@@ -163,6 +175,7 @@ class GatedCursor:
                         self._holding = False
                         self._gate.leave()
             if not self._holding and not reads_only(head):
+                self._check()
                 self._gate.enter(in_transaction=True)  # the first write: a waiting checkpoint goes first
                 self._holding = True
             return run()
@@ -177,8 +190,14 @@ class GatedCursor:
             return result
         if reads_only(head):
             return run()
+        self._check()
         self._gate.enter()
         try:
             return run()
         finally:
             self._gate.leave()
+
+    def _check(self) -> None:
+        reason = self._refuse() if self._refuse is not None else None
+        if reason is not None:
+            raise WritesRefused(f"the store takes no pipeline write now: {reason}")

@@ -21,6 +21,7 @@ import datetime as dt
 import importlib.abc
 import importlib.util
 import queue
+import shutil
 import sys
 import threading
 import time
@@ -40,6 +41,9 @@ from tracejudge.errors import TracejudgeError
 
 MEMORY_RETRY_PAUSES_S = (0.02, 0.05, 0.1, 0.2, 0.3)  # 0.67 s in all, then the exporter is told to retry
 DEDUP_WINDOW_S = 900.0  # longer than the OTLP exporters' retry horizons (the Collector's: 300 s)
+# below this much free space the pipeline's writes wait and the span writer keeps what is left for spans
+PIPELINE_MIN_FREE_BYTES = 1024 * 1024
+PROBE_S = 2.0  # while its last commit failed and no spans come, the writer tries a small commit this often
 
 
 class StoreError(TracejudgeError):
@@ -199,7 +203,21 @@ class SpanStore:
         """A connection of this database for another thread (the pipeline, the admin API); its writes hold
         `gate`, so retention's checkpoint can wait for a pause in them."""
         assert self._con is not None, "open() the store first"
-        return cast(duckdb.DuckDBPyConnection, GatedCursor(self._con.cursor(), self.gate))
+        return cast(duckdb.DuckDBPyConnection, GatedCursor(self._con.cursor(), self.gate, self.write_refusal))
+
+    def write_refusal(self) -> str | None:
+        """Why the pipeline's writes must wait, if they must: the span writer's last commit failed (disk full, file
+        gone), or less than `PIPELINE_MIN_FREE_BYTES` is free where the file is. Spans keep priority: the writer
+        goes on trying them, and probes the store while idle, so the pipeline resumes when they commit again."""
+        if not self.healthy:
+            return f"its last commit failed ({self.stats.last_error})"
+        try:
+            free = shutil.disk_usage(self.path.parent).free
+        except OSError:
+            return None  # not knowable here: the write itself will say
+        if free < PIPELINE_MIN_FREE_BYTES:
+            return f"only {free // 1024} KB is free on the database's file system"
+        return None
 
     def close(self) -> None:
         """Commit everything queued, then stop the writer and close the file."""
@@ -224,7 +242,11 @@ class SpanStore:
     def _run(self) -> None:
         stopping = False
         while not stopping:
-            first = self._queue.get()
+            try:  # while the store is at fault, idle time goes to probing it: the pipeline waits on that
+                first = self._queue.get(timeout=None if self.healthy else PROBE_S)
+            except queue.Empty:
+                self.healthy = self._can_commit()
+                continue
             if first is None:
                 break
             job = first if isinstance(first, _WriterJob) else None
