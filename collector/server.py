@@ -133,7 +133,7 @@ class Collector:
                                    prune_dictionaries=lambda: self.store.run_in_writer(prune_unreferenced).result(),
                                    gate=self.store.gate)
         self.store.refusal = lambda: self.retention.stats.disk_full if self.retention else None
-        self.assembler.store_writable = lambda: self.store.healthy
+        self.assembler.store_writable = self.stage.store_writable = lambda: self.store.write_refusal() is None
         self.admin.ui.storage = self.retention.report
         await asyncio.to_thread(self.decoder.start)  # before gRPC starts its threads
         s, sc = self.settings.server, self.settings.scoring

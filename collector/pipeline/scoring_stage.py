@@ -204,6 +204,7 @@ class ScoringStage:
         self.log = log
         self.on_measured = on_measured  # (metric, seconds, error kind or None) after every measure
         self.on_scored = on_scored  # every score written, for the Prometheus score metrics
+        self.store_writable: Callable[[], bool] = lambda: True  # False while the store takes no pipeline write
         self.metrics: dict[str, BaseMetric] = {}
         self._llm_judge: LLMJudge | None = None
         self.unavailable: dict[str, str] = {}  # metric -> why no judge could be built
@@ -303,7 +304,8 @@ class ScoringStage:
         while not stop.is_set():
             self._slot_freed.clear()
             try:
-                await self.step()
+                if self.store_writable():  # else a lease would be refused: wait, quietly (readyz says why)
+                    await self.step()
             except Exception as exc:  # the stage keeps going; the job stays leased and is retried
                 self.log("error", "scoring step failed", reason=f"{type(exc).__name__}: {exc}")
             # while work runs, lease again as soon as some ends: waiting out the poll after every lease held the
