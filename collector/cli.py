@@ -166,8 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument("files", nargs="+", metavar="FILE")
     rp.add_argument("--protocol", choices=["http", "grpc"], default="http")
-    rp.add_argument("--endpoint", help="default http://127.0.0.1:4318 (http: /v1/traces and /v1/logs are added) "
-                    "or 127.0.0.1:4317 (grpc)")
+    rp.add_argument("--endpoint", help="default http://127.0.0.1:4318 (http: the base URL, to which /v1/traces and "
+                    "/v1/logs are added, as OTEL_EXPORTER_OTLP_ENDPOINT takes it) or 127.0.0.1:4317 (grpc)")
     rp.add_argument("--token", help="bearer token (default TRACEJUDGE_INGEST_TOKEN)")
     rp.set_defaults(command_module="replay")
 

@@ -69,15 +69,18 @@ class ReplayReport:
     sent_to: list[str] = field(default_factory=list)  # each endpoint requests went to, in order
 
     def went_to(self, endpoint: str) -> None:
+        """One request sent, to this endpoint (listed once, in order, for the summary line)."""
         self.requests += 1
         if endpoint not in self.sent_to:
             self.sent_to.append(endpoint)
 
     @property
     def rejected(self) -> int:
+        """Spans and log records the collector refused."""
         return self.rejected_spans + self.rejected_log_records
 
     def count(self, signal: Signal, rejected: int) -> None:
+        """What one request's partial success refused, counted under its signal."""
         if signal == "logs":
             self.rejected_log_records += rejected
         else:
@@ -93,13 +96,14 @@ def requests_in(path: Path) -> Iterator[OTLPRequest]:
 
 
 def http_signal_url(endpoint: str, signal: Signal = "traces") -> str:
-    """OTel exporters take the base URL (`http://host:4318`) and add `/v1/traces` or `/v1/logs`; so does replay.
-    An endpoint given with `/v1/traces` sends log records to the `/v1/logs` beside it."""
+    """The URL a signal's requests go to, by OTel's rule for a base URL (OTEL_EXPORTER_OTLP_ENDPOINT): `/v1/traces`
+    or `/v1/logs` added to its path (`http://host:4318` or `http://host/otlp`). An endpoint that already ends in
+    one signal's path is taken as that base with it: log records go to the `/v1/logs` beside a `/v1/traces`."""
     parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
-    path = parts.path.rstrip("/")
-    if path in ("", "/v1/traces", "/v1/logs"):
-        path = f"/v1/{signal}"
-    return urlunsplit(parts._replace(path=path))
+    base = parts.path.rstrip("/")
+    for suffix in ("/v1/traces", "/v1/logs"):
+        base = base.removesuffix(suffix)
+    return urlunsplit(parts._replace(path=f"{base}/v1/{signal}"))
 
 
 def grpc_target(endpoint: str) -> str:

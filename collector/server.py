@@ -31,6 +31,7 @@ from tracejudge.collector.receivers.otlp_grpc import GrpcReceiver
 from tracejudge.collector.receivers.otlp_http import HttpReceiver
 from tracejudge.collector.review.reviews import reviewer_tokens
 from tracejudge.collector.sizes import parse_size
+from tracejudge.collector.store.checkpoint_gate import WritesRefused
 from tracejudge.collector.store.memory_release import arrow_on_the_system_allocator, fewer_malloc_arenas
 from tracejudge.collector.store.span_store import SpanStore, mark_pandas_absent
 from tracejudge.collector.store.span_tables import prune_unreferenced
@@ -125,7 +126,11 @@ class Collector:
         self.metrics.trace_cache_lookups.labels("hit").set_function(lambda: cache.hits)
         self.metrics.trace_cache_lookups.labels("miss").set_function(lambda: cache.misses)
         await asyncio.to_thread(self.assembler.recover)
-        await asyncio.to_thread(self.stage.recover)
+        try:
+            await asyncio.to_thread(self.stage.recover)
+        except WritesRefused as exc:  # a full disk must not stop the collector from starting and taking spans
+            self.stage.recover_pending = True
+            self._log("warning", "the last run's leased jobs are released once the store takes writes", reason=str(exc))
         self.admin.stage = self.stage
         self.retention = Retention(self.store.cursor(), self.settings.retention, self._log, self.settings.store.db,
                                    self.settings.store.max_disk, self._on_storage,

@@ -2,44 +2,78 @@
 objects), read back as data without evaluating anything.
 
 `TextContent(inner_content=TextContent(type='text', text='...'), text='...')` is a Python expression; its syntax
-tree gives each call's class name and keyword values. Enum reprs (`<AuthorRole.USER: 'user'>`) are no expression
-and become their value first. Only literals are read: names, calls and containers become plain data, anything
-else None. Large or deeply nested text is refused (None), so a hostile result costs bounded time and memory.
+tree gives each call's class name and keyword values. Enum reprs (`<AuthorRole.USER: 'user'>`) are no expression:
+outside string literals they become their value first. Only literals of JSON's kinds are read (str, int, float,
+bool, None): names, calls and containers become plain data, anything else None. The text is bounded in length and
+in structure (brackets and commas, an upper bound of the tree's size), so a hostile result costs little work.
 """
 
 from __future__ import annotations
 
 import ast
-import re
+import io
+import tokenize
 from typing import Any
 
 MAX_REPR_CHARS = 256 * 1024
+MAX_STRUCTURE = 8192  # "(", "[", "{" and "," in the text: what bounds the nodes ast.parse builds
 MAX_DEPTH = 32
 CLASS_KEY = "__class__"
-_ENUM = re.compile(r"<[A-Za-z_][\w.]*: ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|-?\d+)>")
+_STRUCTURE = "([{,"
+
+
+class _Unreadable(Exception):
+    pass
 
 
 def read_repr(text: str) -> Any:
     """The data of a repr: a call as a dict of its keywords plus `CLASS_KEY`, lists, dicts and literals; None when
-    the text is no repr this reads."""
-    if len(text) > MAX_REPR_CHARS:
+    the text is no repr this reads, or is too large to read."""
+    if len(text) > MAX_REPR_CHARS or sum(text.count(c) for c in _STRUCTURE) > MAX_STRUCTURE:
         return None
     try:
-        tree = ast.parse(_ENUM.sub(r"\1", text.strip()), mode="eval")
+        try:
+            tree = ast.parse(text.strip(), mode="eval")
+        except SyntaxError:
+            if "<" not in text:
+                return None
+            tree = ast.parse(_enum_values(text.strip()), mode="eval")
         return _value(tree.body, 0)
-    except (SyntaxError, ValueError, RecursionError, MemoryError, _TooDeep):
+    except (SyntaxError, ValueError, RecursionError, MemoryError, tokenize.TokenError, _Unreadable):
         return None
 
 
-class _TooDeep(Exception):
-    pass
+def _enum_values(text: str) -> str:
+    """`<Name.MEMBER: value>` outside string literals replaced by its value, token by token (a `<` inside a
+    string, as in a tool's text, is left alone)."""
+    starts = [0]
+    for line in io.StringIO(text):
+        starts.append(starts[-1] + len(line))
+    tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    out, last, i = [], 0, 0
+    while i < len(tokens):
+        token = tokens[i]
+        if token.type == tokenize.OP and token.string == "<":
+            j = i + 1
+            while j < len(tokens) and (tokens[j].type == tokenize.NAME or tokens[j].string == "."):
+                j += 1
+            if j + 2 < len(tokens) and j > i + 1 and tokens[j].string == ":" \
+                    and tokens[j + 1].type in (tokenize.STRING, tokenize.NUMBER) and tokens[j + 2].string == ">":
+                begin = starts[token.start[0] - 1] + token.start[1]
+                end = starts[tokens[j + 2].end[0] - 1] + tokens[j + 2].end[1]
+                out += [text[last:begin], tokens[j + 1].string]
+                last, i = end, j + 3
+                continue
+        i += 1
+    out.append(text[last:])
+    return "".join(out)
 
 
 def _value(node: ast.AST, depth: int) -> Any:
     if depth > MAX_DEPTH:
-        raise _TooDeep
+        raise _Unreadable
     if isinstance(node, ast.Constant):
-        return node.value
+        return node.value if isinstance(node.value, str | int | float | bool | None) else None
     if isinstance(node, ast.List | ast.Tuple | ast.Set):
         return [_value(item, depth + 1) for item in node.elts]
     if isinstance(node, ast.Dict):
@@ -54,5 +88,6 @@ def _value(node: ast.AST, depth: int) -> Any:
     if isinstance(node, ast.Name):
         return node.id
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
-        return -node.operand.value if isinstance(node.operand.value, int | float) else None
+        value = node.operand.value
+        return -value if isinstance(value, int | float) and not isinstance(value, bool) else None
     return None

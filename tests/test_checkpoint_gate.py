@@ -3,6 +3,7 @@ DuckDB refuse CHECKPOINT, so the store's cursors hold a gate the checkpoint wait
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -184,3 +185,19 @@ def test_a_refused_store_takes_reads_but_no_write_and_nothing_is_half_written(co
     reason[0] = None  # the span writer's commits succeed again
     cursor.execute("UPDATE keyed SET v = 4")
     assert con.execute("SELECT v FROM keyed").fetchall() == [(4,)]
+
+
+def test_a_transaction_whose_store_goes_at_fault_before_commit_is_rolled_back_and_the_gate_released(
+        con: duckdb.DuckDBPyConnection) -> None:
+    reason: list[str | None] = [None]
+    gate = CheckpointGate()
+    cursor = GatedCursor(con.cursor(), gate, refuse=lambda: reason[0])
+    cursor.execute("BEGIN TRANSACTION")
+    cursor.execute("UPDATE jobs SET status = 'running' WHERE id < 10")
+    reason[0] = "only 12 KB is free"  # the disk filled while the transaction was open
+    with pytest.raises(WritesRefused, match="only 12 KB is free"):
+        cursor.execute("COMMIT")
+    with contextlib.suppress(duckdb.Error):  # what callers do after a failed commit: nothing is open any more
+        cursor.execute("ROLLBACK")
+    assert con.execute("SELECT count(*) FROM jobs WHERE status = 'running'").fetchone() == (0,)
+    assert gate.alone(lambda: None, timeout_s=1, no_transactions=True)  # nothing holds the gate or is open

@@ -92,3 +92,24 @@ def test_the_collector_maps_both_frameworks_as_sent(tmp_path: Path) -> None:
             calls = [(c["name"], bool(c["result"].get("isError"))) for t in turns
                      for c in t.get("mcp_tools_called") or []]
             assert calls == [("get_weather", False), ("get_weather", False), ("book_umbrella", True)], conversation_id
+
+
+def test_hostile_values_where_the_dialects_expect_text_leave_the_conversation_built() -> None:
+    """A repr whose content type is a list, bytes or Ellipsis where text goes, and Mastra tool calls whose id and
+    name are not strings: read as what they can be, never an error that keeps the conversation from being built."""
+    hostile = ("[TextContent(inner_content=TextContent(type=['text'], text=b'\\xff'), text=...)]")
+    mcp, functions = _calls(_with_results({"weather-get_weather": hostile}))
+    assert "weather-get_weather" in functions and ("book_umbrella", True) in mcp
+    spans = []
+    for span in recorded_spans("mastra"):
+        output = span.attributes.get("mastra.model_step.output")
+        if output and "toolCalls" in output:
+            body = json.loads(output)
+            body["toolCalls"] = [{**c, "toolCallId": [1], "toolName": 5} for c in body["toolCalls"]]
+            span = dataclasses.replace(span, attributes={**span.attributes,
+                                                         "mastra.model_step.output": json.dumps(body)}, _parsed={})
+        spans.append(span)
+    [conversation] = build_conversations(spans)
+    conversation.test_case.model_dump_json()  # storable
+    assert [c.name for t in conversation.test_case.turns for c in t.mcp_tools_called or []] == [
+        "get_weather", "get_weather", "book_umbrella"]

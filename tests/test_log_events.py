@@ -185,3 +185,22 @@ def test_replay_sends_log_files_to_the_logs_endpoint(tmp_path, protocol, trace, 
                                             "WHERE conversation_id = 'conv-events'", 1)
         turns = json.loads(test_case)["turns"]
         assert [(t["role"], t["content"]) for t in turns] == [("user", QUESTION), ("assistant", ANSWER)]
+
+
+def test_a_message_body_that_is_json_text_stays_the_message_unless_it_is_a_whole_message() -> None:
+    """Semantic Kernel logs each message as its JSON text (`{"role": ..., "content": ...}`); a user who typed JSON
+    keeps what they typed."""
+    from tracejudge.mapping.otlp_logs import _carrier
+
+    typed = _carrier("a" * 32, "b" * 16, "gen_ai.user.message", 1, {}, '{"order_id": 42}', {})
+    assert typed is not None and typed.events[0].attributes == {"content": '{"order_id": 42}'}
+    logged = _carrier("a" * 32, "b" * 16, "gen_ai.user.message", 1, {}, '{"role": "user", "content": "Hi"}', {})
+    assert logged is not None and logged.events[0].attributes == {"role": "user", "content": "Hi"}
+
+
+def test_replay_takes_a_base_url_with_a_path_as_otel_exporters_do() -> None:
+    from tracejudge.collector.replay import http_signal_url
+
+    assert http_signal_url("http://gw/otlp", "logs") == "http://gw/otlp/v1/logs"
+    assert http_signal_url("http://gw/otlp/v1/traces", "logs") == "http://gw/otlp/v1/logs"
+    assert http_signal_url("127.0.0.1:4318") == "http://127.0.0.1:4318/v1/traces"

@@ -16,6 +16,7 @@ from tracejudge.collector.config import ConfigError, judge_flags, load_settings
 from tracejudge.collector.log import Logger
 from tracejudge.collector.pipeline.scoring_stage import ScoringStage
 from tracejudge.collector.server import stage_config
+from tracejudge.collector.store.checkpoint_gate import WritesRefused
 from tracejudge.collector.store.span_store import SpanStore, StoreOpenError
 
 
@@ -91,6 +92,9 @@ def run(args: argparse.Namespace) -> int:
         [(failed,)] = store.cursor().execute("SELECT count(*) FROM eval_jobs WHERE status = 'failed'").fetchall()
         [(waiting,)] = store.cursor().execute(
             "SELECT count(*) FROM eval_jobs WHERE status IN ('waiting_for_judge', 'budget', 'pending')").fetchall()
+    except WritesRefused as exc:
+        print(f"tracejudge score: {exc}", file=sys.stderr)
+        return EXIT_FAIL
     finally:
         store.close()
     print(f"scored {done} job(s); {failed} failed, {waiting} still waiting")

@@ -205,6 +205,7 @@ class ScoringStage:
         self.on_measured = on_measured  # (metric, seconds, error kind or None) after every measure
         self.on_scored = on_scored  # every score written, for the Prometheus score metrics
         self.store_writable: Callable[[], bool] = lambda: True  # False while the store takes no pipeline write
+        self.recover_pending = False  # `recover` was refused at start (a full disk): run it once writes go again
         self.metrics: dict[str, BaseMetric] = {}
         self._llm_judge: LLMJudge | None = None
         self.unavailable: dict[str, str] = {}  # metric -> why no judge could be built
@@ -305,6 +306,9 @@ class ScoringStage:
             self._slot_freed.clear()
             try:
                 if self.store_writable():  # else a lease would be refused: wait, quietly (readyz says why)
+                    if self.recover_pending:
+                        await asyncio.to_thread(self.recover)
+                        self.recover_pending = False
                     await self.step()
             except Exception as exc:  # the stage keeps going; the job stays leased and is retried
                 self.log("error", "scoring step failed", reason=f"{type(exc).__name__}: {exc}")

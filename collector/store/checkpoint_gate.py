@@ -167,6 +167,9 @@ class GatedCursor:
         if self._in_transaction:
             if head.startswith(_END):
                 try:
+                    if self._holding and head.startswith("COMMIT") and (reason := self._reason()) is not None:
+                        self._cursor.execute("ROLLBACK")  # the store went at fault meanwhile: not risked
+                        raise WritesRefused(_refusal(reason))
                     return run()
                 finally:
                     self._in_transaction = False
@@ -175,9 +178,9 @@ class GatedCursor:
                         self._holding = False
                         self._gate.leave()
             if not self._holding and not reads_only(head):
-                self._check()
                 self._gate.enter(in_transaction=True)  # the first write: a waiting checkpoint goes first
-                self._holding = True
+                self._holding = True  # released by the ROLLBACK the caller makes of a refused transaction
+                self._check()
             return run()
         if head.startswith(_BEGIN):
             self._gate.begin()
@@ -188,16 +191,25 @@ class GatedCursor:
                 raise
             self._in_transaction = True
             return result
-        if reads_only(head):
+        if reads_only(head) or head.startswith(_END):  # an end with no transaction open writes nothing
             return run()
-        self._check()
         self._gate.enter()
         try:
+            self._check()
             return run()
         finally:
             self._gate.leave()
 
+    def _reason(self) -> str | None:
+        return self._refuse() if self._refuse is not None else None
+
     def _check(self) -> None:
-        reason = self._refuse() if self._refuse is not None else None
+        """Asked once the gate is held (a checkpoint waited for may have used the space)."""
+        reason = self._reason()
         if reason is not None:
-            raise WritesRefused(f"the store takes no pipeline write now: {reason}")
+            raise WritesRefused(_refusal(reason))
+
+
+def _refusal(reason: str) -> str:
+    return (f"the store takes no pipeline write now ({reason}); it goes on by itself once the span writer's commits "
+            "succeed again: free space where the database is (GET /readyz says what is wrong)")

@@ -42,7 +42,7 @@ from tracejudge.errors import TracejudgeError
 MEMORY_RETRY_PAUSES_S = (0.02, 0.05, 0.1, 0.2, 0.3)  # 0.67 s in all, then the exporter is told to retry
 DEDUP_WINDOW_S = 900.0  # longer than the OTLP exporters' retry horizons (the Collector's: 300 s)
 # below this much free space the pipeline's writes wait and the span writer keeps what is left for spans
-PIPELINE_MIN_FREE_BYTES = 1024 * 1024
+PIPELINE_MIN_FREE_BYTES = 16 * 1024 * 1024  # more than the assembler's largest transaction writes
 PROBE_S = 2.0  # while its last commit failed and no spans come, the writer tries a small commit this often
 
 

@@ -39,9 +39,15 @@ def _output_message(value: Any) -> Message | None:
     parts = [Part("text", text=output["text"])] if isinstance(output.get("text"), str) and output["text"] else []
     for call in as_list(output.get("toolCalls")):
         if isinstance(call, dict):
-            parts.append(Part("tool_call", id=call.get("toolCallId"), name=call.get("toolName"),
+            parts.append(Part("tool_call", id=_text(call.get("toolCallId")), name=_text(call.get("toolName")),
                               arguments=call.get("args", call.get("input"))))
     return Message("assistant", parts) if parts else None
+
+
+def _text(value: Any) -> str | None:
+    """An id or a name as text, whatever JSON recorded it as (a list there must not become a dict key)."""
+    return value if isinstance(value, str) else None if value is None or isinstance(value, dict | list) \
+        else str(value)
 
 
 class Mastra(Dialect):
@@ -51,6 +57,7 @@ class Mastra(Dialect):
         return SPAN_TYPE in span.attributes
 
     def exclusive(self, span: Span) -> bool:
+        """A step's `chat` span: its output lacks the step's tool calls, so no dialect reads it as a model call."""
         return span.attributes.get(SPAN_TYPE) == "model_inference"
 
     def agent_run(self, span: Span) -> AgentRun | None:

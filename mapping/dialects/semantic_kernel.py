@@ -36,7 +36,8 @@ class MCPContent:
 
 def _mcp_block(inner: Any) -> dict[str, Any] | None:
     """An MCP SDK content object (its pydantic repr has `type` and no SK fields) as a content block."""
-    if not isinstance(inner, dict) or inner.get("type") not in CONTENT_TYPES or "ai_model_id" in inner:
+    kind = inner.get("type") if isinstance(inner, dict) else None
+    if not isinstance(kind, str) or kind not in CONTENT_TYPES or "ai_model_id" in inner:
         return None
     block = {k: v for k, v in inner.items() if k != CLASS_KEY and v is not None}
     if isinstance(block.get("resource"), dict):
@@ -91,6 +92,7 @@ class SemanticKernel(Dialect):
         return span._parsed[_CACHE_KEY]
 
     def exclusive(self, span: Span) -> bool:
+        """An MCP plugin function's span is read here alone: the generic reading would make it a plain function."""
         return self._mcp_call(span) is not None
 
     def tool_execution(self, span: Span) -> ToolExecution | None:

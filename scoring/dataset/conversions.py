@@ -30,4 +30,5 @@ def convert_goldens_to_test_cases(goldens: Sequence[Golden]) -> list[LLMTestCase
 
 
 def convert_test_cases_to_goldens(cases: Sequence[LLMTestCase]) -> list[Golden]:
+    """Each single-turn test case as a golden (`Golden.from_test_case`)."""
     return [Golden.from_test_case(case) for case in cases]
