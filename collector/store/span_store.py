@@ -43,6 +43,7 @@ MEMORY_RETRY_PAUSES_S = (0.02, 0.05, 0.1, 0.2, 0.3)  # 0.67 s in all, then the e
 DEDUP_WINDOW_S = 900.0  # longer than the OTLP exporters' retry horizons (the Collector's: 300 s)
 # below this much free space the pipeline's writes wait and the span writer keeps what is left for spans
 PIPELINE_MIN_FREE_BYTES = 16 * 1024 * 1024  # more than the assembler's largest transaction writes
+FREE_SPACE_TTL_S = 1.0
 PROBE_S = 2.0  # while its last commit failed and no spans come, the writer tries a small commit this often
 
 
@@ -122,6 +123,7 @@ class SpanStore:
         self._last_prune = 0.0
         self._closing = False
         self.healthy = False
+        self._free_checked: tuple[float, int | None] = (-FREE_SPACE_TTL_S - 1, None)  # (when, bytes free there)
 
     @property
     def queued_spans(self) -> int:
@@ -211,11 +213,14 @@ class SpanStore:
         goes on trying them, and probes the store while idle, so the pipeline resumes when they commit again."""
         if not self.healthy:
             return f"its last commit failed ({self.stats.last_error})"
-        try:
-            free = shutil.disk_usage(self.path.parent).free
-        except OSError:
-            return None  # not knowable here: the write itself will say
-        if free < PIPELINE_MIN_FREE_BYTES:
+        now = time.monotonic()
+        if now - self._free_checked[0] > FREE_SPACE_TTL_S:  # statvfs once a second, not per transaction (NFS)
+            try:
+                self._free_checked = (now, shutil.disk_usage(self.path.parent).free)
+            except OSError:
+                self._free_checked = (now, None)  # not knowable here: the write itself will say
+        free = self._free_checked[1]
+        if free is not None and free < PIPELINE_MIN_FREE_BYTES:
             return f"only {free // 1024} KB is free on the database's file system"
         return None
 
