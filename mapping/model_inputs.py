@@ -49,6 +49,8 @@ def model_inputs(span: Span) -> ModelInputs | None:
             continue
         llm = llm or dialect.llm_call(span)
         offered += dialect.tool_definitions(span)
+        if dialect.exclusive(span):  # as the conversation reads it (`conversation._facts`)
+            break
     if llm is None:
         return None
     system = "\n\n".join(m.text for m in llm.input if m.role in ("system", "developer") and m.text)

@@ -92,6 +92,11 @@ def test_the_collector_maps_both_frameworks_as_sent(tmp_path: Path) -> None:
             calls = [(c["name"], bool(c["result"].get("isError"))) for t in turns
                      for c in t.get("mcp_tools_called") or []]
             assert calls == [("get_weather", False), ("get_weather", False), ("book_umbrella", True)], conversation_id
+            # the page's "what the model was given": SK's system prompt is in its log records, Mastra's on the
+            # step around each chat span
+            page = httpx.get(f"{collector.admin_url}/conversations/{conversation_id}", timeout=30).text
+            given = page.split("What the model was given", 1)[1].split("<h2", 1)[0]
+            assert "You are a helpful weather assistant." in given, conversation_id
 
 
 def test_hostile_values_where_the_dialects_expect_text_leave_the_conversation_built() -> None:

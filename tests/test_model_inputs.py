@@ -10,6 +10,7 @@ import pytest
 
 from tracejudge.mapping.model_inputs import model_inputs
 from tracejudge.mapping.otlp import decode_otlp
+from tracejudge.mapping.otlp_logs import decode_otlp_logs, fold_log_events
 
 REAL = Path(__file__).parent / "fixtures" / "real"
 SYSTEM = "You are a helpful weather assistant."  # tests/fixtures/real/_frameworks.py and _scenario.py
@@ -17,12 +18,16 @@ WEATHER_TOOLS = {"get_weather", "book_umbrella"}  # tests/fixtures/real/weather_
 
 
 def _given(fixture: str) -> list:
-    decoded = decode_otlp((REAL / fixture).read_bytes(), "application/json")
-    return [m for m in (model_inputs(span) for span in decoded.spans) if m is not None]
+    """Each model call's inputs, with the messages a framework logs as log records put on their spans."""
+    spans = decode_otlp((REAL / fixture).read_bytes(), "application/json").spans
+    logs = REAL / fixture.replace(".otlp.json", ".logs.otlp.json")
+    if logs.exists():
+        spans = fold_log_events(spans + decode_otlp_logs(logs.read_bytes(), "application/json").spans)
+    return [m for m in (model_inputs(span) for span in spans) if m is not None]
 
 
 @pytest.mark.parametrize("fixture", ["adk", "langgraph", "openinference", "openllmetry_mcp", "pydantic_ai_mcp",
-                                     "vercel_ai", "strands", "openai_agents"])
+                                     "vercel_ai", "strands", "openai_agents", "semantic_kernel", "mastra"])
 def test_each_model_call_shows_the_system_prompt_the_framework_was_given(fixture: str) -> None:
     given = _given(f"{fixture}.otlp.json")
     assert given, "no model call found"

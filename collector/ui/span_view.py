@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import duckdb
@@ -18,6 +18,7 @@ import duckdb
 from tracejudge.collector.pipeline.sampling import MODEL_CALLS
 from tracejudge.judges.pricing import known_price
 from tracejudge.mapping.model_inputs import ModelInputs, model_inputs
+from tracejudge.mapping.otlp_logs import fold_log_events
 from tracejudge.mapping.spans import Span, SpanEvent
 
 PAGE_SPANS = 500
@@ -338,24 +339,36 @@ def model_calls(con: duckdb.DuckDBPyConnection, tree: SpanTree) -> tuple[list[Mo
     chosen = calls[:MODEL_CALLS_SHOWN]
     if not chosen:
         return [], 0
-    found = con.execute(  # bounded by the chosen spans' start times, so DuckDB skips the other row groups
-        "SELECT trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, attributes, events "
+    # with their parents (a framework may record what a call was given on the step around it: Mastra's
+    # model_step) and children (the messages a framework logs as log records, Semantic Kernel's, hang below)
+    rows = {r.span_id: r for r in tree.rows}
+    ids = {r.span_id for r in chosen}
+    read = chosen + [rows[r.parent_span_id] for r in chosen if r.parent_span_id in rows] \
+        + [r for r in tree.rows if r.parent_span_id in ids]
+    found = con.execute(  # bounded by the spans' start times, so DuckDB skips the other row groups
+        "SELECT trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, attributes, events, "
+        "(SELECT name FROM span_scopes WHERE span_scopes.scope_id = span_records.scope_id) "
         "FROM span_records WHERE list_contains(?, span_id) AND list_contains(?, trace_id) "
         "AND start_ns BETWEEN ? AND ? "
         "QUALIFY row_number() OVER (PARTITION BY trace_id, span_id ORDER BY received_at DESC) = 1",
-        [[r.span_id for r in chosen], list({r.trace_id for r in chosen}), min(r.start_ns for r in chosen),
-         max(r.start_ns for r in chosen)]).fetchall()
-    spans = {}
-    for trace, span, parent, name, kind, start, end, attributes, events in found:
-        spans[(trace, span)] = Span(trace, span, parent, name or "", kind or 0, start or 0, end or 0,
-                                    attributes=_loads(attributes) or {},
-                                    events=[SpanEvent(e.get("name", ""), int(e.get("time_ns") or 0),
-                                                      e.get("attributes") or {}) for e in _loads(events) or []])
+        [[r.span_id for r in read], list({r.trace_id for r in read}), min(r.start_ns for r in read),
+         max(r.start_ns for r in read)]).fetchall()
+    spans = {span.key: span for span in fold_log_events([
+        Span(trace, span, parent, name or "", kind or 0, start or 0, end or 0, attributes=_loads(attributes) or {},
+             events=[SpanEvent(e.get("name", ""), int(e.get("time_ns") or 0), e.get("attributes") or {})
+                     for e in _loads(events) or []], scope_name=scope or "")
+        for trace, span, parent, name, kind, start, end, attributes, events, scope in found])}
     out: list[ModelGiven] = []
     previous: ModelInputs | None = None
     for row in chosen:
         span = spans.get((row.trace_id, row.span_id))
         inputs = model_inputs(span) if span is not None else None
+        if inputs is None or (inputs.system is None and not inputs.tools):
+            parent = spans.get((row.trace_id, row.parent_span_id or ""))
+            around = model_inputs(parent) if parent is not None else None
+            if around is not None:
+                inputs = replace(around, span_id=row.span_id, start_ns=row.start_ns,
+                                 model=(inputs.model if inputs else None) or row.model or around.model)
         if inputs is None:
             continue
         offset = tree.offsets_ms.get(row.span_id, 0.0)
