@@ -75,10 +75,10 @@ def unit_indices(turns: list[Turn]) -> list[int]:
     return units
 
 
-def deepeval_unit_indices(turns: list[Turn]) -> list[int]:
-    """DeepEval's units: a user turn after an assistant turn starts the next unit (assistant turns before the
-    first user turn open the first one); a unit of two turns or fewer, or one that never reaches an assistant
-    turn, is no task. -2 marks turns outside every task."""
+def deepeval_units(turns: list[Turn]) -> list[list[int]]:
+    """DeepEval's unit interactions, as turn indices: a user turn after an assistant turn starts the next unit
+    (assistant turns before the first user turn open the first one); a unit that never reaches an assistant turn
+    (the trailing user turn) is none."""
     bounds: list[list[int]] = []
     current: list[int] = []
     seen_user = False
@@ -90,8 +90,19 @@ def deepeval_unit_indices(turns: list[Turn]) -> list[int]:
         seen_user = seen_user or turn.role == "user"
     if current and seen_user and turns[current[-1]].role == "assistant":
         bounds.append(current)
+    return bounds
+
+
+def get_unit_interactions(turns: list[Turn]) -> list[list[Turn]]:
+    """The turns of each of DeepEval's unit interactions (its `deepeval.metrics.utils.get_unit_interactions`)."""
+    return [[turns[i] for i in unit] for unit in deepeval_units(turns)]
+
+
+def deepeval_unit_indices(turns: list[Turn]) -> list[int]:
+    """The DeepEval unit each turn's task is in; a unit of two turns or fewer is no task for its metrics. -2 marks
+    turns outside every task."""
     units = [-2] * len(turns)
-    for n, members in enumerate(b for b in bounds if len(b) > 2):
+    for n, members in enumerate(b for b in deepeval_units(turns) if len(b) > 2):
         for i in members:
             units[i] = n
     return units

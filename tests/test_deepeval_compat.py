@@ -562,3 +562,17 @@ def test_goldens_convert_to_test_cases_and_back_keeping_what_each_holds() -> Non
     assert back.persona == Persona(characteristics="Terse.") and back.turns == golden.turns
     single = Golden(input="Weather in Oslo?", expected_output="snow", name="oslo", metadata={"k": 1})
     assert convert_test_cases_to_goldens(convert_goldens_to_test_cases([single])) == [single]
+
+
+def test_deepevals_unit_interactions_join_users_and_leave_out_a_trailing_one() -> None:
+    from tracejudge.metrics.utils import get_unit_interactions
+
+    def units(*roles: str) -> list[list[str]]:
+        turns = [Turn(role=role, content=f"{role[0]}{i}") for i, role in enumerate(roles)]  # type: ignore[arg-type]
+        return [[t.content for t in unit] for unit in get_unit_interactions(turns)]
+
+    assert units("user", "user", "assistant") == [["u0", "u1", "a2"]]
+    assert units("user", "assistant", "user", "assistant") == [["u0", "a1"], ["u2", "a3"]]
+    assert units("assistant", "user", "assistant") == [["a0", "u1", "a2"]]  # what came before opens the first
+    assert units("user", "assistant", "user") == [["u0", "a1"]]  # the user turn never answered is no unit
+    assert units("assistant", "assistant", "user") == [] and units() == []
