@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from tracejudge.mapping.dialects import DIALECTS
+from tracejudge.mapping.dialects import DIALECTS, LLMCall
 from tracejudge.mapping.spans import Span
 
 SYSTEM_ATTRIBUTES = ("gen_ai.system_instructions",)  # the GenAI conventions' own place for the system prompt
@@ -41,27 +41,39 @@ class ModelInputs:
                          for t in self.tools)
 
 
-def model_inputs(span: Span) -> ModelInputs | None:
-    """The system prompt and offered tools of a model-call span; None for a span that is no model call."""
+def _read(span: Span) -> tuple[LLMCall | None, tuple[OfferedTool, ...]]:
+    """The span's model call (if it is one) and the tools it lists, as the conversation reads them
+    (`conversation._facts`: an exclusive dialect ends the reading)."""
     llm, offered = None, []
     for dialect in DIALECTS:
         if not dialect.applies(span):
             continue
         llm = llm or dialect.llm_call(span)
         offered += dialect.tool_definitions(span)
-        if dialect.exclusive(span):  # as the conversation reads it (`conversation._facts`)
+        if dialect.exclusive(span):
             break
+    tools: dict[str, OfferedTool] = {}
+    for definition in offered:
+        tools.setdefault(definition.name, OfferedTool(definition.name, definition.description,
+                                                      definition.input_schema))
+    return llm, tuple(tools.values())
+
+
+def offered_tools(span: Span) -> tuple[OfferedTool, ...]:
+    """The tools a span lists as offered, model call or not (an agent span may list them for its calls)."""
+    return _read(span)[1]
+
+
+def model_inputs(span: Span) -> ModelInputs | None:
+    """The system prompt and offered tools of a model-call span; None for a span that is no model call."""
+    llm, tools = _read(span)
     if llm is None:
         return None
     system = "\n\n".join(m.text for m in llm.input if m.role in ("system", "developer") and m.text)
     if not system:
         system = "\n\n".join(filter(None, (_text(span.genai_json(key)) for key in SYSTEM_ATTRIBUTES)))
-    tools: dict[str, OfferedTool] = {}
-    for definition in offered:
-        tools.setdefault(definition.name, OfferedTool(definition.name, definition.description,
-                                                      definition.input_schema))
     model = span.str_attr("gen_ai.request.model") or span.str_attr("gen_ai.response.model")
-    return ModelInputs(span.span_id, span.trace_id, span.start_ns, model, system or None, tuple(tools.values()))
+    return ModelInputs(span.span_id, span.trace_id, span.start_ns, model, system or None, tools)
 
 
 def _text(value: Any) -> str | None:

@@ -97,6 +97,8 @@ def test_the_collector_maps_both_frameworks_as_sent(tmp_path: Path) -> None:
             page = httpx.get(f"{collector.admin_url}/conversations/{conversation_id}", timeout=30).text
             given = page.split("What the model was given", 1)[1].split("<h2", 1)[0]
             assert "You are a helpful weather assistant." in given, conversation_id
+            if conversation_id == "conv-fw-semantic_kernel":  # offered on the agent span, two levels up
+                assert "weather-get_weather" in given and "weather-book_umbrella" in given
 
 
 def test_hostile_values_where_the_dialects_expect_text_leave_the_conversation_built() -> None:

@@ -17,11 +17,12 @@ import duckdb
 
 from tracejudge.collector.pipeline.sampling import MODEL_CALLS
 from tracejudge.judges.pricing import known_price
-from tracejudge.mapping.model_inputs import ModelInputs, model_inputs
+from tracejudge.mapping.model_inputs import ModelInputs, model_inputs, offered_tools
 from tracejudge.mapping.otlp_logs import fold_log_events
 from tracejudge.mapping.spans import Span, SpanEvent
 
 PAGE_SPANS = 500
+TOOLS_LISTED_ABOVE = 3  # how far above a model call its offered tools may be listed (SK: chat < loop < agent)
 MAX_INDENT = 16  # the template's indent steps (base.html: td.d1 .. td.d16)
 # the attributes the tree shows (model, tokens, tool), extracted in one JSON parse per span
 _SHOWN = ("gen_ai.operation.name", "gen_ai.request.model", "gen_ai.response.model", "gen_ai.usage.input_tokens",
@@ -332,6 +333,18 @@ class ModelGiven:
     tools_changed: list[str]  # same name, other description or schema
 
 
+def _ancestors(row: SpanRow, rows: dict[str, SpanRow], levels: int) -> list[SpanRow]:
+    """The spans above a row, nearest first, at most `levels` of them (a parent cycle ends the walk)."""
+    out: list[SpanRow] = []
+    seen, parent = {row.span_id}, row.parent_span_id
+    while len(out) < levels and parent is not None and parent in rows and parent not in seen:
+        above = rows[parent]
+        out.append(above)
+        seen.add(parent)
+        parent = above.parent_span_id
+    return out
+
+
 def model_calls(con: duckdb.DuckDBPyConnection, tree: SpanTree) -> tuple[list[ModelGiven], int]:
     """What each model call among the page's spans was given, each compared with the one before; and how many
     model calls the page has (only the first MODEL_CALLS_SHOWN are read)."""
@@ -343,8 +356,8 @@ def model_calls(con: duckdb.DuckDBPyConnection, tree: SpanTree) -> tuple[list[Mo
     # model_step) and children (the messages a framework logs as log records, Semantic Kernel's, hang below)
     rows = {r.span_id: r for r in tree.rows}
     ids = {r.span_id for r in chosen}
-    read = chosen + [rows[r.parent_span_id] for r in chosen if r.parent_span_id in rows] \
-        + [r for r in tree.rows if r.parent_span_id in ids]
+    above = {a.span_id: a for r in chosen for a in _ancestors(r, rows, TOOLS_LISTED_ABOVE)}
+    read = chosen + list(above.values()) + [r for r in tree.rows if r.parent_span_id in ids]
     found = con.execute(  # bounded by the spans' start times, so DuckDB skips the other row groups
         "SELECT trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, attributes, events, "
         "(SELECT name FROM span_scopes WHERE span_scopes.scope_id = span_records.scope_id) "
@@ -371,6 +384,11 @@ def model_calls(con: duckdb.DuckDBPyConnection, tree: SpanTree) -> tuple[list[Mo
                                  model=(inputs.model if inputs else None) or row.model or around.model)
         if inputs is None:
             continue
+        if not inputs.tools:  # listed on the agent span above the calls (Semantic Kernel's invoke_agent)
+            listed = next((tools for a in _ancestors(row, rows, TOOLS_LISTED_ABOVE)
+                           if (span_above := spans.get((a.trace_id, a.span_id))) is not None
+                           and (tools := offered_tools(span_above))), ())
+            inputs = replace(inputs, tools=listed)
         offset = tree.offsets_ms.get(row.span_id, 0.0)
         if previous is None:
             out.append(ModelGiven(inputs, offset, True, [], [], [], []))
