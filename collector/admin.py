@@ -139,7 +139,9 @@ class AdminServer:
             problems.append(refused)
         if self.store.saturated:
             problems.append(f"{self.store.queued_spans} spans wait for a commit (limit {self.store.max_queue_spans})")
-        body = {"ready": not problems, "problems": problems, "queued_spans": self.store.queued_spans}
+        body = {"ready": not problems, "problems": problems, "queued_spans": self.store.queued_spans,
+                # spans are still taken, so this alone is no problem: assembly, scoring and retention wait for it
+                "pipeline_waits": self.store.write_refusal() if self.store.healthy else None}
         return web.Response(status=503 if problems else 200, text=json.dumps(body), content_type="application/json")
 
     async def _metrics(self, _: web.Request) -> web.Response:

@@ -12,24 +12,27 @@ from __future__ import annotations
 
 import ast
 import io
+import re
 import tokenize
 from typing import Any
 
 MAX_REPR_CHARS = 256 * 1024
-MAX_STRUCTURE = 8192  # "(", "[", "{" and "," in the text: what bounds the nodes ast.parse builds
+MAX_STRUCTURE = 8192  # brackets, commas and operators outside string literals: what bounds the tree ast.parse builds
 MAX_DEPTH = 32
 CLASS_KEY = "__class__"
-_STRUCTURE = "([{,"
+_STRINGS = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")
+_STRUCTURE = re.compile(r"[(\[{,<>=+\-*/%&|^~@:]")
 
 
 class _Unreadable(Exception):
-    pass
+    """Deeper than MAX_DEPTH."""
 
 
 def read_repr(text: str) -> Any:
     """The data of a repr: a call as a dict of its keywords plus `CLASS_KEY`, lists, dicts and literals; None when
     the text is no repr this reads, or is too large to read."""
-    if len(text) > MAX_REPR_CHARS or sum(text.count(c) for c in _STRUCTURE) > MAX_STRUCTURE:
+    if len(text) > MAX_REPR_CHARS or "\x00" in text \
+            or len(_STRUCTURE.findall(_STRINGS.sub("", text))) > MAX_STRUCTURE:
         return None
     try:
         try:
@@ -39,7 +42,7 @@ def read_repr(text: str) -> Any:
                 return None
             tree = ast.parse(_enum_values(text.strip()), mode="eval")
         return _value(tree.body, 0)
-    except (SyntaxError, ValueError, RecursionError, MemoryError, tokenize.TokenError, _Unreadable):
+    except Exception:  # noqa: BLE001 - whatever the parser or tokenizer raises on odd text: no repr read
         return None
 
 
@@ -57,12 +60,15 @@ def _enum_values(text: str) -> str:
             j = i + 1
             while j < len(tokens) and (tokens[j].type == tokenize.NAME or tokens[j].string == "."):
                 j += 1
-            if j + 2 < len(tokens) and j > i + 1 and tokens[j].string == ":" \
-                    and tokens[j + 1].type in (tokenize.STRING, tokenize.NUMBER) and tokens[j + 2].string == ">":
+            sign = "-" if j + 1 < len(tokens) and tokens[j + 1].string == "-" else ""
+            k = j + 1 + len(sign)  # the value's token
+            if k + 1 < len(tokens) and j > i + 1 and tokens[j].string == ":" \
+                    and tokens[k].type in (tokenize.STRING, tokenize.NUMBER) and tokens[k + 1].string == ">" \
+                    and not (sign and tokens[k].type == tokenize.STRING):
                 begin = starts[token.start[0] - 1] + token.start[1]
-                end = starts[tokens[j + 2].end[0] - 1] + tokens[j + 2].end[1]
-                out += [text[last:begin], tokens[j + 1].string]
-                last, i = end, j + 3
+                end = starts[tokens[k + 1].end[0] - 1] + tokens[k + 1].end[1]
+                out += [text[last:begin], sign + tokens[k].string]
+                last, i = end, k + 2
                 continue
         i += 1
     out.append(text[last:])

@@ -57,6 +57,14 @@ def test_an_sk_result_is_an_mcp_error_only_when_the_sdk_says_so_for_that_tool() 
     assert ("book_umbrella", False) in mcp  # another tool's error text is this tool's answer, not its error
 
 
+def test_a_large_mcp_result_full_of_brackets_and_commas_is_still_read() -> None:
+    text = json.dumps([{"city": f"c{i}", "temps": [1, 2, 3], "note": "(rain)"} for i in range(1500)])
+    assert len(text) > 50_000
+    result = f"[TextContent(inner_content=TextContent(type='text', text={text!r}), text={text!r})]"
+    mcp, _ = _calls(_with_results({"weather-get_weather": result}))
+    assert mcp.count(("get_weather", False)) == 2
+
+
 def test_hostile_reprs_are_read_as_nothing_in_bounded_time() -> None:
     assert read_repr("[" * 200_000) is None
     assert read_repr("TextContent(text='" + "x" * MAX_REPR_CHARS + "')") is None

@@ -173,7 +173,8 @@ class ConversationAssembler:
         # not seen for the conversations' window, and a client sending endless values grows no memory here)
         self._cohort_counts: dict[tuple[str, str], int] = {}
         self.writer_busy_s = writer_busy_s  # the span writer's seconds spent committing so far (None: not known)
-        self.store_writable: Callable[[], bool] = lambda: True  # False while the span writer's commits fail
+        self.store_writable: Callable[[], bool] = lambda: True  # False while the store takes no pipeline write
+        self._writable = True
         self._group_of: dict[str, str] = {}  # waiting trace -> the conversation its spans name so far
         # a waiting trace's key precedence (_UNKEYED: none) is its conversation's in _key_rank, except where it
         # differs (kept in _rank_of): one entry per conversation, not one per trace (42 bytes each)
@@ -351,8 +352,14 @@ class ConversationAssembler:
             started, busy, waited = time.monotonic(), self._writer_busy(), self.pool_wait_s
             try:
                 await asyncio.to_thread(self.take_in)
-                if self.store_writable():  # a failing disk: a commit now would fail, and DuckDB can abort the
-                    done = await asyncio.to_thread(self.assemble_due, False, MAX_PER_POLL)  # process reverting it
+                writable = self.store_writable()  # a failing disk: a commit now would fail, and DuckDB can abort
+                if writable != self._writable:  # the process reverting it; said once each way
+                    self._writable = writable
+                    self.log.log("info" if writable else "warning",
+                                 "the pipeline goes on: the store takes writes again" if writable else
+                                 "the pipeline waits: the store takes no writes now (GET /readyz says why)")
+                if writable:
+                    done = await asyncio.to_thread(self.assemble_due, False, MAX_PER_POLL)
             except Exception as exc:  # a bad conversation must not stop the loop; it is logged and retried
                 self.log.error("assembly failed", reason=f"{type(exc).__name__}: {exc}")
             # a backlog: go on at once (looking again for end-marked conversations first), unless ingest presses;

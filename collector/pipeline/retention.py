@@ -30,7 +30,7 @@ import duckdb
 import pyarrow as pa
 
 from tracejudge.collector.config import RetentionSettings
-from tracejudge.collector.store.checkpoint_gate import CheckpointGate
+from tracejudge.collector.store.checkpoint_gate import CheckpointGate, WritesRefused
 from tracejudge.collector.store.durable_files import write_durably
 from tracejudge.collector.store.id_table import id_table
 from tracejudge.collector.store.span_tables import prune_unreferenced
@@ -178,7 +178,10 @@ class Retention:
         while not stop.is_set():
             try:
                 if self.enabled:
-                    await asyncio.to_thread(self.apply)
+                    try:
+                        await asyncio.to_thread(self.apply)
+                    except WritesRefused as exc:  # the store takes no delete now (a full disk): next interval
+                        self.log("info", "retention waits for the store to take writes", reason=str(exc))
                 if self.on_report is not None:
                     self.on_report(await asyncio.to_thread(self.report))
             except Exception as exc:  # retention must never stop the collector; it tries again next interval
@@ -187,8 +190,16 @@ class Retention:
                 await asyncio.wait_for(stop.wait(), self.settings.interval_s)
 
     def apply(self) -> None:
-        """One round: unfinished batches, then each table's retention, then the disk budget."""
+        """One round: unfinished batches, then each table's retention, then the disk budget (measured even when the
+        store refuses the round's deletes, so what it reports stays current)."""
         now = datetime.now(UTC)
+        try:
+            self._prune_round(now)
+        finally:
+            self._disk_budget(now)
+            self.stats.last_prune_at = time.time()
+
+    def _prune_round(self, now: datetime) -> None:
         before = sum(self.stats.pruned.values())
         for batch_id, in self.con.execute("SELECT batch_id FROM retention_batches ORDER BY snapshot_at").fetchall():
             self._finish_span_batch(batch_id)
@@ -209,8 +220,6 @@ class Retention:
         compacted = self._compact()
         if sum(self.stats.pruned.values()) > before or self._checkpoint_due or compacted:
             self._checkpoint()
-        self._disk_budget(now)
-        self.stats.last_prune_at = time.time()
 
     def _compact(self) -> bool:
         """Rewrite each keyed table that holds more deleted rows than live ones (DuckDB does not vacuum them:
@@ -429,8 +438,11 @@ class Retention:
         for _ in range(BUDGET_BATCHES_PER_ROUND):
             if used < DISK_LOW * self.max_disk:
                 break
-            freed = self.prune_spans(now - timedelta(seconds=self.late_window_s),
-                                     limit=self.settings.batch_conversations, orphans=False)
+            try:
+                freed = self.prune_spans(now - timedelta(seconds=self.late_window_s),
+                                         limit=self.settings.batch_conversations, orphans=False)
+            except WritesRefused:  # the disk itself is full: nothing can be freed now, so ingest is refused below
+                break
             if not freed:
                 break
             pruned_any = True

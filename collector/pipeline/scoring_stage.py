@@ -307,7 +307,8 @@ class ScoringStage:
             try:
                 if self.store_writable():  # else a lease would be refused: wait, quietly (readyz says why)
                     if self.recover_pending:
-                        await asyncio.to_thread(self.recover)
+                        async with self._db:  # the stage's cursor, shared with the admin API's requeue
+                            await asyncio.to_thread(self.recover)
                         self.recover_pending = False
                     await self.step()
             except Exception as exc:  # the stage keeps going; the job stays leased and is retried

@@ -143,6 +143,7 @@ class GatedCursor:
         self._refuse = refuse
         self._in_transaction = False
         self._holding = False  # the open transaction has written, so holds the gate until it ends
+        self._refused_commit = False  # a COMMIT was refused (and rolled back): the caller's ROLLBACK has nothing to do
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._cursor, name)
@@ -169,6 +170,7 @@ class GatedCursor:
                 try:
                     if self._holding and head.startswith("COMMIT") and (reason := self._reason()) is not None:
                         self._cursor.execute("ROLLBACK")  # the store went at fault meanwhile: not risked
+                        self._refused_commit = True
                         raise WritesRefused(_refusal(reason))
                     return run()
                 finally:
@@ -183,6 +185,7 @@ class GatedCursor:
                 self._check()
             return run()
         if head.startswith(_BEGIN):
+            self._refused_commit = False
             self._gate.begin()
             try:
                 result = run()
@@ -191,6 +194,9 @@ class GatedCursor:
                 raise
             self._in_transaction = True
             return result
+        if head.startswith(_END) and self._refused_commit and head.startswith("ROLLBACK"):
+            self._refused_commit = False  # the refused COMMIT rolled the transaction back already
+            return self._cursor
         if reads_only(head) or head.startswith(_END):  # an end with no transaction open writes nothing
             return run()
         self._gate.enter()
