@@ -52,7 +52,6 @@ WIRES: dict[Signal, _Wire] = {
     "logs": _Wire("/opentelemetry.proto.collector.logs.v1.LogsService/Export", ExportLogsServiceRequest,
                   ExportLogsServiceResponse, "rejected_log_records", "rejectedLogRecords"),
 }
-EXPORT = WIRES["traces"].method
 
 
 class ReplayError(TracejudgeError):

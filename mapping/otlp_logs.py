@@ -41,13 +41,12 @@ from tracejudge.mapping.otlp import (
     _pb_attrs,
     _time,
 )
-from tracejudge.mapping.spans import Span, SpanEvent, parse_json_value
+from tracejudge.mapping.spans import Span, SpanEvent
 
 LOG_EVENT_SCOPE = "tracejudge.log_event"
 EVENT_PREFIX = "gen_ai."
 EVALUATION_EVENT = "gen_ai.evaluation.result"
 CONVERSATION_ID = "gen_ai.conversation.id"
-MESSAGE_KEYS = frozenset({"role", "message", "tool_calls"})  # a body that is a whole message, as JSON text
 
 
 def decode_otlp_logs(payload: bytes | str, content_type: str) -> DecodedRequest:
@@ -68,10 +67,6 @@ def _carrier(trace_id: str | None, span_id: str | None, event_name: str, time_ns
     if not event_name.startswith(EVENT_PREFIX):
         return None
     fields = {k: v for k, v in attributes.items() if k != "event.name"}
-    if isinstance(body, str) and body.lstrip().startswith("{"):  # Semantic Kernel logs the message as its JSON text
-        parsed = parse_json_value(body)
-        if isinstance(parsed, dict) and MESSAGE_KEYS & parsed.keys():
-            body = parsed  # else it is text that happens to be JSON (a user who typed some): the content
     if isinstance(body, dict):
         fields = {**body, **fields}
     elif body is not None:

@@ -29,20 +29,13 @@ class SpanLink:
     attributes: dict[str, Any]
 
 
-def loads(text: str) -> Any:
-    """JSON text as its value: the standard library's reading, which keeps integers of any size (orjson, faster,
-    reads one past 64 bits as a float, and telling where it did cost more than it saved). A ValueError when it is
-    no JSON."""
-    return json.loads(text)
-
-
 def parse_json_value(value: Any) -> Any:
     """A JSON string as its value; anything else (or text that is not JSON) unchanged."""
     if isinstance(value, str):
         text = value.strip()
         if text[:1] in ("{", "[", '"') or text in ("true", "false", "null") or _looks_numeric(text):
             try:
-                return loads(text)
+                return json.loads(text)
             except (ValueError, RecursionError):
                 return value
     return value

@@ -65,8 +65,9 @@ def test_a_large_mcp_result_full_of_brackets_and_commas_is_still_read() -> None:
     assert mcp.count(("get_weather", False)) == 2
 
 
-def test_hostile_reprs_are_read_as_nothing_in_bounded_time() -> None:
+def test_hostile_reprs_are_read_as_nothing_and_never_run() -> None:
     assert read_repr("[" * 200_000) is None
+    assert read_repr("a<" * 100_000) is None  # a tree of operators, no bracket: refused by its size
     assert read_repr("TextContent(text='" + "x" * MAX_REPR_CHARS + "')") is None
     assert read_repr("__import__('os').system('false')") == {"__class__": "system"}  # read, never run
     assert read_repr("TextContent(text=f'{1/0}')") == {"__class__": "TextContent", "text": None}

@@ -190,12 +190,20 @@ def test_replay_sends_log_files_to_the_logs_endpoint(tmp_path, protocol, trace, 
 def test_a_message_body_that_is_json_text_stays_the_message_unless_it_is_a_whole_message() -> None:
     """Semantic Kernel logs each message as its JSON text (`{"role": ..., "content": ...}`); a user who typed JSON
     keeps what they typed."""
+    from tracejudge.mapping import Span
     from tracejudge.mapping.otlp_logs import _carrier
 
-    typed = _carrier("a" * 32, "b" * 16, "gen_ai.user.message", 1, {}, '{"order_id": 42}', {})
-    assert typed is not None and typed.events[0].attributes == {"content": '{"order_id": 42}'}
-    logged = _carrier("a" * 32, "b" * 16, "gen_ai.user.message", 1, {}, '{"role": "user", "content": "Hi"}', {})
-    assert logged is not None and logged.events[0].attributes == {"role": "user", "content": "Hi"}
+    def turns(user_body: str) -> list[tuple[str, str]]:
+        chat = Span("a" * 32, "b" * 16, None, "chat m", 3, 1, 9, attributes={
+            "gen_ai.operation.name": "chat", "gen_ai.conversation.id": "conv-json"})
+        carriers = [_carrier("a" * 32, "b" * 16, "gen_ai.user.message", 2, {}, user_body, {}),
+                    _carrier("a" * 32, "b" * 16, "gen_ai.choice", 3, {},
+                             '{"message": {"role": "assistant", "content": "Done."}, "finish_reason": "stop"}', {})]
+        [conversation] = build_conversations([chat, *carriers])
+        return [(t.role, t.content) for t in conversation.test_case.turns]
+
+    assert turns('{"order_id": 42}') == [("user", '{"order_id": 42}'), ("assistant", "Done.")]
+    assert turns('{"role": "user", "content": "Hi"}') == [("user", "Hi"), ("assistant", "Done.")]
 
 
 def test_replay_takes_a_base_url_with_a_path_as_otel_exporters_do() -> None:

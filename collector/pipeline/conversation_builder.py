@@ -26,7 +26,6 @@ from tracejudge.errors import InvalidTestCaseError, NoTaskError
 from tracejudge.mapping import Span, compose_conversation, map_traces
 from tracejudge.mapping.conversation import CONTENT_MISSING
 from tracejudge.mapping.conversation_key import TRACE_KEY
-from tracejudge.mapping.spans import loads
 from tracejudge.metric import BaseMetric
 from tracejudge.test_case import ConversationalTestCase
 
@@ -155,7 +154,7 @@ def rows_by_trace(table: pa.Table) -> dict[str, list[tuple[Any, ...]]]:
 
 def _json_list(text: str) -> Any:
     """Events and links as stored: most spans have none, and parsing "[]" for each of them added up."""
-    return () if text == "[]" else loads(text)
+    return () if text == "[]" else json.loads(text)
 
 
 def map_trace(rows: list[tuple[Any, ...]], scopes: Scopes, resources: Resources,
@@ -167,7 +166,7 @@ def map_trace(rows: list[tuple[Any, ...]], scopes: Scopes, resources: Resources,
         "trace_id": r[0], "span_id": r[1], "parent_span_id": r[2], "name": r[3], "kind": r[4],
         "start_ns": r[5], "end_ns": r[6], "status_code": r[7], "status_message": r[8],
         "scope_name": (scope := scopes.get(r[9], _NO_SCOPE))[0], "scope_version": scope[1],
-        "attributes": loads(r[11]), "resource": resources.get(r[10], {}),
+        "attributes": json.loads(r[11]), "resource": resources.get(r[10], {}),
         "events": _json_list(r[12]), "links": _json_list(r[13]),
     }) for r in rows]
     mapped = map_traces(spans)

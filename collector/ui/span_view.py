@@ -345,6 +345,23 @@ def _ancestors(row: SpanRow, rows: dict[str, SpanRow], levels: int) -> list[Span
     return out
 
 
+def _inputs_around(row: SpanRow, spans: dict[tuple[str, str], Span], above: list[SpanRow]) -> ModelInputs | None:
+    """What a model call was given, from its own span or, where that records nothing, from the spans above it: the
+    step around it for its prompt (Mastra's model_step), the agent span for its tools (Semantic Kernel's
+    invoke_agent)."""
+    spans_above = [found for a in above if (found := spans.get((a.trace_id, a.span_id))) is not None]
+    own, parent = spans.get((row.trace_id, row.span_id)), spans.get((row.trace_id, row.parent_span_id or ""))
+    inputs = model_inputs(own) if own is not None else None
+    around = model_inputs(parent) if parent is not None and (inputs is None or inputs.system is None
+                                                             and not inputs.tools) else None
+    if around is not None:
+        inputs = replace(around, span_id=row.span_id, start_ns=row.start_ns,
+                         model=(inputs.model if inputs else None) or row.model or around.model)
+    if inputs is not None and not inputs.tools:
+        inputs = replace(inputs, tools=next((tools for s in spans_above if (tools := offered_tools(s))), ()))
+    return inputs
+
+
 def model_calls(con: duckdb.DuckDBPyConnection, tree: SpanTree) -> tuple[list[ModelGiven], int]:
     """What each model call among the page's spans was given, each compared with the one before; and how many
     model calls the page has (only the first MODEL_CALLS_SHOWN are read)."""
@@ -352,8 +369,8 @@ def model_calls(con: duckdb.DuckDBPyConnection, tree: SpanTree) -> tuple[list[Mo
     chosen = calls[:MODEL_CALLS_SHOWN]
     if not chosen:
         return [], 0
-    # with their parents (a framework may record what a call was given on the step around it: Mastra's
-    # model_step) and children (the messages a framework logs as log records, Semantic Kernel's, hang below)
+    # with the spans above them (`_inputs_around`) and their children (the messages a framework logs as log
+    # records, Semantic Kernel's, hang below)
     rows = {r.span_id: r for r in tree.rows}
     ids = {r.span_id for r in chosen}
     above = {a.span_id: a for r in chosen for a in _ancestors(r, rows, TOOLS_LISTED_ABOVE)}
@@ -374,21 +391,9 @@ def model_calls(con: duckdb.DuckDBPyConnection, tree: SpanTree) -> tuple[list[Mo
     out: list[ModelGiven] = []
     previous: ModelInputs | None = None
     for row in chosen:
-        span = spans.get((row.trace_id, row.span_id))
-        inputs = model_inputs(span) if span is not None else None
-        if inputs is None or (inputs.system is None and not inputs.tools):
-            parent = spans.get((row.trace_id, row.parent_span_id or ""))
-            around = model_inputs(parent) if parent is not None else None
-            if around is not None:
-                inputs = replace(around, span_id=row.span_id, start_ns=row.start_ns,
-                                 model=(inputs.model if inputs else None) or row.model or around.model)
+        inputs = _inputs_around(row, spans, _ancestors(row, rows, TOOLS_LISTED_ABOVE))
         if inputs is None:
             continue
-        if not inputs.tools:  # listed on the agent span above the calls (Semantic Kernel's invoke_agent)
-            listed = next((tools for a in _ancestors(row, rows, TOOLS_LISTED_ABOVE)
-                           if (span_above := spans.get((a.trace_id, a.span_id))) is not None
-                           and (tools := offered_tools(span_above))), ())
-            inputs = replace(inputs, tools=listed)
         offset = tree.offsets_ms.get(row.span_id, 0.0)
         if previous is None:
             out.append(ModelGiven(inputs, offset, True, [], [], [], []))

@@ -22,11 +22,15 @@ LLM_OPERATIONS = frozenset({"chat", "generate_content", "text_completion"})
 # workflows are runs): their messages are never read as an LLM call
 NOT_LLM_OPERATIONS = frozenset({"invoke_agent", "execute_tool", "invoke_workflow", "execute_event_loop_cycle",
                                 "agent_step", "create_agent", "embeddings"})
+MESSAGE_KEYS = frozenset({"role", "message", "tool_calls"})  # an event's content that is a whole message
 EVENT_ROLES = {"gen_ai.system.message": "system", "gen_ai.user.message": "user",
                "gen_ai.assistant.message": "assistant", "gen_ai.tool.message": "tool"}
 
 
 def _event_message(name: str, attrs: dict[str, Any]) -> Message | None:
+    whole = parse_json_value(attrs.get("content"))
+    if isinstance(whole, dict) and MESSAGE_KEYS & whole.keys():  # Semantic Kernel logs the message as its JSON text
+        attrs = {**{k: v for k, v in attrs.items() if k != "content"}, **whole}
     if name == "gen_ai.choice":
         body = parse_json_value(attrs.get("message")) or {}
         attrs = {**(body if isinstance(body, dict) else {}), **{k: v for k, v in attrs.items() if k != "message"}}
@@ -40,6 +44,8 @@ def _event_message(name: str, attrs: dict[str, Any]) -> Message | None:
     if role == "tool":
         return Message("tool", [Part("tool_call_response", id=_s(attrs.get("id", attrs.get("tool_call_id"))),
                                      result=content)])
+    if isinstance(content, dict) and isinstance(attrs.get("content"), str):
+        content = attrs["content"]  # text that happens to be JSON (a user who typed some): what was written
     if isinstance(content, str) and content:
         parts.append(Part("text", text=content))
     for call in as_list(parse_json_value(attrs.get("tool_calls"))):

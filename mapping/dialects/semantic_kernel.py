@@ -81,23 +81,25 @@ class SemanticKernel(Dialect):
     def applies(self, span: Span) -> bool:
         return span.scope_name.startswith(SK_SCOPE_PREFIX)
 
-    def _mcp_call(self, span: Span) -> tuple[MCPContent, str | None, str] | None:
-        """(what it returned, plugin, function) of an MCP plugin function's span; read once per span."""
+    def _mcp_call(self, span: Span, kind: str | None = None) -> tuple[MCPContent, str | None, str] | None:
+        """(what it returned, plugin, function) of an MCP plugin function's span, of `kind` ("tool", "prompt") if
+        given; read once per span."""
         if span.str_attr("gen_ai.operation.name") != "execute_tool":
             return None
         if _CACHE_KEY not in span._parsed:
             content = mcp_content(span.attr("gen_ai.tool.call.result"))
             span._parsed[_CACHE_KEY] = None if content is None else (
                 content, *_split(span.str_attr("gen_ai.tool.name") or ""))
-        return span._parsed[_CACHE_KEY]
+        found = span._parsed[_CACHE_KEY]
+        return found if found is None or kind is None or found[0].kind == kind else None
 
     def exclusive(self, span: Span) -> bool:
         """An MCP plugin function's span is read here alone: the generic reading would make it a plain function."""
         return self._mcp_call(span) is not None
 
     def tool_execution(self, span: Span) -> ToolExecution | None:
-        found = self._mcp_call(span)
-        if found is None or found[0].kind != "tool":
+        found = self._mcp_call(span, "tool")
+        if found is None:
             return None
         content, plugin, tool = found
         failed, message = span_error(span)
@@ -109,8 +111,8 @@ class SemanticKernel(Dialect):
                              error_message=message, mcp=True, server=plugin)
 
     def mcp_operation(self, span: Span) -> MCPOperation | None:
-        found = self._mcp_call(span)
-        if found is None or found[0].kind != "prompt":
+        found = self._mcp_call(span, "prompt")
+        if found is None:
             return None
         content, plugin, prompt = found
         failed, message = span_error(span)
