@@ -19,7 +19,15 @@ from typing import Any
 
 from tracejudge.mapping.content_capture import missing_content, switch_for
 from tracejudge.mapping.conversation_key import TRACE_KEY, trace_conversation_key
-from tracejudge.mapping.dialects import DIALECTS, AgentRun, LLMCall, MCPOperation, ToolDefinition, ToolExecution
+from tracejudge.mapping.dialects import (
+    DIALECTS,
+    AgentRun,
+    Dialect,
+    LLMCall,
+    MCPOperation,
+    ToolDefinition,
+    ToolExecution,
+)
 from tracejudge.mapping.envelopes import unwrap_tool_result
 from tracejudge.mapping.messages import Message, final_assistant_text, last_user_text
 from tracejudge.mapping.otlp_logs import fold_log_events
@@ -114,18 +122,33 @@ def _where_text(where: Where) -> str:
     return f"{base}: {note}" if base and note else base or note
 
 
+def _own(dialect: Dialect, method: str) -> Any:
+    """The dialect's bound method, or None where it keeps the base class's (which has nothing to say)."""
+    return getattr(dialect, method) if getattr(type(dialect), method) is not getattr(Dialect, method) else None
+
+
+# each dialect's own readers, looked up once: a span asks only what a dialect can answer (every span asked every
+# dialect all six questions, most of them answered by the base class with None)
+_READERS = tuple((d.applies, *(_own(d, m) for m in ("agent_run", "llm_call", "tool_execution", "mcp_operation",
+                                                     "tool_definitions", "exclusive"))) for d in DIALECTS)
+
+
 def _facts(span: Span) -> _Facts:
     facts = _Facts(span)
-    for dialect in DIALECTS:
-        if not dialect.applies(span):
+    for applies, run, llm, tool, op, definitions, exclusive in _READERS:
+        if not applies(span):
             continue
-        facts.run = facts.run or dialect.agent_run(span)
-        facts.llm = facts.llm or dialect.llm_call(span)
-        facts.tool = facts.tool or dialect.tool_execution(span)
-        facts.op = facts.op or dialect.mcp_operation(span)
-        if offered := dialect.tool_definitions(span):
+        if run is not None and facts.run is None:
+            facts.run = run(span)
+        if llm is not None and facts.llm is None:
+            facts.llm = llm(span)
+        if tool is not None and facts.tool is None:
+            facts.tool = tool(span)
+        if op is not None and facts.op is None:
+            facts.op = op(span)
+        if definitions is not None and (offered := definitions(span)):
             facts.definitions = merge_definitions(facts.definitions, offered) if facts.definitions else offered
-        if dialect.exclusive(span):
+        if exclusive is not None and exclusive(span):
             break
     return facts
 

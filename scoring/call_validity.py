@@ -118,8 +118,17 @@ def _validator(schema: dict[str, Any]) -> Any:
     return _validator_for_json(key) if len(key) <= CACHED_SCHEMA_CHARS else _checked_validator(schema)
 
 
-def _schema_violations(args: dict[str, Any], schema: dict[str, Any], call: _Call) -> None:
-    validator = _validator(schema)
+ANY_OBJECT = ({"type": "object"}, {})  # schemas every arguments object satisfies (the default a bare tool name gets)
+
+
+def _schema_violations(args: dict[str, Any], schema: dict[str, Any], call: _Call,
+                       validators: dict[int, Any]) -> None:
+    """`validators`: this case's, by schema object: a tool called 30 times is looked up once, not 30 times."""
+    if schema in ANY_OBJECT:  # arguments are always an object: nothing to check, and no validator to build
+        return
+    validator = validators.get(id(schema))
+    if validator is None:
+        validator = validators[id(schema)] = _validator(schema)
     if isinstance(validator, str):
         call.notes.append(f"the server's inputSchema is itself invalid ({validator}); arguments not checked")
         return
@@ -159,6 +168,7 @@ def check_calls(test_case: ConversationalTestCase) -> tuple[list[_Call], dict[st
     inventory = _Inventory(test_case.mcp_servers or [])
     calls: list[_Call] = []
     seen: dict[tuple[int, str, str, str], int] = {}
+    validators: dict[int, Any] = {}  # the case's schemas live as long as it does: their ids stay theirs
     for turn_index, (turn, unit) in enumerate(zip(test_case.turns, unit_indices(test_case.turns), strict=True)):
         for tool in turn.mcp_tools_called or []:
             call = _Call(turn_index, unit, "tool", tool.name, tool.args)
@@ -166,7 +176,7 @@ def check_calls(test_case: ConversationalTestCase) -> tuple[list[_Call], dict[st
             if inventory.known["tools"] and advertised is None:
                 call.violations.append("tool not advertised by any MCP server")
             if advertised is not None:
-                _schema_violations(tool.args, advertised.input_schema, call)
+                _schema_violations(tool.args, advertised.input_schema, call, validators)
             if (problem := _tool_error(tool.result)) is not None:
                 call.violations.append(problem)
             calls.append(call)
