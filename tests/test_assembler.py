@@ -8,6 +8,7 @@ import asyncio
 import datetime as dt
 import io
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -257,6 +258,39 @@ def test_the_assembler_keeps_to_its_share_only_while_ingest_keeps_the_writer_bus
     assembler.settings.conversations.share_under_load = 1
     assert assembler.pause_for_ingest(1.0, 1.0) == 0.0
     store.close()
+
+
+def test_a_pause_for_ingest_ends_once_ingest_eases_and_not_while_it_presses(tmp_path: Path) -> None:
+    """A pause decided while exports came in must not leave the cores idle after they stop; while the span writer
+    stays busy, the pause goes on."""
+    store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=1)
+    looks: list[float] = []
+    writer = {"busy": True, "total": 0.0, "since": time.monotonic()}
+
+    def busy_s() -> float:  # the span writer's busy seconds so far: they grow only while it is busy
+        looks.append(now := time.monotonic())
+        if writer["busy"]:
+            writer["total"] += now - writer["since"]
+        writer["since"] = now
+        return writer["total"]
+
+    assembler.writer_busy_s = busy_s
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        pausing = asyncio.create_task(assembler.pause(3600.0, stop))
+        while len(looks) < 6:  # three steps with the writer busy all along: still pausing
+            await asyncio.sleep(0.05)
+        assert not pausing.done()
+        busy_s()
+        writer["busy"] = False  # ingest stopped: the next step ends the pause, not the hour
+        await asyncio.wait_for(pausing, 60)
+        await asyncio.wait_for(assembler.pause(3600.0, stop), 60)  # an idle writer: one step at most
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        store.close()
 
 
 @pytest.mark.parametrize("case_bytes", [16 * 1024 * 1024, 1], ids=["one part", "a part per job"])

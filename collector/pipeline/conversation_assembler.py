@@ -54,6 +54,7 @@ from tracejudge.collector.store.id_table import id_table, registered
 from tracejudge.collector.store.transaction import in_transaction
 from tracejudge.mapping.conversation_key import KEY_PRECEDENCE, TRACE_KEY
 
+PAUSE_STEP_S = 0.25  # how often a pause for ingest looks whether ingest eased
 MAX_PER_POLL = 512  # conversations assembled per poll: a backlog never hides a newly end-marked one for long
 SPANS_PER_READ = 16_000  # spans read back in one query while assembling; with the batches in flight (workers + 1)
 # it bounds the assembler's memory
@@ -365,11 +366,25 @@ class ConversationAssembler:
             # a backlog: go on at once (looking again for end-marked conversations first), unless ingest presses;
             # the time the workers built (on other cores) is not time taken from ingest
             spent = time.monotonic() - started - (self.pool_wait_s - waited)
-            wait = max(0.0 if done >= MAX_PER_POLL else self.settings.conversations.poll_s,
-                       self.pause_for_ingest(spent, self._writer_busy() - busy))
+            paused = await self.pause(self.pause_for_ingest(spent, self._writer_busy() - busy), stop)
+            wait = 0.0 if done >= MAX_PER_POLL else self.settings.conversations.poll_s - paused
             if wait > 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), wait)
+
+    async def pause(self, seconds: float, stop: asyncio.Event) -> float:
+        """Give way to ingest for up to `seconds`, a step at a time: the pause ends as soon as a step finds the
+        span writer busy less than half of it (ingest eased), so the cores do not idle through a pause decided
+        while exports still came in (`python bench/pipeline_pace.py` found both 94 % idle for 3 s after ingest
+        stopped). How long it paused."""
+        started = time.monotonic()
+        while not stop.is_set() and (left := started + seconds - time.monotonic()) > 0:
+            busy, step = self._writer_busy(), min(left, PAUSE_STEP_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), step)
+            if self._writer_busy() - busy < step / 2:
+                break
+        return time.monotonic() - started
 
     def _writer_busy(self) -> float:
         return self.writer_busy_s() if self.writer_busy_s is not None else 0.0
@@ -925,10 +940,11 @@ class ConversationAssembler:
                                         for c in out.checked], SCORE_SCHEMA, "INSERT OR IGNORE")
             # the UI's summaries of the latest version: a later version replaces its conversation's row
             self._append("conversation_summary", out.summaries, _CONVERSATION_SUMMARY_SCHEMA, "INSERT OR REPLACE")
-            if out.summaries:  # the calls of a conversation's older versions: the UI lists its latest only
+            later = [r for r in out.summaries if r["version"] > 1]  # a first version has no older calls to drop
+            if later:  # the calls of a conversation's older versions: the UI lists its latest only
                 with registered(self.con, pa.table({
-                        "conversation_id": [r["conversation_id"] for r in out.summaries],
-                        "version": pa.array([r["version"] for r in out.summaries], pa.int32())})) as name:
+                        "conversation_id": [r["conversation_id"] for r in later],
+                        "version": pa.array([r["version"] for r in later], pa.int32())})) as name:
                     self.con.execute(f"DELETE FROM call_summary k USING {name} n WHERE k.conversation_id = "
                                      "n.conversation_id AND k.version < n.version")
             self._append("call_summary", out.calls, _CALL_SUMMARY_SCHEMA)
