@@ -29,8 +29,8 @@ from tracejudge.mapping.dialects import (
     ToolExecution,
 )
 from tracejudge.mapping.envelopes import unwrap_tool_result
+from tracejudge.mapping.log_events import fold_log_events
 from tracejudge.mapping.messages import Message, final_assistant_text, last_user_text
-from tracejudge.mapping.otlp_logs import fold_log_events
 from tracejudge.mapping.results import prompt_result, resource_result, tool_result
 from tracejudge.mapping.spans import Span
 from tracejudge.test_case import (

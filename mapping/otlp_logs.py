@@ -7,7 +7,7 @@ Instrumentations in event mode (OTel's GenAI instrumentations with content captu
 id of the LLM span. Each such record becomes a *carrier span*: a child of that span, in scope
 `tracejudge.log_event`, holding the record as its one event (attributes plus the body's fields). Carriers go
 through the same store as spans (so they are durable and redelivery-safe: their id hashes the record), and
-`fold_log_events` puts their events back on the span they name before a conversation is built. Records that
+`log_events.fold_log_events` puts their events back on the span they name before a conversation is built. Records that
 are no GenAI event, or name no span, are accepted and dropped, except evaluation results that name a conversation
 instead (end-user feedback: `gen_ai.evaluation.result` with `gen_ai.conversation.id`): their carrier starts a trace of
 its own, keyed by that conversation, so the feedback waits for the conversation however late either arrives.
@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
-from dataclasses import replace
 from typing import Any
 
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
 from tracejudge.mapping.content_types import JSON_TYPES, PROTOBUF_TYPES, media_type
+from tracejudge.mapping.log_events import LOG_EVENT_SCOPE
 from tracejudge.mapping.otlp import (
     DEFAULT_LIMITS,
     DecodedRequest,
@@ -43,7 +42,6 @@ from tracejudge.mapping.otlp import (
 )
 from tracejudge.mapping.spans import Span, SpanEvent
 
-LOG_EVENT_SCOPE = "tracejudge.log_event"
 EVENT_PREFIX = "gen_ai."
 EVALUATION_EVENT = "gen_ai.evaluation.result"
 CONVERSATION_ID = "gen_ai.conversation.id"
@@ -168,25 +166,3 @@ def _decode_json(payload: bytes | str) -> DecodedRequest:
                 if carrier is not None:
                     out.spans.append(carrier)
     return out
-
-
-def fold_log_events(spans: Iterable[Span]) -> list[Span]:
-    """Spans with the events their carriers hold put back on them; carriers whose span has not arrived wait
-    out of the conversation (they join it when the span comes)."""
-    spans = spans if isinstance(spans, list) else list(spans)
-    if not any(span.scope_name == LOG_EVENT_SCOPE for span in spans):
-        return spans
-    plain: dict[tuple[str, str], Span] = {}
-    carried: dict[tuple[str, str], list[SpanEvent]] = {}
-    for span in spans:
-        if span.scope_name == LOG_EVENT_SCOPE and span.parent_span_id:
-            carried.setdefault((span.trace_id, span.parent_span_id), []).extend(span.events)
-        else:
-            plain[span.key] = span
-    if not carried:
-        return list(plain.values())
-    for key, events in carried.items():
-        span = plain.get(key)
-        if span is not None:
-            plain[key] = replace(span, events=sorted([*span.events, *events], key=lambda e: e.time_ns), _parsed={})
-    return list(plain.values())

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -25,7 +25,7 @@ SCHEMA = pa.schema([("trace_id", pa.string()), ("span_id", pa.string()), ("paren
                     ("name", pa.string()), ("kind", pa.int32()), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
                     ("status_code", pa.int32()), ("status_message", pa.string()), ("scope_id", pa.int64()),
                     ("resource_id", pa.int64()), ("attributes", pa.string()), ("events", pa.string()),
-                    ("links", pa.string()), ("received_at", pa.timestamp("us", tz="UTC"))])
+                    ("links", pa.string()), ("received_us", pa.int64())])
 CONFIG = BuildConfig(checks=("mcp_call_validity",))
 
 
@@ -40,7 +40,7 @@ def _rows(conversations: int) -> tuple[pa.Table, dict[str, list[str]]]:
         rows.append({
             "trace_id": f"{i:032x}", "span_id": f"{i:016x}", "parent_span_id": None, "name": "chat gpt-4o",
             "kind": 3, "start_ns": 1_000 + i, "end_ns": 2_000 + i, "status_code": 0, "status_message": "",
-            "scope_id": 1, "resource_id": 1, "events": "[]", "links": "[]", "received_at": datetime.now(UTC),
+            "scope_id": 1, "resource_id": 1, "events": "[]", "links": "[]", "received_us": time.time_ns() // 1000,
             "attributes": json.dumps({"gen_ai.operation.name": "chat", "gen_ai.conversation.id": f"conv-{i}",
                                       "gen_ai.input.messages": _messages("user", f"question {i}"),
                                       "gen_ai.output.messages": _messages("assistant", f"answer {i}")})})
@@ -71,6 +71,30 @@ def test_a_conversation_built_in_a_worker_is_the_one_built_in_the_server() -> No
         assert built.turns == 2 and built.service_name == "shop"
         assert "question" in built.test_case_json and built.checks["mcp_call_validity"] is not None
     assert [p.trace_id for p in there.parts["conv-0"]] == [f"{0:032x}"]
+
+
+def test_a_worker_builds_a_batch_without_the_modules_only_the_server_needs(tmp_path: Path) -> None:
+    """Each assembly worker holds its own copy of what it imports (two of them on two cores): building a batch loads
+    no protobuf decoder, DuckDB, pyarrow.compute or settings models, and gives what the server would build."""
+    table, conversations = _rows(2)
+    path = tmp_path / "batch.arrow"
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    code = """if True:
+        import pickle, sys
+        from tracejudge.collector.pipeline.assembly_pool import build_from_file
+        result = build_from_file(*pickle.loads(sys.stdin.buffer.read()))
+        print(sorted(m for m in ("google.protobuf", "duckdb", "pyarrow.compute", "tracejudge.collector.config")
+                     if m in sys.modules))
+        sys.stdout.buffer.write(pickle.dumps(result))
+    """
+    run = subprocess.run([sys.executable, "-c", code], input=pickle.dumps((str(path), conversations, SCOPES,
+                                                                          RESOURCES, CONFIG)),
+                         capture_output=True, check=True)
+    imported, _, answer = run.stdout.partition(b"\n")
+    assert imported == b"[]", f"an assembly worker imported {imported.decode()}"
+    assert pickle.loads(answer).built == build_batch(table, conversations, SCOPES, RESOURCES, CONFIG).built
+    assert not path.exists()  # a worker removes its batch's file once read
 
 
 def test_a_worker_killed_mid_batch_fails_that_batch_only_and_is_replaced() -> None:

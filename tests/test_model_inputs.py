@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from tracejudge.mapping.log_events import fold_log_events
 from tracejudge.mapping.model_inputs import model_inputs
 from tracejudge.mapping.otlp import decode_otlp
-from tracejudge.mapping.otlp_logs import decode_otlp_logs, fold_log_events
+from tracejudge.mapping.otlp_logs import decode_otlp_logs
 
 REAL = Path(__file__).parent / "fixtures" / "real"
 SYSTEM = "You are a helpful weather assistant."  # tests/fixtures/real/_frameworks.py and _scenario.py

@@ -30,8 +30,7 @@ from tracejudge.collector.pipeline.conversation_builder import (
     Scopes,
     build_batch,
 )
-from tracejudge.collector.receivers.decode_pool import usable_cpus
-from tracejudge.collector.receivers.decode_worker import ready, worker_init
+from tracejudge.collector.worker_process import ready, usable_cpus, worker_init
 from tracejudge.errors import TracejudgeError
 
 BATCH_TIMEOUT_S = 600.0  # a batch not back by then is treated as lost with its worker (a batch takes seconds)

@@ -33,7 +33,7 @@ from tracejudge.collector.config import Settings
 from tracejudge.collector.log import Logger
 from tracejudge.collector.pipeline.assembly_pool import AssemblyPool, default_workers
 from tracejudge.collector.pipeline.conversation_builder import (
-    SPAN_COLUMNS,
+    SPAN_SELECT,
     BatchResult,
     BuildConfig,
     Built,
@@ -615,7 +615,7 @@ class ConversationAssembler:
             with id_table(self.con, unread) as ids:
                 # a span sent again inside another request is stored twice: the last copy received counts, once
                 table = self.con.execute(
-                    f"SELECT {', '.join(SPAN_COLUMNS)} FROM span_records WHERE received_at >= ? AND trace_id IN "
+                    f"SELECT {SPAN_SELECT} FROM span_records WHERE received_at >= ? AND trace_id IN "
                     f"(SELECT id FROM {ids}) "
                     "QUALIFY row_number() OVER (PARTITION BY trace_id, span_id ORDER BY received_at DESC) = 1",
                     [_at(since_us)]).to_arrow_table()

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tracejudge.call_validity import check_calls
-from tracejudge.collector.config import SamplingSettings
 from tracejudge.mapping.spans import Span
 from tracejudge.test_case import ConversationalTestCase
+
+if TYPE_CHECKING:  # annotations only: the assembly workers need none of the settings models
+    from tracejudge.collector.config import SamplingSettings
 
 ALWAYS = "mcp_call_validity"
 

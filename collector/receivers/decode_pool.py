@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing
-import os
 import threading
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -25,12 +24,11 @@ from tracejudge.collector.receivers.decode_worker import (
     WorkerResult,
     decode_native,
     decode_request,
-    ready,
-    worker_init,
 )
 from tracejudge.collector.receivers.otlp_columns import NativeColumns, native_decode_enabled
 from tracejudge.collector.receivers.span_rows import columns_to_arrow, rows_from_ipc
 from tracejudge.collector.store.span_tables import SpanRows
+from tracejudge.collector.worker_process import ready, usable_cpus, worker_init
 from tracejudge.errors import TracejudgeError
 from tracejudge.mapping.otlp import DEFAULT_LIMITS, SpanLimits, SpanProblem
 from tracejudge.mapping.redaction import Redactor
@@ -40,14 +38,6 @@ MAX_TASKS_PER_WORKER = 5000
 
 class DecoderUnavailable(TracejudgeError):
     """A worker died mid-request; the pool was rebuilt and the exporter should retry."""
-
-
-def usable_cpus() -> int:
-    """Cores this process may run on (a container's CPU set, not the host's core count)."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,7 @@ a problem): a worker that never meets one stays about 35 MB smaller (`python ben
 from __future__ import annotations
 
 import gc
-import multiprocessing
-import os
-import threading
 import time
-from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Literal
 
 from tracejudge.collector.receivers.otlp_columns import NativeColumns, native_columns
@@ -66,22 +62,3 @@ def _give_memory_back() -> None:
     """A large request leaves the worker's heap large; collect and ask glibc to return the free pages."""
     gc.collect()
     release_heap()
-
-
-def exit_with_parent(parent: BaseProcess) -> None:
-    """A worker whose collector died (kill -9 leaves no time to stop the pool) exits instead of living on:
-    the parent's sentinel pipe reads end-of-file once no process holds its other end."""
-    parent.join()
-    os._exit(0)
-
-
-def ready() -> None:
-    """Submitted once per worker at start, so every worker exists before the first export."""
-
-
-def worker_init() -> None:
-    gc.set_threshold(100_000, 50, 100)
-    parent = multiprocessing.parent_process()
-    if parent is not None:
-        threading.Thread(target=exit_with_parent, args=(parent,), name="tracejudge-parent-watch",
-                         daemon=True).start()

@@ -17,8 +17,8 @@ import duckdb
 
 from tracejudge.collector.pipeline.sampling import MODEL_CALLS
 from tracejudge.judges.pricing import known_price
+from tracejudge.mapping.log_events import fold_log_events
 from tracejudge.mapping.model_inputs import ModelInputs, model_inputs, offered_tools
-from tracejudge.mapping.otlp_logs import fold_log_events
 from tracejudge.mapping.spans import Span, SpanEvent
 
 PAGE_SPANS = 500

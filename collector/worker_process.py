@@ -1,0 +1,40 @@
+"""What every worker process of the collector (decode and assembly) runs at start, and the cores they may use.
+
+Spawned workers import this before anything else, so it imports nothing of the collector: each pool's worker then
+imports only its own job's modules (an assembly worker no protobuf, a decode worker no pyarrow until it needs it).
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+import threading
+from multiprocessing.process import BaseProcess
+
+
+def usable_cpus() -> int:
+    """Cores this process may run on (a container's CPU set, not the host's core count)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def exit_with_parent(parent: BaseProcess) -> None:
+    """A worker whose collector died (kill -9 leaves no time to stop the pool) exits instead of living on:
+    the parent's sentinel pipe reads end-of-file once no process holds its other end."""
+    parent.join()
+    os._exit(0)
+
+
+def ready() -> None:
+    """Submitted once per worker at start, so every worker exists before the first task."""
+
+
+def worker_init() -> None:
+    gc.set_threshold(100_000, 50, 100)
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(target=exit_with_parent, args=(parent,), name="tracejudge-parent-watch",
+                         daemon=True).start()
