@@ -260,7 +260,7 @@ def test_the_assembler_keeps_to_its_share_only_while_ingest_keeps_the_writer_bus
     store.close()
 
 
-def test_a_pause_for_ingest_ends_once_ingest_eases_and_not_while_it_presses(tmp_path: Path) -> None:
+def test_a_pause_for_ingest_ends_once_ingest_stops_and_not_while_it_presses(tmp_path: Path) -> None:
     """A pause decided while exports came in must not leave the cores idle after they stop; while the span writer
     stays busy, the pause goes on."""
     store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=1)

@@ -54,7 +54,8 @@ from tracejudge.collector.store.id_table import id_table, registered
 from tracejudge.collector.store.transaction import in_transaction
 from tracejudge.mapping.conversation_key import KEY_PRECEDENCE, TRACE_KEY
 
-PAUSE_STEP_S = 0.25  # how often a pause for ingest looks whether ingest eased
+PAUSE_STEP_S = 0.25  # how often a pause for ingest looks whether ingest stopped
+WRITER_IDLE = 0.1  # a step in which the span writer was busy less than this share of it ends the pause
 MAX_PER_POLL = 512  # conversations assembled per poll: a backlog never hides a newly end-marked one for long
 SPANS_PER_READ = 16_000  # spans read back in one query while assembling; with the batches in flight (workers + 1)
 # it bounds the assembler's memory
@@ -374,15 +375,16 @@ class ConversationAssembler:
 
     async def pause(self, seconds: float, stop: asyncio.Event) -> float:
         """Give way to ingest for up to `seconds`, a step at a time: the pause ends as soon as a step finds the
-        span writer busy less than half of it (ingest eased), so the cores do not idle through a pause decided
-        while exports still came in (`python bench/pipeline_pace.py` found both 94 % idle for 3 s after ingest
-        stopped). How long it paused."""
+        span writer all but idle (busy under a tenth of it: ingest stopped), so the cores do not idle through a
+        pause decided while exports still came in (`python bench/pipeline_pace.py` found both 94 % idle for 3 s
+        after ingest stopped). A writer still busy now and then keeps the pause: ending it at half busy, as a pause
+        is decided, let the assembler in between commits and raised export p99. How long it paused."""
         started = time.monotonic()
         while not stop.is_set() and (left := started + seconds - time.monotonic()) > 0:
             busy, step = self._writer_busy(), min(left, PAUSE_STEP_S)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), step)
-            if self._writer_busy() - busy < step / 2:
+            if self._writer_busy() - busy < step * WRITER_IDLE:
                 break
         return time.monotonic() - started
 
