@@ -113,7 +113,7 @@ class Collector:
                                   redactor=self.settings.redaction.redactor())
         self.assembler = ConversationAssembler(self.store.cursor(), self.settings, self.log,
                                                self.stage.initial_status, self.stage.configs,
-                                               writer_busy_s=lambda: self.store.stats.busy_s,
+                                               writer_busy_s=self.store.stats.busy_now,
                                                checks=self.stage.deterministic, on_checked=self.stage.checked)
         self.store.listeners.append(self.assembler.observe)
         self.store.on_listener_error = self._assembler_missed

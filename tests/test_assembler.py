@@ -20,7 +20,7 @@ from tracejudge.collector.config import Settings
 from tracejudge.collector.log import Logger
 from tracejudge.collector.pipeline.conversation_assembler import MAX_PER_POLL, ConversationAssembler
 from tracejudge.collector.receivers.span_rows import spans_to_arrow
-from tracejudge.collector.store.span_store import SpanStore
+from tracejudge.collector.store.span_store import SpanStore, StoreStats
 from tracejudge.mapping import build_conversations, decode_otlp
 
 
@@ -262,33 +262,30 @@ def test_the_assembler_keeps_to_its_share_only_while_ingest_keeps_the_writer_bus
 
 def test_a_pause_for_ingest_ends_once_ingest_stops_and_not_while_it_presses(tmp_path: Path) -> None:
     """A pause decided while exports came in must not leave the cores idle after they stop; while the span writer
-    stays busy, the pause goes on."""
+    is committing (a checkpoint's commit runs over a second, counted as it goes), the pause goes on."""
     store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=1)
+    stats = StoreStats()
     looks: list[float] = []
-    writer = {"busy": True, "total": 0.0, "since": time.monotonic()}
 
-    def busy_s() -> float:  # the span writer's busy seconds so far: they grow only while it is busy
-        looks.append(now := time.monotonic())
-        if writer["busy"]:
-            writer["total"] += now - writer["since"]
-        writer["since"] = now
-        return writer["total"]
+    def busy_s() -> float:
+        looks.append(time.monotonic())
+        return stats.busy_now()
 
     assembler.writer_busy_s = busy_s
 
     async def scenario() -> None:
         stop = asyncio.Event()
+        stats.busy_since = time.perf_counter()  # one long commit under way: busy_s itself does not move
         pausing = asyncio.create_task(assembler.pause(3600.0, stop))
-        while len(looks) < 6:  # three steps with the writer busy all along: still pausing
+        while len(looks) < 6 and not pausing.done():  # three steps into the commit: still pausing
             await asyncio.sleep(0.05)
         assert not pausing.done()
-        busy_s()
-        writer["busy"] = False  # ingest stopped: the next step ends the pause, not the hour
-        await asyncio.wait_for(pausing, 60)
+        stats.busy_s, stats.busy_since = stats.busy_now(), None  # the commit ended and no export came since
+        await asyncio.wait_for(pausing, 60)  # the next step ends the pause, not the hour
         await asyncio.wait_for(assembler.pause(3600.0, stop), 60)  # an idle writer: one step at most
 
     try:
-        asyncio.run(scenario())
+        asyncio.run(asyncio.wait_for(scenario(), 120))
     finally:
         store.close()
 

@@ -27,6 +27,7 @@ SCHEMA = pa.schema([("trace_id", pa.string()), ("span_id", pa.string()), ("paren
                     ("resource_id", pa.int64()), ("attributes", pa.string()), ("events", pa.string()),
                     ("links", pa.string()), ("received_us", pa.int64())])
 CONFIG = BuildConfig(checks=("mcp_call_validity",))
+SERVER_ONLY = ("google.protobuf", "duckdb", "pyarrow.compute", "tracejudge.collector.config")  # no worker imports them
 
 
 def _messages(role: str, text: str) -> str:
@@ -80,12 +81,11 @@ def test_a_worker_builds_a_batch_without_the_modules_only_the_server_needs(tmp_p
     path = tmp_path / "batch.arrow"
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
-    code = """if True:
+    code = f"""if True:
         import pickle, sys
         from tracejudge.collector.pipeline.assembly_pool import build_from_file
         result = build_from_file(*pickle.loads(sys.stdin.buffer.read()))
-        print(sorted(m for m in ("google.protobuf", "duckdb", "pyarrow.compute", "tracejudge.collector.config")
-                     if m in sys.modules))
+        print(sorted(m for m in {SERVER_ONLY!r} if m in sys.modules))
         sys.stdout.buffer.write(pickle.dumps(result))
     """
     run = subprocess.run([sys.executable, "-c", code], input=pickle.dumps((str(path), conversations, SCOPES,
@@ -95,6 +95,13 @@ def test_a_worker_builds_a_batch_without_the_modules_only_the_server_needs(tmp_p
     assert imported == b"[]", f"an assembly worker imported {imported.decode()}"
     assert pickle.loads(answer).built == build_batch(table, conversations, SCOPES, RESOURCES, CONFIG).built
     assert not path.exists()  # a worker removes its batch's file once read
+    pool = AssemblyPool(1, CONFIG)  # and a worker as the pool spawns it, with its start-up, after a batch
+    try:
+        assert not pool.result(pool.submit(table, conversations, SCOPES, RESOURCES), list(conversations)).failed
+        assert pool._pool().submit(eval, f"sorted(m for m in {SERVER_ONLY!r} if m in __import__('sys').modules)"
+                                   ).result(60) == []
+    finally:
+        pool.stop()
 
 
 def test_a_worker_killed_mid_batch_fails_that_batch_only_and_is_replaced() -> None:

@@ -84,7 +84,7 @@ def _worker_start() -> None:
 
 class AssemblyPool:
     """Started by the first batch (a collector that only ingests, or sees few conversations, runs none: each
-    worker holds about 80 MB once started)."""
+    worker holds about 70 MB once started)."""
 
     def __init__(self, workers: int, config: BuildConfig, on_start: Callable[[int], None] | None = None) -> None:
         self.workers = workers

@@ -157,12 +157,12 @@ def _events(text: str) -> list[SpanEvent]:
     """Events as stored: most spans have none, and parsing "[]" for each of them added up. The row's own values
     are the span's (built directly: a record dict per span, copied again into the Span, cost 7 % of mapping)."""
     return [] if text == "[]" else [SpanEvent(e["name"], int(e.get("time_ns", 0)), e.get("attributes") or {})
-                                    for e in json.loads(text)]
+                                    for e in json.loads(text) or ()]
 
 
 def _links(text: str) -> list[SpanLink]:
     return [] if text == "[]" else [SpanLink(lk["trace_id"], lk["span_id"], lk.get("attributes") or {})
-                                    for lk in json.loads(text)]
+                                    for lk in json.loads(text) or ()]
 
 
 def map_trace(rows: list[tuple[Any, ...]], scopes: Scopes, resources: Resources,
@@ -170,8 +170,10 @@ def map_trace(rows: list[tuple[Any, ...]], scopes: Scopes, resources: Resources,
     """One trace mapped from its stored rows (`rows_by_trace`), with what the sampling filters and
     `assembled_traces` need. Spans of one resource share its parsed attributes, as those of one ResourceSpans do
     when decoded."""
-    spans = [Span(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], json.loads(r[11]), _events(r[12]),
-                  _links(r[13]), resources.get(r[10], {}), *scopes.get(r[9], _NO_SCOPE)) for r in rows]
+    spans = [Span(trace_id=r[0], span_id=r[1], parent_span_id=r[2], name=r[3], kind=r[4], start_ns=r[5],
+                  end_ns=r[6], status_code=r[7], status_message=r[8], attributes=json.loads(r[11]) or {},
+                  events=_events(r[12]), links=_links(r[13]), resource=resources.get(r[10], {}),
+                  scope_name=(scope := scopes.get(r[9], _NO_SCOPE))[0], scope_version=scope[1]) for r in rows]
     mapped = map_traces(spans)
     received = [r[14] for r in rows]
     return KeptTrace(rows[0][0], mapped[0] if mapped else None, attribute_values(attribute_keys, spans),

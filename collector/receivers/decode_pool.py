@@ -24,11 +24,12 @@ from tracejudge.collector.receivers.decode_worker import (
     WorkerResult,
     decode_native,
     decode_request,
+    decode_worker_start,
 )
 from tracejudge.collector.receivers.otlp_columns import NativeColumns, native_decode_enabled
 from tracejudge.collector.receivers.span_rows import columns_to_arrow, rows_from_ipc
 from tracejudge.collector.store.span_tables import SpanRows
-from tracejudge.collector.worker_process import ready, usable_cpus, worker_init
+from tracejudge.collector.worker_process import ready, usable_cpus
 from tracejudge.errors import TracejudgeError
 from tracejudge.mapping.otlp import DEFAULT_LIMITS, SpanLimits, SpanProblem
 from tracejudge.mapping.redaction import Redactor
@@ -97,7 +98,7 @@ class DecodePool:
                 self.restarts += 1
             # a worker is replaced after this many requests, so memory a hostile request left behind is returned
             executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                           initializer=worker_init, max_tasks_per_child=MAX_TASKS_PER_WORKER)
+                                           initializer=decode_worker_start, max_tasks_per_child=MAX_TASKS_PER_WORKER)
             try:
                 for future in [executor.submit(ready) for _ in range(self.workers)]:
                     future.result()  # start every worker now, not on their first request

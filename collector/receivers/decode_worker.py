@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Literal
 from tracejudge.collector.receivers.otlp_columns import NativeColumns, native_columns
 from tracejudge.collector.receivers.request_digest import ids_digest
 from tracejudge.collector.store.memory_release import release_heap
+from tracejudge.collector.worker_process import worker_init
 
 if TYPE_CHECKING:
     from tracejudge.mapping.otlp import SpanProblem
@@ -62,3 +63,9 @@ def _give_memory_back() -> None:
     """A large request leaves the worker's heap large; collect and ask glibc to return the free pages."""
     gc.collect()
     release_heap()
+
+
+def decode_worker_start() -> None:
+    """A decode worker's start: named here, so spawning one imports this module (the C walk) before its first
+    export, not during it."""
+    worker_init()

@@ -89,6 +89,13 @@ class StoreStats:
     listener_errors: int = 0  # commits a listener (the assembler) failed to take in
     memory_retries: int = 0  # commits retried because a query held DuckDB's memory
     busy_s: float = 0.0  # seconds the writer spent committing: how hard ingest presses the database
+    busy_since: float | None = None  # perf_counter when the commit under way began (None: the writer waits)
+
+    def busy_now(self) -> float:
+        """`busy_s` with the commit under way counted so far: a checkpoint's commit takes over a second, and
+        counted only once it ended, a second of pressing ingest looked like an idle writer."""
+        since = self.busy_since
+        return self.busy_s + (time.perf_counter() - since if since is not None else 0.0)
 
 
 class SpanStore:
@@ -270,12 +277,15 @@ class SpanStore:
                     break
                 batch.append(item)
                 count += item.rows.num_rows
-            started = time.perf_counter()
-            if batch:
-                self._commit(batch, count)
-            if job is not None:
-                self._run_job(job)
-            self.stats.busy_s += time.perf_counter() - started
+            started = self.stats.busy_since = time.perf_counter()
+            try:
+                if batch:
+                    self._commit(batch, count)
+                if job is not None:
+                    self._run_job(job)
+            finally:  # counted before it is cleared: a reader in between counts it twice, never not at all
+                self.stats.busy_s += time.perf_counter() - started
+                self.stats.busy_since = None
         while True:  # jobs queued behind the stop are answered, not left waiting
             try:
                 item = self._queue.get_nowait()
