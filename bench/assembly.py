@@ -7,8 +7,9 @@ conversation, 256 per call as it does in `tracejudge serve` (`--per-call`): read
 the best of `--repeat` runs. `--stored-spans N` first stores N spans of other conversations, received a day
 before and not waiting: what a conversation costs should not grow with them. `--sdk-resource`: each request's
 resource is what an SDK in a container sends (about 1 KB of JSON; `bench/ingest.py`'s SDK_RESOURCE).
-Run: `python bench/assembly.py [--requests 40] [--repeat 3] [--stored-spans 0] [--per-call 256] [--sdk-resource]
-[--profile]`.
+`--assembly-workers 0 --call-validity` measures all of a conversation's assembly in this one process, with the check
+`tracejudge serve` runs as it builds. Run: `python bench/assembly.py [--requests 40] [--repeat 3] [--stored-spans 0]
+[--per-call 256] [--sdk-resource] [--assembly-workers N] [--call-validity] [--profile]`.
 """
 
 from __future__ import annotations
@@ -51,15 +52,17 @@ def random_trace_ids(requests: list[bytes], seed: int) -> list[bytes]:
     return out
 
 
-def once(requests: list[bytes], stored: list[bytes], per_call: int,
-         profile: cProfile.Profile | None) -> tuple[int, float, float]:
+def once(requests: list[bytes], stored: list[bytes], per_call: int, profile: cProfile.Profile | None,
+         workers: int = -1, checks: tuple[str, ...] = ()) -> tuple[int, float, float]:
     """(conversations, CPU seconds, wall seconds) of assembling everything the requests hold, after `stored`."""
     with tempfile.TemporaryDirectory() as tmp:
         store = SpanStore(Path(tmp) / "bench.duckdb")
         store.open()
         settings = Settings()
+        settings.conversations.assembly_workers = workers
         assembler = ConversationAssembler(store.cursor(), settings, Logger(stream=io.StringIO()),
-                                          lambda metric: "pending", {m: "x" for m in settings.scoring.metrics})
+                                          lambda metric: "pending", {m: "x" for m in settings.scoring.metrics},
+                                          checks=checks)
 
         async def fill(bodies: list[bytes], ago: dt.timedelta) -> None:
             for body in bodies:
@@ -90,12 +93,17 @@ def main() -> None:
                         help="conversations per assembler call (a trickle of conversations: 1)")
     parser.add_argument("--profile", action="store_true", help="print the 30 costliest calls (cumulative)")
     parser.add_argument("--sdk-resource", action="store_true", help="about 1 KB of resource per request, not 1 key")
+    parser.add_argument("--assembly-workers", type=int, default=-1, help="[conversations] assembly_workers (default "
+                        "one per core: the CPU measured is then the server's alone; 0: all of it, in this process)")
+    parser.add_argument("--call-validity", action="store_true", help="check call validity as each conversation is "
+                        "built, as `tracejudge serve` does")
     args = parser.parse_args()
     mark_pandas_absent()  # as `tracejudge serve` does
     stored = random_trace_ids(build_requests(args.stored_spans // 512, 512, sdk_resource=args.sdk_resource), 1)
     requests = random_trace_ids(build_requests(args.requests, 512, len(stored), args.sdk_resource), 2)
     profile = cProfile.Profile() if args.profile else None
-    runs = [once(requests, stored, args.per_call, profile) for _ in range(args.repeat)]
+    checks = ("mcp_call_validity",) if args.call_validity else ()
+    runs = [once(requests, stored, args.per_call, profile, args.assembly_workers, checks) for _ in range(args.repeat)]
     conversations, cpu, wall = min(runs, key=lambda r: r[1])
     print(f"{conversations} conversations of 64 spans, {args.per_call} per call, after {len(stored) * 512:,} "
           "stored spans: "
