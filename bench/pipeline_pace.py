@@ -9,6 +9,7 @@ conversation. Prints both wall times, the pace, CPU seconds per process (server,
 and per conversation, peak RSS, and export latency percentiles.
 
     python bench/pipeline_pace.py [--requests 750]     # 384k spans, 6,000 conversations (the issue's traffic)
+    python bench/pipeline_pace.py --timeline           # and the whole pipeline run second by second
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -77,6 +79,48 @@ def scored(url: str) -> int:
                    if line.startswith("tracejudge_score_count{") and 'metric="mcp_call_validity"' in line))
 
 
+class Timeline:
+    """Every 0.25 s of a run: how idle the machine's cores were since the last sample, and the server's and its
+    children's RSS; with the scores counted as the bench polls them, printed a line a second (`--timeline`)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.started = pid, time.perf_counter()
+        self.samples: list[tuple[float, float, float, float]] = []  # (t, idle share, server MB, children MB)
+        self.scored: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _cpu() -> tuple[int, int]:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return fields[3] + fields[4], sum(fields)  # idle + iowait, all
+
+    def _sample(self) -> None:
+        idle, total = self._cpu()
+        while not self._stop.wait(0.25):
+            now_idle, now_total = self._cpu()
+            share = (now_idle - idle) / max(1, now_total - total)
+            idle, total = now_idle, now_total
+            procs = process_tree(self.pid)
+            try:
+                server, children = status_mb(self.pid, "VmRSS"), sum(status_mb(p, "VmRSS") for p in procs[1:])
+            except OSError:
+                continue
+            self.samples.append((time.perf_counter() - self.started, share, server, children))
+
+    def print(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        print("  t (s)  cores idle  server MB  children MB  scored")
+        for second in range(int(self.samples[-1][0]) + 1 if self.samples else 0):
+            window = [s for s in self.samples if second <= s[0] < second + 1]
+            if window:
+                scored = max((n for t, n in self.scored if t < second + 1), default=0)
+                print(f"  {second:5d}  {sum(s[1] for s in window) / len(window):9.0%}  "
+                      f"{max(s[2] for s in window):9.0f}  {max(s[3] for s in window):11.0f}  {scored:6d}")
+
+
 def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, conversations: int) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "tracejudge.toml"
@@ -93,6 +137,7 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
             channel = grpc.insecure_channel(collector.grpc_endpoint,
                                             options=[("grpc.max_send_message_length", 64 * 1024 * 1024)])
             export = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
+            timeline = Timeline(pid) if args.timeline and quiet != "1h" else None
             started = time.perf_counter()
             wall, latencies = run(lambda body: export_retrying(export, body), requests, args.in_flight, None,
                                   args.spans)
@@ -101,10 +146,14 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
                 deadline = time.perf_counter() + args.timeout
                 while time.perf_counter() < deadline:
                     last = scored(collector.admin_url)
+                    if timeline is not None:
+                        timeline.scored.append((time.perf_counter() - timeline.started, last))
                     if last >= conversations:
                         done_at = time.perf_counter() - started
                         break
                     time.sleep(0.5)
+            if timeline is not None:
+                timeline.print()
             cpu = cpu_seconds(pid)
             rss = peak_rss_mb(pid)
             rss_each = {_role(proc): round(status_mb(proc, "VmHWM")) for proc in process_tree(pid)}
@@ -133,6 +182,8 @@ def main() -> None:
     parser.add_argument("--profile", metavar="FILE", help="record the whole pipeline run's server and its "
                         "worker processes with py-spy (collapsed stacks, for the CPU budget; py-spy beside the "
                         "interpreter or on the PATH)")
+    parser.add_argument("--timeline", action="store_true", help="print the whole pipeline run second by second: "
+                        "how idle the cores were, the server's and its children's RSS, the scores so far")
     args = parser.parse_args()
     requests = build_requests(args.requests, args.spans)
     spans = args.requests * args.spans
