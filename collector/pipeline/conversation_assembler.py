@@ -376,9 +376,10 @@ class ConversationAssembler:
     async def pause(self, seconds: float, stop: asyncio.Event) -> float:
         """Give way to ingest for up to `seconds`, a step at a time: the pause ends as soon as a step finds the
         span writer all but idle (busy under a tenth of it: ingest stopped), so the cores do not idle through a
-        pause decided while exports still came in (`python bench/pipeline_pace.py` found both 94 % idle for 3 s
-        after ingest stopped). A writer still busy now and then keeps the pause: ending it at half busy, as a pause
-        is decided, let the assembler in between commits and raised export p99. How long it paused."""
+        pause decided while exports still came in (`python bench/pipeline_pace.py --timeline`: 90-97 % idle in
+        the seconds after the last export). A writer still busy now and then keeps the pause, as ingest's
+        priority asks (ending it at half busy, the rule a pause is decided by, would let the assembler in between
+        commits). How long it paused."""
         started = time.monotonic()
         while not stop.is_set() and (left := started + seconds - time.monotonic()) > 0:
             busy, step = self._writer_busy(), min(left, PAUSE_STEP_S)
