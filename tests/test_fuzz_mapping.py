@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tests.fixtures import semconv_scenarios
 from tracejudge.mapping import OTLPDecodeError, build_conversations, compose_conversation, decode_otlp, map_traces
-from tracejudge.mapping.spans import Span
+from tracejudge.mapping.spans import Span, parse_json_value
 from tracejudge.test_case import ConversationalTestCase
 
 KEYS = ["gen_ai.operation.name", "gen_ai.conversation.id", "gen_ai.input.messages", "gen_ai.output.messages",
@@ -164,3 +164,31 @@ def test_attribute_json_is_strict_and_says_what_the_standard_library_path_says(v
     except (orjson.JSONEncodeError, TypeError):  # ints past 64 bits, nesting past orjson's depth
         return
     assert _written(clean) == orjson_text
+
+
+plain_json = st.recursive(  # JSON values equal to themselves once parsed (no NaN)
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=15)
+whitespace = st.text(alphabet=" \t\r\n", max_size=3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(plain_json, whitespace, whitespace)
+def test_a_json_attribute_value_reads_as_the_json_it_holds(value: Any, before: str, after: str) -> None:
+    """Messages, arguments and results arrive as JSON text: an object, list or string is read as json.loads reads
+    it, whitespace around it or not."""
+    text = before + json.dumps(value) + after
+    if text.strip()[:1] in ("{", "[", '"'):
+        assert parse_json_value(text) == value
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(st.text(max_size=40), st.builds(lambda v, tail: json.dumps(v) + tail, plain_json,
+                                                  st.text(max_size=5))))
+def test_text_that_is_not_json_is_kept_as_it_was(text: str) -> None:
+    """Text json.loads refuses (a truncated message, JSON with more after it, prose) is the value itself."""
+    try:
+        json.loads(text.strip())
+    except (ValueError, RecursionError):
+        assert parse_json_value(text) == text
