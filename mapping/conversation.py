@@ -95,7 +95,9 @@ class Conversation:
 
 
 @dataclass
-class _Facts:
+class SpanFacts:
+    """What the dialects say of one span, first answer first (`span_facts`)."""
+
     span: Span
     run: AgentRun | None = None
     llm: LLMCall | None = None
@@ -113,7 +115,7 @@ class _Facts:
 
 _ASK = {"run": "agent_run", "llm": "llm_call", "tool": "tool_execution", "op": "mcp_operation"}
 # where a turn's text or a call came from: (facts, aspect, note), formatted only when `inspect --explain` asks
-Where = tuple["_Facts | None", str, str]
+Where = tuple["SpanFacts | None", str, str]
 
 
 def _where_text(where: Where) -> str:
@@ -133,8 +135,10 @@ _READERS = tuple((d.applies, *(_own(d, m) for m in ("agent_run", "llm_call", "to
                                                      "tool_definitions", "exclusive"))) for d in DIALECTS)
 
 
-def _facts(span: Span) -> _Facts:
-    facts = _Facts(span)
+def span_facts(span: Span) -> SpanFacts:
+    """One span read by every dialect that applies, in order of richness, until an exclusive one: what the
+    conversation is rebuilt from, and what the conversation page shows a model call was given."""
+    facts = SpanFacts(span)
     for applies, run, llm, tool, op, definitions, exclusive in _READERS:
         if not applies(span):
             continue
@@ -260,15 +264,15 @@ class _Draft:
 
 class _Trace:
     def __init__(self, spans: list[Span]) -> None:
-        self.facts = {s.span_id: _facts(s) for s in sorted(spans, key=lambda s: (s.start_ns, s.span_id))}
+        self.facts = {s.span_id: span_facts(s) for s in sorted(spans, key=lambda s: (s.start_ns, s.span_id))}
         # the spans of MCP operations: what ties the trace to an MCP session
         self.ops = [f.span for f in self.facts.values() if f.op is not None]
 
-    def parent(self, facts: _Facts) -> _Facts | None:
+    def parent(self, facts: SpanFacts) -> SpanFacts | None:
         pid = facts.span.parent_span_id
         return self.facts.get(pid) if pid else None
 
-    def ancestors(self, facts: _Facts) -> Iterable[_Facts]:
+    def ancestors(self, facts: SpanFacts) -> Iterable[SpanFacts]:
         seen = {facts.span.span_id}
         current = self.parent(facts)
         while current is not None and current.span.span_id not in seen:  # a parent cycle must not hang us
@@ -276,14 +280,14 @@ class _Trace:
             yield current
             current = self.parent(current)
 
-    def outermost_runs(self) -> dict[str, _Facts | None]:
+    def outermost_runs(self) -> dict[str, SpanFacts | None]:
         """For each span, the outermost agent-run span among itself and its ancestors (one walk per chain:
         each span's answer is memoized, so a deep trace costs linear time)."""
-        outer: dict[str, _Facts | None] = {}
+        outer: dict[str, SpanFacts | None] = {}
         for facts in self.facts.values():
-            chain: list[_Facts] = []
+            chain: list[SpanFacts] = []
             in_chain: set[str] = set()
-            current: _Facts | None = facts
+            current: SpanFacts | None = facts
             while current is not None and current.span.span_id not in outer:
                 if current.span.span_id in in_chain:  # a parent cycle must not hang us
                     break
@@ -296,7 +300,7 @@ class _Trace:
                 outer[member.span.span_id] = above
         return outer
 
-    def _wrapped_operations(self, members: list[_Facts]) -> dict[str, set[tuple[str, str | None]]]:
+    def _wrapped_operations(self, members: list[SpanFacts]) -> dict[str, set[tuple[str, str | None]]]:
         """For each tool span that is no MCP span itself, the (method, target) of the MCP client spans beneath it:
         what decides whether the tool only wraps one resource read or prompt get."""
         wrapped: dict[str, set[tuple[str, str | None]]] = {}
@@ -346,7 +350,7 @@ class _Trace:
                 draft.sources["assistant"] = (None, "", f"trace {root.span.trace_id}: no agent or model span, "
                                                         "MCP calls the app made outside any agent run")
             return [draft]
-        members: dict[str, list[_Facts]] = {r.span.span_id: [] for r in runs}
+        members: dict[str, list[SpanFacts]] = {r.span.span_id: [] for r in runs}
         for f in all_facts:
             owner = outer.get(f.span.span_id)
             if owner is None:  # an orphan: the run whose time window holds it, else the first run
@@ -354,7 +358,7 @@ class _Trace:
             members[owner.span.span_id].append(f)
         return [self._draft(r, r.run or AgentRun(), members[r.span.span_id]) for r in runs]
 
-    def _draft(self, root: _Facts, run: AgentRun, members: list[_Facts]) -> _Draft:
+    def _draft(self, root: SpanFacts, run: AgentRun, members: list[SpanFacts]) -> _Draft:
         llm_facts = [f for f in members if f.llm is not None]
         draft = _Draft(start_ns=root.span.start_ns, trace_id=root.span.trace_id, run_span_id=root.span.span_id,
                        service_name=root.span.service_name, agent_name=run.agent_name,  # the run's and models' scopes
@@ -397,7 +401,7 @@ class _Trace:
         draft.calls.sort(key=lambda c: c.order or (c.start_ns, 0))
         return draft
 
-    def _collect_calls(self, draft: _Draft, members: list[_Facts]) -> None:
+    def _collect_calls(self, draft: _Draft, members: list[SpanFacts]) -> None:
         by_span: dict[str, _Call] = {}
         by_request: dict[tuple[str, str], _Call] = {}
         wrapped: dict[str, set[tuple[str, str | None]]] | None = None  # computed when first needed (rarely)
@@ -447,7 +451,7 @@ class _Trace:
                 by_request[request_key] = call
 
 
-def _wraps(owner: _Call, facts: _Facts) -> bool:
+def _wraps(owner: _Call, facts: SpanFacts) -> bool:
     """The call above an MCP client span is a function tool of the app (not MCP itself, no other MCP call yet)."""
     return owner.kind == "tool" and not owner.mcp and facts.span.kind != SERVER_KIND
 

@@ -10,7 +10,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from tracejudge.mapping.dialects import DIALECTS, LLMCall
+from tracejudge.mapping.conversation import span_facts
+from tracejudge.mapping.dialects import LLMCall
 from tracejudge.mapping.spans import Span
 
 SYSTEM_ATTRIBUTES = ("gen_ai.system_instructions",)  # the GenAI conventions' own place for the system prompt
@@ -42,21 +43,13 @@ class ModelInputs:
 
 
 def _read(span: Span) -> tuple[LLMCall | None, tuple[OfferedTool, ...]]:
-    """The span's model call (if it is one) and the tools it lists, as the conversation reads them
-    (`conversation._facts`: an exclusive dialect ends the reading)."""
-    llm, offered = None, []
-    for dialect in DIALECTS:
-        if not dialect.applies(span):
-            continue
-        llm = llm or dialect.llm_call(span)
-        offered += dialect.tool_definitions(span)
-        if dialect.exclusive(span):
-            break
+    """The span's model call (if it is one) and the tools it lists, as the conversation reads them."""
+    facts = span_facts(span)
     tools: dict[str, OfferedTool] = {}
-    for definition in offered:
+    for definition in facts.definitions:  # one dialect's listing may name a tool twice: the first is shown
         tools.setdefault(definition.name, OfferedTool(definition.name, definition.description,
                                                       definition.input_schema))
-    return llm, tuple(tools.values())
+    return facts.llm, tuple(tools.values())
 
 
 def offered_tools(span: Span) -> tuple[OfferedTool, ...]:
