@@ -6,10 +6,14 @@ the whole pipeline's (until the last conversation's call validity score is writt
 Traffic: bench/ingest.py's agent spans, 8 spans per trace and 64 per conversation (`gen_ai.conversation.id`), 512
 per export, 8 exports in flight; the judged metrics have no judge (their jobs wait), call validity scores every
 conversation. Prints both wall times, the pace, CPU seconds per process (server, decode workers, query children)
-and per conversation, peak RSS, and export latency percentiles.
+and per conversation, peak RSS (each process's own peak, summed: what the issue bounds) and peak PSS (sampled; shared
+libraries counted once), and export latency percentiles. A third run paces the same exports at half of ingest
+alone's rate (the issue's half load: its p99 is the latency bound) and prints how far the last score lags behind the
+last export; `--rates` runs the whole pipeline at chosen rates instead, to find the rate it keeps up with.
 
     python bench/pipeline_pace.py [--requests 750]     # 384k spans, 6,000 conversations (the issue's traffic)
     python bench/pipeline_pace.py --timeline           # and the whole pipeline run second by second
+    python bench/pipeline_pace.py --rates 10000,20000  # the whole pipeline paced at 10k, then 20k spans/s
 """
 
 from __future__ import annotations
@@ -121,7 +125,45 @@ class Timeline:
                       f"{max(s[2] for s in window):9.0f}  {max(s[3] for s in window):11.0f}  {scored:6d}")
 
 
-def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, conversations: int) -> dict[str, object]:
+def pss_mb(pids: list[int]) -> float:
+    """Proportional set size of these processes together: each shared page counted once across them (summed RSS
+    counts the libraries every worker maps, about 40 MB each, once per worker)."""
+    total = 0
+    for pid in pids:
+        try:
+            text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            continue
+        total += next((int(line.split()[1]) for line in text.splitlines() if line.startswith("Pss:")), 0)
+    return total / 1024
+
+
+class PeakPss:
+    """The highest PSS of the collector's processes together, sampled every 0.25 s (the kernel keeps each
+    process's own RSS peak, VmHWM, but no peak of a sum)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak = pid, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.25):
+            try:
+                self.peak = max(self.peak, pss_mb(process_tree(self.pid)))
+            except OSError:
+                continue
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, conversations: int,
+            rate: float | None = None) -> dict[str, object]:
+    """One fresh collector sent the traffic, at full speed or paced at `rate` spans/s, until the last score."""
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "tracejudge.toml"
         workers = "" if args.assembly_workers is None else f"assembly_workers = {args.assembly_workers}\n"
@@ -133,13 +175,14 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
             spy = subprocess.Popen([PY_SPY, "record", "-p", str(pid), "-o", args.profile, "-f", "raw", "-r", "50",
                                     "--subprocesses", "--nonblocking"], stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL) \
-                if args.profile and quiet != "1h" else None
+                if args.profile and quiet != "1h" and rate is None else None
             channel = grpc.insecure_channel(collector.grpc_endpoint,
                                             options=[("grpc.max_send_message_length", 64 * 1024 * 1024)])
             export = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
-            timeline = Timeline(pid) if args.timeline and quiet != "1h" else None
+            timeline = Timeline(pid) if args.timeline and quiet != "1h" and rate is None else None
+            pss = PeakPss(pid)
             started = time.perf_counter()
-            wall, latencies = run(lambda body: export_retrying(export, body), requests, args.in_flight, None,
+            wall, latencies = run(lambda body: export_retrying(export, body), requests, args.in_flight, rate,
                                   args.spans)
             done_at, last = None, 0
             if quiet != "1h":
@@ -155,6 +198,7 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
             if timeline is not None:
                 timeline.print()
             cpu = cpu_seconds(pid)
+            peak_pss = pss.stop()
             rss = peak_rss_mb(pid)
             rss_each = {_role(proc): round(status_mb(proc, "VmHWM")) for proc in process_tree(pid)}
             if spy is not None:
@@ -167,6 +211,7 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
             "scored": last, "cpu_s_server": round(cpu.get(pid, 0.0), 1),
             "cpu_s_children": round(sum(v for p, v in cpu.items() if p != pid), 1),
             "cpu_s_total": round(sum(cpu.values()) - before, 1), "peak_rss_mb": round(rss),
+            "peak_pss_mb": round(peak_pss),
             "peak_rss_each_mb": rss_each,
             "p50_ms": round(percentile(latencies, 50) * 1000, 1), "p99_ms": round(percentile(latencies, 99) * 1000, 1)}
 
@@ -182,6 +227,10 @@ def main() -> None:
     parser.add_argument("--profile", metavar="FILE", help="record the whole pipeline run's server and its "
                         "worker processes with py-spy (collapsed stacks, for the CPU budget; py-spy beside the "
                         "interpreter or on the PATH)")
+    parser.add_argument("--rates", type=lambda text: [float(v) for v in text.split(",")], metavar="SPANS_S,...",
+                        help="pace the whole pipeline's exports at these span rates, one run each (default: half "
+                        "of ingest alone's rate, the issue's half load): the export latency while conversations "
+                        "complete, and how far the last score lags behind the last export")
     parser.add_argument("--timeline", action="store_true", help="print the whole pipeline run second by second: "
                         "how idle the cores were, the server's and its children's RSS, the scores so far")
     args = parser.parse_args()
@@ -192,9 +241,10 @@ def main() -> None:
           f"{args.in_flight} in flight")
     alone = one_run("1h", requests, args, conversations)
     print(f"ingest alone (quiet period 1h): {alone['ingest_wall_s']} s, {spans / alone['ingest_wall_s']:,.0f} "
-          f"spans/s; CPU {alone['cpu_s_total']} s; peak RSS {alone['peak_rss_mb']} MB; export p99 "
-          f"{alone['p99_ms']} ms")
-    whole = one_run(f"{QUIET_S:.0f}s", requests, args, conversations)
+          f"spans/s; CPU {alone['cpu_s_total']} s; peak RSS {alone['peak_rss_mb']} MB (PSS {alone['peak_pss_mb']} "
+          f"MB); export p99 {alone['p99_ms']} ms")
+    report = {"ingest_alone": alone}
+    whole = report["whole_pipeline"] = one_run(f"{QUIET_S:.0f}s", requests, args, conversations)
     if whole["pipeline_wall_s"] is None:
         print(f"whole pipeline (quiet period 2s): {whole['scored']} of {conversations} scored within "
               f"{args.timeout:.0f} s")
@@ -209,10 +259,21 @@ def main() -> None:
               f"waits for the last conversation to go quiet); CPU {whole['cpu_s_total']} s "
               f"(server {whole['cpu_s_server']}, "
               f"children {whole['cpu_s_children']}): {extra_cpu * 1000 / conversations:.2f} ms of CPU per "
-              f"conversation beyond ingest; peak RSS {whole['peak_rss_mb']} MB; export p99 {whole['p99_ms']} ms")
+              f"conversation beyond ingest; peak RSS {whole['peak_rss_mb']} MB (PSS {whole['peak_pss_mb']} MB); "
+              f"export p99 {whole['p99_ms']} ms")
         whole["pace"] = round(pace, 3)
         whole["pace_without_quiet_period"] = round(pace_without_quiet, 3)
-    print(json.dumps({"ingest_alone": alone, "whole_pipeline": whole}))
+    rates = [spans / alone["ingest_wall_s"] / 2] if args.rates is None else args.rates
+    for rate in rates:
+        paced = report[f"paced_{rate:.0f}"] = one_run(f"{QUIET_S:.0f}s", requests, args, conversations, rate)
+        done = paced["pipeline_wall_s"]
+        behind = f"{done - paced['ingest_wall_s'] - QUIET_S:.2f} s" if done else "not all scored"
+        half = " (half of ingest alone's rate)" if args.rates is None else ""
+        print(f"whole pipeline paced at {rate:,.0f} spans/s{half}: sent in {paced['ingest_wall_s']} s, last score "
+              f"after {done} s, {behind} behind the last export and its quiet period; export p50 / p99 "
+              f"{paced['p50_ms']} / {paced['p99_ms']} ms; peak RSS {paced['peak_rss_mb']} MB (PSS "
+              f"{paced['peak_pss_mb']} MB)")
+    print(json.dumps(report))
 
 
 if __name__ == "__main__":
