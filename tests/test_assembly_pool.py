@@ -18,6 +18,7 @@ import pytest
 
 from tests.support.collector_process import CollectorProcess
 from tests.test_pipeline import config, conversations, export, query, wait_for
+from tracejudge.collector.pipeline import conversation_builder
 from tracejudge.collector.pipeline.assembly_pool import SPILL_PREFIX, AssemblyPool, AssemblyWorkerLost, _spill_root
 from tracejudge.collector.pipeline.conversation_builder import SPAN_COLUMNS, BuildConfig, build_batch
 
@@ -34,19 +35,20 @@ def _messages(role: str, text: str) -> str:
     return json.dumps([{"role": role, "parts": [{"type": "text", "content": text}]}])
 
 
-def _rows(conversations: int) -> tuple[pa.Table, dict[str, list[str]]]:
-    """One model call per conversation (a trace of one span): the user asks, the assistant answers."""
+def _rows(conversations: int, traces: int = 1) -> tuple[pa.Table, dict[str, list[str]]]:
+    """`traces` model calls per conversation (a trace of one span each): the user asks, the assistant answers."""
     rows = []
-    for i in range(conversations):
+    for i in range(conversations * traces):
         rows.append({
             "trace_id": f"{i:032x}", "span_id": f"{i:016x}", "parent_span_id": None, "name": "chat gpt-4o",
             "kind": 3, "start_ns": 1_000 + i, "end_ns": 2_000 + i, "status_code": 0, "status_message": "",
             "scope_id": 1, "resource_id": 1, "events": "[]", "links": "[]", "received_us": time.time_ns() // 1000,
-            "attributes": json.dumps({"gen_ai.operation.name": "chat", "gen_ai.conversation.id": f"conv-{i}",
+            "attributes": json.dumps({"gen_ai.operation.name": "chat",
+                                      "gen_ai.conversation.id": f"conv-{i // traces}",
                                       "gen_ai.input.messages": _messages("user", f"question {i}"),
                                       "gen_ai.output.messages": _messages("assistant", f"answer {i}")})})
     table = pa.Table.from_pylist(rows, schema=SCHEMA).select(list(SPAN_COLUMNS))
-    return table, {f"conv-{i}": [f"{i:032x}"] for i in range(conversations)}
+    return table, {f"conv-{c}": [f"{c * traces + t:032x}" for t in range(traces)] for c in range(conversations)}
 
 
 def _cpu_s(pid: int) -> float:
@@ -72,6 +74,19 @@ def test_a_conversation_built_in_a_worker_is_the_one_built_in_the_server() -> No
         assert built.turns == 2 and built.service_name == "shop"
         assert "question" in built.test_case_json and built.checks["mcp_call_validity"] is not None
     assert [p.trace_id for p in there.parts["conv-0"]] == [f"{0:032x}"]
+
+
+def test_a_batch_builds_the_same_in_whatever_order_its_rows_come(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker makes a batch's rows Python objects a chunk at a time and builds each conversation once its last
+    row is read: rows interleaved across conversations, and a conversation's traces apart, build the same
+    conversations as rows in conversation order, each with all of its turns."""
+    table, conversations = _rows(6, traces=2)
+    ordered = build_batch(table, conversations, SCOPES, RESOURCES, CONFIG)
+    monkeypatch.setattr(conversation_builder, "ROWS_AT_ONCE", 5)  # chunks that end inside conversations
+    shuffled = table.take(pa.array([5, 0, 11, 2, 7, 1, 9, 3, 10, 4, 8, 6]))
+    assert build_batch(shuffled, conversations, SCOPES, RESOURCES, CONFIG).built == ordered.built
+    assert not ordered.failed and all(b is not None and b.turns == 4 for b in ordered.built.values())
+    assert {p.trace_id for p in ordered.parts["conv-2"]} == {f"{4:032x}", f"{5:032x}"}
 
 
 def test_a_worker_builds_a_batch_without_the_modules_only_the_server_needs(tmp_path: Path) -> None:

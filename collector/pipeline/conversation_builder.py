@@ -12,6 +12,8 @@ import asyncio
 import json
 import threading
 import time
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
@@ -153,6 +155,37 @@ def rows_by_trace(table: pa.Table) -> dict[str, list[tuple[Any, ...]]]:
     return by_trace
 
 
+ROWS_AT_ONCE = 2048  # span rows made Python objects together while a batch is built
+
+
+def rows_by_conversation(table: pa.Table, conversations: dict[str, list[str]]
+                         ) -> Iterator[tuple[str, dict[str, list[tuple[Any, ...]]]]]:
+    """Each conversation's span rows by trace, handed on as soon as its last row is read: the batch is made Python
+    objects `ROWS_AT_ONCE` rows at a time, not whole (that held 17 MB more in each worker, 16,000 spans). A batch
+    comes in the order its spans were stored, so a conversation whose spans arrived close together is handed on
+    early; rows in any order give the same conversations, held longer (reading them sorted by conversation cost the
+    server more CPU than the memory was worth, `python bench/pipeline_pace.py`)."""
+    owners: dict[str, list[str]] = {}
+    for conversation_id, traces in conversations.items():
+        for trace in traces:
+            owners.setdefault(trace, []).append(conversation_id)
+    left = dict.fromkeys(conversations, 0)  # rows still to come
+    for trace, count in Counter(table.column("trace_id").to_pylist()).items():
+        for conversation_id in owners.get(trace, ()):
+            left[conversation_id] += count
+    rows_of: dict[str, dict[str, list[tuple[Any, ...]]]] = {}
+    for conversation_id in [c for c, count in left.items() if count == 0]:
+        yield conversation_id, {}
+    for start in range(0, table.num_rows, ROWS_AT_ONCE):
+        chunk = table.slice(start, ROWS_AT_ONCE)
+        for row in zip(*(chunk.column(name).to_pylist() for name in SPAN_COLUMNS), strict=True):
+            for conversation_id in owners.get(row[0], ()):
+                rows_of.setdefault(conversation_id, {}).setdefault(row[0], []).append(row)
+                left[conversation_id] -= 1
+                if left[conversation_id] == 0:
+                    yield conversation_id, rows_of.pop(conversation_id)
+
+
 def _events(text: str) -> list[SpanEvent]:
     """Events as stored: most spans have none, and parsing "[]" for each of them added up. The row's own values
     are the span's (built directly: a record dict per span, copied again into the Span, cost 7 % of mapping)."""
@@ -217,12 +250,11 @@ def build_batch(table: pa.Table, conversations: dict[str, list[str]], scopes: Sc
                 config: BuildConfig) -> BatchResult:
     """Map the traces of these conversations from their span rows and build each conversation; one that fails is
     reported, not raised, so it does not hold up the others."""
-    by_trace = rows_by_trace(table)
     result = BatchResult()
-    for conversation_id, traces in conversations.items():
+    for conversation_id, by_trace in rows_by_conversation(table, conversations):
         try:
-            parts = [map_trace(by_trace[t], scopes, resources, config.attribute_keys) for t in traces
-                     if t in by_trace]
+            parts = [map_trace(by_trace[t], scopes, resources, config.attribute_keys)
+                     for t in conversations[conversation_id] if t in by_trace]
             result.built[conversation_id] = build(conversation_id, parts, config)
         except Exception as exc:  # noqa: BLE001 - the assembler logs it and retries the conversation later
             result.failed[conversation_id] = f"{type(exc).__name__}: {exc}"
