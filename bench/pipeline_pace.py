@@ -14,6 +14,7 @@ last export; `--rates` runs the whole pipeline at chosen rates instead, to find 
     python bench/pipeline_pace.py [--requests 750]     # 384k spans, 6,000 conversations (the issue's traffic)
     python bench/pipeline_pace.py --timeline           # and the whole pipeline run second by second
     python bench/pipeline_pace.py --rates 10000,20000  # the whole pipeline paced at 10k, then 20k spans/s
+    python bench/pipeline_pace.py --rates 10000 --checkpoint-threshold 4GB  # no checkpoint within the run
 """
 
 from __future__ import annotations
@@ -167,7 +168,9 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "tracejudge.toml"
         workers = "" if args.assembly_workers is None else f"assembly_workers = {args.assembly_workers}\n"
-        config.write_text(f"[conversations]\nquiet_period_s = \"{quiet}\"\n{workers}")
+        store = "" if args.checkpoint_threshold is None else \
+            f"[store]\ncheckpoint_threshold = \"{args.checkpoint_threshold}\"\n"
+        config.write_text(f"[conversations]\nquiet_period_s = \"{quiet}\"\n{workers}{store}")
         collector = CollectorProcess(Path(tmp) / "pace.duckdb", config=config).start()
         try:
             pid = collector.proc.pid  # type: ignore[union-attr]
@@ -223,6 +226,9 @@ def main() -> None:
     parser.add_argument("--in-flight", type=int, default=8)
     parser.add_argument("--assembly-workers", type=int, help="[conversations] assembly_workers (default: the "
                         "collector's own, one per core)")
+    parser.add_argument("--checkpoint-threshold", metavar="SIZE", help="[store] checkpoint_threshold (default: the "
+                        "collector's own): each checkpoint holds every commit, and so the exports in them, while it "
+                        "runs; one larger than what a run writes shows the latency without them")
     parser.add_argument("--timeout", type=float, default=900, help="seconds to wait for the last score")
     parser.add_argument("--profile", metavar="FILE", help="record the whole pipeline run's server and its "
                         "worker processes with py-spy (collapsed stacks, for the CPU budget; py-spy beside the "
