@@ -3,9 +3,10 @@ too, and so do the exports in it: a checkpoint's length is a pause in ingest. Du
 PRIMARY KEY index at a checkpoint that follows inserts into it, so that pause grows with the table, not with what
 was written since the last one.
 
-For each size, a fresh database file holds a table shaped like `assembled_traces` (trace_id VARCHAR, conversation_id
-VARCHAR, assembled_at TIMESTAMPTZ; 8 rows a conversation), filled to that many rows and checkpointed; then
-`--rounds` times 4,096 new rows (512 conversations, one assembler poll) and a CHECKPOINT. Prints the median
+For each size, a fresh database file holds a table shaped like `assembled_traces` (trace_id VARCHAR PRIMARY KEY,
+conversation_id VARCHAR, assembled_at TIMESTAMPTZ; the collector writes 8 rows a conversation), filled to that many
+rows of random trace ids and checkpointed; then `--rounds` times 4,096 new rows (what one assembler poll of 512
+conversations adds) and a CHECKPOINT. Prints the median
 checkpoint, with the PRIMARY KEY and without, and their ratio.
 
     python bench/checkpoint_cost.py [--sizes 100000,400000,1600000] [--rounds 5]

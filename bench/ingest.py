@@ -120,19 +120,23 @@ def peak_rss_mb(pid: int) -> float:
     return sum(status_mb(proc, "VmHWM") for proc in process_tree(pid))
 
 
-def run(send, requests: list[bytes], in_flight: int, rate_spans_s: float | None, spans_per_request: int):
-    """Send every request with `in_flight` concurrent senders (optionally paced); (wall s, latencies s)."""
+def run(send, requests: list[bytes], in_flight: int, rate_spans_s: float | None, spans_per_request: int,
+        from_due: bool = False):
+    """Send every request with `in_flight` concurrent senders (optionally paced); (wall s, latencies s). Paced with
+    `from_due`, a latency counts from when the request was due, not from when a sender got to it: while the
+    collector holds every sender, the requests that fall due wait too, as an exporter's would."""
     latencies: list[float] = []
     lock = threading.Lock()
     start = time.perf_counter()
 
     def one(index: int) -> None:
+        due = None
         if rate_spans_s:
             due = start + index * spans_per_request / rate_spans_s
             delay = due - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
-        began = time.perf_counter()
+        began = due if from_due and due is not None else time.perf_counter()
         send(requests[index])
         with lock:
             latencies.append(time.perf_counter() - began)

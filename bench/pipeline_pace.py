@@ -8,8 +8,10 @@ per export, 8 exports in flight; the judged metrics have no judge (their jobs wa
 conversation. Prints both wall times, the pace, CPU seconds per process (server, decode workers, query children)
 and per conversation, peak RSS (each process's own peak, summed: what the issue bounds) and peak PSS (sampled; shared
 libraries counted once), and export latency percentiles. A third run paces the same exports at half of ingest
-alone's rate (the issue's half load: its p99 is the latency bound) and prints how far the last score lags behind the
-last export; `--rates` runs the whole pipeline at chosen rates instead, to find the rate it keeps up with.
+alone's rate (the issue's half load: its p99 is the latency bound; a paced export's latency counts from when it was
+due, so exports held back behind a stalled one count their wait) and prints how far the last score lags behind the
+last export; `--rates` runs the whole pipeline at chosen rates in place of that half-load run, to find the rate it
+keeps up with.
 
     python bench/pipeline_pace.py [--requests 750]     # 384k spans, 6,000 conversations (the issue's traffic)
     python bench/pipeline_pace.py --timeline           # and the whole pipeline run second by second
@@ -186,7 +188,7 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
             pss = PeakPss(pid)
             started = time.perf_counter()
             wall, latencies = run(lambda body: export_retrying(export, body), requests, args.in_flight, rate,
-                                  args.spans)
+                                  args.spans, from_due=True)
             done_at, last = None, 0
             if quiet != "1h":
                 deadline = time.perf_counter() + args.timeout
@@ -273,10 +275,11 @@ def main() -> None:
     for rate in rates:
         paced = report[f"paced_{rate:.0f}"] = one_run(f"{QUIET_S:.0f}s", requests, args, conversations, rate)
         done = paced["pipeline_wall_s"]
-        behind = f"{done - paced['ingest_wall_s'] - QUIET_S:.2f} s" if done else "not all scored"
+        behind = f"{done - paced['ingest_wall_s'] - QUIET_S:.2f} s behind" if done else \
+            f"{paced['scored']} of {conversations} scored within {args.timeout:.0f} s,"
         half = " (half of ingest alone's rate)" if args.rates is None else ""
         print(f"whole pipeline paced at {rate:,.0f} spans/s{half}: sent in {paced['ingest_wall_s']} s, last score "
-              f"after {done} s, {behind} behind the last export and its quiet period; export p50 / p99 "
+              f"after {done} s, {behind} the last export and its quiet period; export p50 / p99 "
               f"{paced['p50_ms']} / {paced['p99_ms']} ms; peak RSS {paced['peak_rss_mb']} MB (PSS "
               f"{paced['peak_pss_mb']} MB)")
     print(json.dumps(report))

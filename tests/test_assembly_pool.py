@@ -20,7 +20,14 @@ from tests.support.collector_process import CollectorProcess
 from tests.test_pipeline import config, conversations, export, query, wait_for
 from tracejudge.collector.pipeline import conversation_builder
 from tracejudge.collector.pipeline.assembly_pool import SPILL_PREFIX, AssemblyPool, AssemblyWorkerLost, _spill_root
-from tracejudge.collector.pipeline.conversation_builder import SPAN_COLUMNS, BuildConfig, build_batch
+from tracejudge.collector.pipeline.conversation_builder import (
+    SPAN_COLUMNS,
+    BuildConfig,
+    build,
+    build_batch,
+    map_trace,
+    rows_by_trace,
+)
 
 SCHEMA = pa.schema([("trace_id", pa.string()), ("span_id", pa.string()), ("parent_span_id", pa.string()),
                     ("name", pa.string()), ("kind", pa.int32()), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
@@ -81,10 +88,14 @@ def test_a_batch_builds_the_same_in_whatever_order_its_rows_come(monkeypatch: py
     row is read: rows interleaved across conversations, and a conversation's traces apart, build the same
     conversations as rows in conversation order, each with all of its turns."""
     table, conversations = _rows(6, traces=2)
+    by_trace = rows_by_trace(table)  # the whole batch at once, as a worker read it before
+    whole = {c: build(c, [map_trace(by_trace[t], SCOPES, RESOURCES, CONFIG.attribute_keys) for t in traces], CONFIG)
+             for c, traces in conversations.items()}
     ordered = build_batch(table, conversations, SCOPES, RESOURCES, CONFIG)
+    assert ordered.built == whole
     monkeypatch.setattr(conversation_builder, "ROWS_AT_ONCE", 5)  # chunks that end inside conversations
     shuffled = table.take(pa.array([5, 0, 11, 2, 7, 1, 9, 3, 10, 4, 8, 6]))
-    assert build_batch(shuffled, conversations, SCOPES, RESOURCES, CONFIG).built == ordered.built
+    assert build_batch(shuffled, conversations, SCOPES, RESOURCES, CONFIG).built == whole
     assert not ordered.failed and all(b is not None and b.turns == 4 for b in ordered.built.values())
     assert {p.trace_id for p in ordered.parts["conv-2"]} == {f"{4:032x}", f"{5:032x}"}
 

@@ -167,7 +167,7 @@ def rows_by_conversation(table: pa.Table, conversations: dict[str, list[str]]
     server more CPU than the memory was worth, `python bench/pipeline_pace.py`)."""
     owners: dict[str, list[str]] = {}
     for conversation_id, traces in conversations.items():
-        for trace in traces:
+        for trace in dict.fromkeys(traces):  # a trace listed twice is still read once
             owners.setdefault(trace, []).append(conversation_id)
     left = dict.fromkeys(conversations, 0)  # rows still to come
     for trace, count in Counter(table.column("trace_id").to_pylist()).items():
