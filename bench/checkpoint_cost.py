@@ -3,11 +3,12 @@ too, and so do the exports in it: a checkpoint's length is a pause in ingest. Du
 PRIMARY KEY index at a checkpoint that follows inserts into it, so that pause grows with the table, not with what
 was written since the last one.
 
-For each size, a fresh database file holds a table shaped like `assembled_traces` (trace_id VARCHAR PRIMARY KEY,
-conversation_id VARCHAR, assembled_at TIMESTAMPTZ; the collector writes 8 rows a conversation), filled to that many
-rows of random trace ids and checkpointed; then `--rounds` times 4,096 new rows (what one assembler poll of 512
-conversations adds) and a CHECKPOINT. Prints the median
-checkpoint, with the PRIMARY KEY and without, and their ratio.
+For each size, a fresh database file holds a table shaped like `assembled_traces` (trace_id, conversation_id,
+assembled_at; the collector writes 8 rows a conversation), with the PRIMARY KEY on trace_id it had until schema 27
+and without it, filled to that many rows of random trace ids and checkpointed; then `--rounds` times a poll's write of
+4,096 rows (what one assembler poll of 512 conversations adds: INSERT OR REPLACE into the keyed table; into the
+unkeyed one, the traces' earlier rows deleted and the new ones inserted in one transaction, as the assembler does
+now) and a CHECKPOINT. Prints the median checkpoint and the median write, with the key and without.
 
     python bench/checkpoint_cost.py [--sizes 100000,400000,1600000] [--rounds 5]
 """
@@ -36,8 +37,10 @@ def rows(count: int) -> pa.Table:
                      "assembled_at": pa.array([now] * count, pa.timestamp("us", tz="UTC"))})
 
 
-def checkpoints(size: int, keyed: bool, rounds: int) -> list[float]:
-    """Seconds of each CHECKPOINT after a poll's rows, in a table of `size` rows."""
+def checkpoints(size: int, keyed: bool, rounds: int) -> tuple[list[float], list[float]]:
+    """Seconds of each poll's write and of the CHECKPOINT after it, in a table of `size` rows: keyed, the write is
+    the INSERT OR REPLACE the assembler used; unkeyed, the delete of the traces' earlier rows and the insert, in one
+    transaction, that it uses now."""
     with tempfile.TemporaryDirectory() as tmp:
         con = duckdb.connect(str(Path(tmp) / "bench.duckdb"))
         con.execute("CREATE TABLE assembled_traces (trace_id VARCHAR" + (" PRIMARY KEY" if keyed else "") +
@@ -46,15 +49,23 @@ def checkpoints(size: int, keyed: bool, rounds: int) -> list[float]:
             batch = rows(min(FILL_ROWS, size - start))  # noqa: F841 - read by name in the statement
             con.execute("INSERT INTO assembled_traces SELECT * FROM batch")
         con.execute("CHECKPOINT")
-        out = []
+        writes, out = [], []
         for _ in range(rounds):
             batch = rows(POLL_ROWS)  # noqa: F841
-            con.execute("INSERT INTO assembled_traces SELECT * FROM batch")
+            started = time.perf_counter()
+            if keyed:
+                con.execute("INSERT OR REPLACE INTO assembled_traces SELECT * FROM batch")
+            else:
+                con.execute("BEGIN TRANSACTION")
+                con.execute("DELETE FROM assembled_traces WHERE trace_id IN (SELECT trace_id FROM batch)")
+                con.execute("INSERT INTO assembled_traces SELECT * FROM batch")
+                con.execute("COMMIT")
+            writes.append(time.perf_counter() - started)
             started = time.perf_counter()
             con.execute("CHECKPOINT")
             out.append(time.perf_counter() - started)
         con.close()
-    return out
+    return writes, out
 
 
 def main() -> None:
@@ -64,11 +75,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="checkpoints timed per size")
     args = parser.parse_args()
     print(f"DuckDB {duckdb.__version__}; {POLL_ROWS:,} rows added before each checkpoint, median of {args.rounds}")
-    print("        rows  with PRIMARY KEY  without  ratio")
+    print("        rows  checkpoint: with PRIMARY KEY  without  ratio   a poll's write: keyed  unkeyed")
     for size in args.sizes:
-        keyed = statistics.median(checkpoints(size, True, args.rounds))
-        plain = statistics.median(checkpoints(size, False, args.rounds))
-        print(f"{size:12,}  {keyed * 1000:13.0f} ms  {plain * 1000:4.0f} ms  {keyed / plain:5.1f}x")
+        keyed_writes, keyed = (statistics.median(v) for v in checkpoints(size, True, args.rounds))
+        plain_writes, plain = (statistics.median(v) for v in checkpoints(size, False, args.rounds))
+        print(f"{size:12,}  {keyed * 1000:25.0f} ms  {plain * 1000:4.0f} ms  {keyed / plain:5.1f}x  "
+              f"{keyed_writes * 1000:19.1f} ms  {plain_writes * 1000:5.1f} ms")
 
 
 if __name__ == "__main__":

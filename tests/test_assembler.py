@@ -329,6 +329,41 @@ def test_deterministic_jobs_are_scored_in_batches_not_a_lease_per_poll(tmp_path:
     store.close()
 
 
+def test_a_trace_assembled_again_keeps_one_row_and_a_restart_queues_nothing_already_assembled(
+        tmp_path: Path) -> None:
+    """`assembled_traces` has no key (its index lengthened every checkpoint): a trace assembled again after a late
+    span of its own still has one row, naming its conversation and its newest span, so a restart re-queues only
+    what came after it."""
+    path = tmp_path / "t.duckdb"
+
+    async def main() -> None:
+        store, assembler = _assembling_store(path, quiet_period_s=0.05)
+        try:
+            await _assembled_conversations(store, assembler, 2)
+            con = store.cursor()
+            [(first,)] = con.execute("SELECT assembled_at FROM assembled_traces WHERE trace_id = ?",
+                                     [tid(1)]).fetchall()
+            await store.write(spans_to_arrow(_spans(1, 9, session="chat-0", turn="and again"), dt.datetime.now(dt.UTC)))
+            await asyncio.sleep(0.2)
+            assert assembler.assemble_due() == 1
+            rows = con.execute("SELECT trace_id, conversation_id, assembled_at FROM assembled_traces "
+                               "ORDER BY trace_id").fetchall()
+            assert [(t, c) for t, c, _ in rows] == [(tid(1), "chat-0"), (tid(2), "chat-1")]
+            assert rows[0][2] > first
+            assert con.execute("SELECT max(version) FROM conversations WHERE conversation_id = 'chat-0'"
+                               ).fetchall() == [(2,)]
+        finally:
+            store.close()
+        store, assembler = _assembling_store(path, quiet_period_s=0.05)
+        try:
+            assembler.recover()
+            assert assembler.assemble_due(True) == 0
+        finally:
+            store.close()
+
+    asyncio.run(main())
+
+
 def test_a_batch_that_cannot_be_written_is_logged_and_its_jobs_scored_on_a_later_round(tmp_path: Path) -> None:
     """The scores table is away while the first batch commits: the batch's jobs are released with the reason,
     not left leased for `lease_s`, and once the table is back every job is scored exactly once."""

@@ -751,7 +751,9 @@ class ConversationAssembler:
     def _mark_assembled(self, conversations: dict[str, set[str]], newest: dict[str, datetime],
                         first: dict[str, datetime]) -> None:
         """Each trace's conversation, its newest span assembled (a restart re-queues what came after) and its
-        oldest (later reads of it start there; None: not read)."""
+        oldest (later reads of it start there; None: not read). One row a trace: `assembled_traces` has no key
+        (its index made every checkpoint, and the exports waiting on it, longer as it grew), so a trace's earlier
+        row is deleted in the same transaction."""
         if not conversations:
             return
         now = datetime.now(UTC)
@@ -764,7 +766,10 @@ class ConversationAssembler:
             "first_received_at": pa.array([first.get(t) for t in traces], _UTC_US),
         })
         with registered(self.con, table) as name:
-            self.con.execute(f"INSERT OR REPLACE INTO assembled_traces BY NAME SELECT * FROM {name}")
+            def work() -> None:
+                self.con.execute(f"DELETE FROM assembled_traces WHERE trace_id IN (SELECT trace_id FROM {name})")
+                self.con.execute(f"INSERT INTO assembled_traces BY NAME SELECT * FROM {name}")
+            in_transaction(self.con, work)
 
     def _dictionaries(self, scope_ids: set[int], resource_ids: set[int]) -> tuple[Scopes, Resources]:
         """The scopes (name, version) and resources (parsed attributes) these spans refer to, each read once."""

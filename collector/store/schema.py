@@ -317,7 +317,7 @@ def summary_tables_ddl(temporary: bool = False) -> str:
     """.replace("{create}", create)
 
 
-SCHEMA_VERSION = 26
+SCHEMA_VERSION = 27
 # SQL, or a function of the connection where the migration needs Python (ids computed as ingest computes them)
 MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     1: f"""
@@ -634,6 +634,22 @@ MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     ALTER TABLE score_summary ADD COLUMN IF NOT EXISTS tasks INTEGER;
     ALTER TABLE score_summary ADD COLUMN IF NOT EXISTS tasks_failed INTEGER;
     """),
+    # the assembled traces without their primary key: DuckDB rewrites a keyed table's whole index at every
+    # checkpoint after inserts into it, and every commit (the exports' too) waits for the checkpoint; at 8 rows a
+    # conversation this was the largest keyed table (`python bench/checkpoint_cost.py`). The assembler deletes a
+    # trace's row before it writes the new one, in one transaction, so each trace still has one row
+    27: """
+    CREATE TABLE assembled_traces_unkeyed (
+        trace_id VARCHAR NOT NULL,
+        conversation_id VARCHAR NOT NULL,
+        assembled_at TIMESTAMPTZ NOT NULL,
+        first_received_at TIMESTAMPTZ
+    );
+    INSERT INTO assembled_traces_unkeyed SELECT trace_id, conversation_id, assembled_at, first_received_at
+        FROM assembled_traces;
+    DROP TABLE assembled_traces;
+    ALTER TABLE assembled_traces_unkeyed RENAME TO assembled_traces;
+    """,
 }
 
 
