@@ -364,6 +364,30 @@ def test_a_trace_assembled_again_keeps_one_row_and_a_restart_queues_nothing_alre
     asyncio.run(main())
 
 
+def test_a_schema_26_file_keeps_its_assembled_traces_without_their_index(tmp_path: Path) -> None:
+    """Schema 27 drops `assembled_traces`' primary key: an older file keeps every row, and the feedback view that
+    joins it still reads."""
+    import duckdb
+
+    from tracejudge.collector.store.schema import migrate
+
+    path = tmp_path / "v26.duckdb"
+    with duckdb.connect(str(path)) as con:
+        migrate(con, 26)
+        con.execute("INSERT INTO assembled_traces SELECT 't' || i, 'c' || (i // 8), now(), now() FROM range(80) r(i)")
+    store = SpanStore(path)
+    store.open()
+    try:
+        con = store.cursor()
+        assert con.execute("SELECT count(*), count(DISTINCT trace_id), count(DISTINCT conversation_id), "
+                           "count(first_received_at) FROM assembled_traces").fetchone() == (80, 80, 10, 80)
+        assert con.execute("SELECT count(*) FROM duckdb_constraints() WHERE table_name = 'assembled_traces' "
+                           "AND constraint_type = 'PRIMARY KEY'").fetchone() == (0,)
+        assert con.execute("SELECT count(*) FROM feedback").fetchone() == (0,)
+    finally:
+        store.close()
+
+
 def test_a_batch_that_cannot_be_written_is_logged_and_its_jobs_scored_on_a_later_round(tmp_path: Path) -> None:
     """The scores table is away while the first batch commits: the batch's jobs are released with the reason,
     not left leased for `lease_s`, and once the table is back every job is scored exactly once."""

@@ -757,12 +757,12 @@ class ConversationAssembler:
         if not conversations:
             return
         now = datetime.now(UTC)
-        traces = [t for members in conversations.values() for t in members]
+        owner = {t: c for c, members in conversations.items() for t in members}  # a trace once (the last naming it)
+        traces = list(owner)
         table = pa.table({
             "trace_id": traces,
-            "conversation_id": [c for c, members in conversations.items() for _ in members],
-            "assembled_at": pa.array([newest.get(c, now) for c, members in conversations.items() for _ in members],
-                                     _UTC_US),
+            "conversation_id": [owner[t] for t in traces],
+            "assembled_at": pa.array([newest.get(owner[t], now) for t in traces], _UTC_US),
             "first_received_at": pa.array([first.get(t) for t in traces], _UTC_US),
         })
         with registered(self.con, table) as name:

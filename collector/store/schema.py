@@ -668,12 +668,13 @@ def union_view(con: duckdb.DuckDBPyConnection, table: str, source_sql: str) -> N
         con.execute(f"CREATE OR REPLACE TEMP VIEW {table} AS SELECT *, {', '.join(missing)} FROM ({source_sql})")
 
 
-def migrate(con: duckdb.DuckDBPyConnection) -> int:
-    """Bring the schema to SCHEMA_VERSION; returns the version found before."""
+def migrate(con: duckdb.DuckDBPyConnection, upto: int = SCHEMA_VERSION) -> int:
+    """Bring the schema to `upto` (SCHEMA_VERSION; an older one makes the file an older collector left, for the
+    migrations' tests); returns the version found before."""
     con.execute("CREATE TABLE IF NOT EXISTS tracejudge_schema (version INTEGER NOT NULL, applied_at TIMESTAMPTZ)")
     row = con.execute("SELECT max(version) FROM tracejudge_schema").fetchone()
     found = (row[0] if row else None) or 0
-    for version in range(found + 1, SCHEMA_VERSION + 1):
+    for version in range(found + 1, upto + 1):
         con.execute("BEGIN TRANSACTION")
         migration = MIGRATIONS[version]
         if callable(migration):
