@@ -86,14 +86,29 @@ def scored(url: str) -> int:
                    if line.startswith("tracejudge_score_count{") and 'metric="mcp_call_validity"' in line))
 
 
+def pss_mb(pids: list[int]) -> float:
+    """Proportional set size of these processes together: each shared page counted once across them (summed RSS
+    counts the libraries every worker maps, about 40 MB each, once per worker)."""
+    total = 0
+    for pid in pids:
+        try:
+            text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            continue
+        total += next((int(line.split()[1]) for line in text.splitlines() if line.startswith("Pss:")), 0)
+    return total / 1024
+
+
 class Timeline:
-    """Every 0.25 s of a run: how idle the machine's cores were since the last sample, and the server's and its
-    children's RSS; with the scores counted as the bench polls them, printed a line a second (`--timeline`)."""
+    """Every 0.25 s of a run: how idle the machine's cores were since the last sample, the server's and its
+    children's RSS, and their PSS together (the kernel keeps each process's own RSS peak, VmHWM, but no peak of a
+    sum); with the scores counted as the bench polls them, printed a line a second (`--timeline`)."""
 
     def __init__(self, pid: int) -> None:
         self.pid, self.started = pid, time.perf_counter()
         self.samples: list[tuple[float, float, float, float]] = []  # (t, idle share, server MB, children MB)
         self.scored: list[tuple[float, int]] = []
+        self.peak_pss = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
@@ -109,16 +124,19 @@ class Timeline:
             now_idle, now_total = self._cpu()
             share = (now_idle - idle) / max(1, now_total - total)
             idle, total = now_idle, now_total
-            procs = process_tree(self.pid)
             try:
+                procs = process_tree(self.pid)
                 server, children = status_mb(self.pid, "VmRSS"), sum(status_mb(p, "VmRSS") for p in procs[1:])
             except OSError:
                 continue
+            self.peak_pss = max(self.peak_pss, pss_mb(procs))
             self.samples.append((time.perf_counter() - self.started, share, server, children))
 
-    def print(self) -> None:
+    def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+
+    def print(self) -> None:
         print("  t (s)  cores idle  server MB  children MB  scored")
         for second in range(int(self.samples[-1][0]) + 1 if self.samples else 0):
             window = [s for s in self.samples if second <= s[0] < second + 1]
@@ -126,42 +144,6 @@ class Timeline:
                 scored = max((n for t, n in self.scored if t < second + 1), default=0)
                 print(f"  {second:5d}  {sum(s[1] for s in window) / len(window):9.0%}  "
                       f"{max(s[2] for s in window):9.0f}  {max(s[3] for s in window):11.0f}  {scored:6d}")
-
-
-def pss_mb(pids: list[int]) -> float:
-    """Proportional set size of these processes together: each shared page counted once across them (summed RSS
-    counts the libraries every worker maps, about 40 MB each, once per worker)."""
-    total = 0
-    for pid in pids:
-        try:
-            text = Path(f"/proc/{pid}/smaps_rollup").read_text()
-        except OSError:
-            continue
-        total += next((int(line.split()[1]) for line in text.splitlines() if line.startswith("Pss:")), 0)
-    return total / 1024
-
-
-class PeakPss:
-    """The highest PSS of the collector's processes together, sampled every 0.25 s (the kernel keeps each
-    process's own RSS peak, VmHWM, but no peak of a sum)."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid, self.peak = pid, 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.25):
-            try:
-                self.peak = max(self.peak, pss_mb(process_tree(self.pid)))
-            except OSError:
-                continue
-
-    def stop(self) -> float:
-        self._stop.set()
-        self._thread.join()
-        return self.peak
 
 
 def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, conversations: int,
@@ -184,8 +166,7 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
             channel = grpc.insecure_channel(collector.grpc_endpoint,
                                             options=[("grpc.max_send_message_length", 64 * 1024 * 1024)])
             export = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
-            timeline = Timeline(pid) if args.timeline and quiet != "1h" and rate is None else None
-            pss = PeakPss(pid)
+            timeline = Timeline(pid)
             started = time.perf_counter()
             wall, latencies = run(lambda body: export_retrying(export, body), requests, args.in_flight, rate,
                                   args.spans, from_due=True)
@@ -194,16 +175,15 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
                 deadline = time.perf_counter() + args.timeout
                 while time.perf_counter() < deadline:
                     last = scored(collector.admin_url)
-                    if timeline is not None:
-                        timeline.scored.append((time.perf_counter() - timeline.started, last))
+                    timeline.scored.append((time.perf_counter() - timeline.started, last))
                     if last >= conversations:
                         done_at = time.perf_counter() - started
                         break
                     time.sleep(0.5)
-            if timeline is not None:
+            timeline.stop()
+            if args.timeline and quiet != "1h" and rate is None:
                 timeline.print()
             cpu = cpu_seconds(pid)
-            peak_pss = pss.stop()
             rss = peak_rss_mb(pid)
             rss_each = {_role(proc): round(status_mb(proc, "VmHWM")) for proc in process_tree(pid)}
             if spy is not None:
@@ -216,7 +196,7 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
             "scored": last, "cpu_s_server": round(cpu.get(pid, 0.0), 1),
             "cpu_s_children": round(sum(v for p, v in cpu.items() if p != pid), 1),
             "cpu_s_total": round(sum(cpu.values()) - before, 1), "peak_rss_mb": round(rss),
-            "peak_pss_mb": round(peak_pss),
+            "peak_pss_mb": round(timeline.peak_pss),
             "peak_rss_each_mb": rss_each,
             "p50_ms": round(percentile(latencies, 50) * 1000, 1), "p99_ms": round(percentile(latencies, 99) * 1000, 1)}
 

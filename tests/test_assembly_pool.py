@@ -26,7 +26,6 @@ from tracejudge.collector.pipeline.conversation_builder import (
     build,
     build_batch,
     map_trace,
-    rows_by_trace,
 )
 
 SCHEMA = pa.schema([("trace_id", pa.string()), ("span_id", pa.string()), ("parent_span_id", pa.string()),
@@ -88,7 +87,9 @@ def test_a_batch_builds_the_same_in_whatever_order_its_rows_come(monkeypatch: py
     row is read: rows interleaved across conversations, and a conversation's traces apart, build the same
     conversations as rows in conversation order, each with all of its turns."""
     table, conversations = _rows(6, traces=2)
-    by_trace = rows_by_trace(table)  # the whole batch at once, as a worker read it before
+    by_trace: dict[str, list[tuple]] = {}  # the whole batch at once, as a worker read it before
+    for row in zip(*(table.column(name).to_pylist() for name in SPAN_COLUMNS), strict=True):
+        by_trace.setdefault(row[0], []).append(row)
     whole = {c: build(c, [map_trace(by_trace[t], SCOPES, RESOURCES, CONFIG.attribute_keys) for t in traces], CONFIG)
              for c, traces in conversations.items()}
     ordered = build_batch(table, conversations, SCOPES, RESOURCES, CONFIG)

@@ -43,7 +43,7 @@ from tracejudge.collector.pipeline.conversation_builder import (
     TracePart,
     build,
     map_trace,
-    rows_by_trace,
+    rows_by_conversation,
 )
 from tracejudge.collector.pipeline.mapped_traces import KeptTrace, MappedTraceCache
 from tracejudge.collector.pipeline.sampling import attribute_keys, decide, needs_findings
@@ -678,9 +678,10 @@ class ConversationAssembler:
                     result: BatchResult) -> dict[str, list[KeptTrace]]:
         """Build in this process the conversations with traces kept from before (into `result`); their mapped
         traces, for the cache."""
-        by_trace = rows_by_trace(table) if table is not None else {}
+        rows = rows_by_conversation(table, {c: list(conversations[c]) for c in here}) if table is not None \
+            else ((c, {}) for c in here)
         local: dict[str, list[KeptTrace]] = {}
-        for conversation_id in here:
+        for conversation_id, by_trace in rows:
             try:
                 parts = [kept.get(t) or map_trace(by_trace[t], scopes, resources, self._attribute_keys)
                          for t in conversations[conversation_id] if t in kept or t in by_trace]

@@ -146,22 +146,14 @@ class BatchResult:
     parts: dict[str, list[TracePart]] = field(default_factory=dict)  # conversation -> the traces it was built from
 
 
-def rows_by_trace(table: pa.Table) -> dict[str, list[tuple[Any, ...]]]:
-    """Span rows (`SPAN_COLUMNS`) grouped by trace, as tuples."""
-    by_trace: dict[str, list[tuple[Any, ...]]] = {}
-    columns = [table.column(name).to_pylist() for name in SPAN_COLUMNS]
-    for row in zip(*columns, strict=True):
-        by_trace.setdefault(row[0], []).append(row)
-    return by_trace
-
-
 ROWS_AT_ONCE = 2048  # span rows made Python objects together while a batch is built
 
 
 def rows_by_conversation(table: pa.Table, conversations: dict[str, list[str]]
                          ) -> Iterator[tuple[str, dict[str, list[tuple[Any, ...]]]]]:
     """Each conversation's span rows by trace, handed on as soon as its last row is read: the batch is made Python
-    objects `ROWS_AT_ONCE` rows at a time, not whole (that held 17 MB more in each worker, 16,000 spans). A batch
+    objects `ROWS_AT_ONCE` rows at a time, not whole (that held 17 MB more in each worker, 16,000 spans), tuples in
+    `SPAN_COLUMNS` order. A batch
     comes in the order its spans were stored, so a conversation whose spans arrived close together is handed on
     early; rows in any order give the same conversations, held longer (reading them sorted by conversation cost the
     server more CPU than the memory was worth, `python bench/pipeline_pace.py`)."""
@@ -200,7 +192,7 @@ def _links(text: str) -> list[SpanLink]:
 
 def map_trace(rows: list[tuple[Any, ...]], scopes: Scopes, resources: Resources,
               attribute_keys: frozenset[str]) -> KeptTrace:
-    """One trace mapped from its stored rows (`rows_by_trace`), with what the sampling filters and
+    """One trace mapped from its stored rows (`rows_by_conversation`), with what the sampling filters and
     `assembled_traces` need. Spans of one resource share its parsed attributes, as those of one ResourceSpans do
     when decoded."""
     spans = [Span(trace_id=r[0], span_id=r[1], parent_span_id=r[2], name=r[3], kind=r[4], start_ns=r[5],
