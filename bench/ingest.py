@@ -120,11 +120,10 @@ def peak_rss_mb(pid: int) -> float:
     return sum(status_mb(proc, "VmHWM") for proc in process_tree(pid))
 
 
-def run(send, requests: list[bytes], in_flight: int, rate_spans_s: float | None, spans_per_request: int,
-        from_due: bool = False):
-    """Send every request with `in_flight` concurrent senders (optionally paced); (wall s, latencies s). Paced with
-    `from_due`, a latency counts from when the request was due, not from when a sender got to it: while the
-    collector holds every sender, the requests that fall due wait too, as an exporter's would."""
+def run(send, requests: list[bytes], in_flight: int, rate_spans_s: float | None, spans_per_request: int):
+    """Send every request with `in_flight` concurrent senders (optionally paced); (wall s, latencies s). Paced, a
+    latency counts from when the request was due, not from when a sender got to it: while the collector holds every
+    sender, the requests that fall due wait too, as an exporter's would."""
     latencies: list[float] = []
     lock = threading.Lock()
     start = time.perf_counter()
@@ -136,7 +135,7 @@ def run(send, requests: list[bytes], in_flight: int, rate_spans_s: float | None,
             delay = due - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
-        began = due if from_due and due is not None else time.perf_counter()
+        began = due if due is not None else time.perf_counter()
         send(requests[index])
         with lock:
             latencies.append(time.perf_counter() - began)
@@ -258,7 +257,7 @@ def main() -> None:
                 full = args.requests * args.spans / wall
                 half_batch = build_requests(args.requests // 2, args.spans, offset, args.sdk_resource)
                 offset += args.requests // 2
-                _, half_lat = run(send, half_batch, args.in_flight, full / 2, args.spans, from_due=True)
+                _, half_lat = run(send, half_batch, args.in_flight, full / 2, args.spans)
                 results[name] = {"durable_spans_per_s": round(full),
                                  "p50_ms_full": round(percentile(lat, 50) * 1000, 1),
                                  "p99_ms_full": round(percentile(lat, 99) * 1000, 1),

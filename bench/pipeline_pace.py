@@ -169,7 +169,7 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
             timeline = Timeline(pid)
             started = time.perf_counter()
             wall, latencies = run(lambda body: export_retrying(export, body), requests, args.in_flight, rate,
-                                  args.spans, from_due=True)
+                                  args.spans)
             done_at, last = None, 0
             if quiet != "1h":
                 deadline = time.perf_counter() + args.timeout
