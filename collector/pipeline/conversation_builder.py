@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
+import orjson
 import pyarrow as pa
 
 from tracejudge.call_validity import MCPCallValidityMetric
@@ -178,16 +179,27 @@ def rows_by_conversation(table: pa.Table, conversations: dict[str, list[str]]
                     yield conversation_id, rows_of.pop(conversation_id)
 
 
+def stored_json(text: str) -> Any:
+    """A span's attributes, events or links as the span writer stored them, read by orjson (a fifth of the standard
+    library's time on a span's attributes): the writer's text holds only OTLP's values, integers within 64 bits
+    among them, which orjson reads as the standard library does (past 64 bits it would read a float). Text orjson
+    refuses goes to the standard library, which reads what it can."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
+
+
 def _events(text: str) -> list[SpanEvent]:
     """Events as stored: most spans have none, and parsing "[]" for each of them added up. The row's own values
     are the span's (built directly: a record dict per span, copied again into the Span, cost 7 % of mapping)."""
     return [] if text == "[]" else [SpanEvent(e["name"], int(e.get("time_ns", 0)), e.get("attributes") or {})
-                                    for e in json.loads(text) or ()]
+                                    for e in stored_json(text) or ()]
 
 
 def _links(text: str) -> list[SpanLink]:
     return [] if text == "[]" else [SpanLink(lk["trace_id"], lk["span_id"], lk.get("attributes") or {})
-                                    for lk in json.loads(text) or ()]
+                                    for lk in stored_json(text) or ()]
 
 
 def map_trace(rows: list[tuple[Any, ...]], scopes: Scopes, resources: Resources,
@@ -196,7 +208,7 @@ def map_trace(rows: list[tuple[Any, ...]], scopes: Scopes, resources: Resources,
     `assembled_traces` need. Spans of one resource share its parsed attributes, as those of one ResourceSpans do
     when decoded."""
     spans = [Span(trace_id=r[0], span_id=r[1], parent_span_id=r[2], name=r[3], kind=r[4], start_ns=r[5],
-                  end_ns=r[6], status_code=r[7], status_message=r[8], attributes=json.loads(r[11]) or {},
+                  end_ns=r[6], status_code=r[7], status_message=r[8], attributes=stored_json(r[11]) or {},
                   events=_events(r[12]), links=_links(r[13]), resource=resources.get(r[10], {}),
                   scope_name=(scope := scopes.get(r[9], _NO_SCOPE))[0], scope_version=scope[1]) for r in rows]
     mapped = map_traces(spans)
