@@ -60,6 +60,14 @@ async def _assembled_conversations(store: SpanStore, assembler: ConversationAsse
     assert assembler.assemble_due() == count
 
 
+async def _rounds(assembler: ConversationAssembler, pending) -> None:
+    """Rounds as `serve` runs them, until one finds nothing due and nothing pending."""
+    while True:
+        done, pending = assembler.assemble_next(pending, MAX_PER_POLL)
+        if pending is None and not done:
+            return
+
+
 async def _until(con, query: str, expected: list[tuple], seconds: float = 10) -> list[tuple]:
     """The query's rows once they are `expected`, or as they stand after `seconds`."""
     rows = con.execute(query).fetchall()
@@ -132,11 +140,13 @@ def test_a_conversations_earlier_turns_received_hours_ago_are_in_its_next_versio
 
 
 # each trace's conversation key under gen_ai.conversation.id and under the weaker session.id (None: it has none),
-# then steps: a span of trace N (carrying the strong key, the weak one or none), or a poll that assembles what is due
+# then steps: a span of trace N (carrying the strong key, the weak one or none), a poll that assembles what is due,
+# or a round as `tracejudge serve` runs them: the next poll planned and sent to the workers, then the one pending
+# from the round before written (spans keep coming while a poll is pending)
 _KEYS = st.lists(st.sampled_from([None, "chat-a", "chat-b"]), min_size=4, max_size=4)
 _WEAK_KEYS = st.lists(st.sampled_from([None, "chat-a", "chat-c"]), min_size=4, max_size=4)
 _STEPS = st.lists(st.one_of(st.tuples(st.integers(0, 3), st.sampled_from(["strong", "weak", "none"])),
-                            st.sampled_from(["poll", "poll one"])), min_size=1, max_size=12)
+                            st.sampled_from(["poll", "poll one", "round", "round of one"])), min_size=1, max_size=12)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -152,9 +162,15 @@ def test_whatever_the_order_every_trace_ends_in_the_conversation_its_spans_name(
     start = dt.datetime.now(dt.UTC) - dt.timedelta(hours=2 * len(steps))
 
     async def scenario() -> None:
+        pending = None
         for n, step in enumerate(steps):
             if step in ("poll", "poll one"):  # one at a time leaves the others waiting, as a backlog does
+                if pending is not None:  # `serve` runs no poll beside its rounds: the pending one is written first
+                    assembler.finish(pending)
+                    pending = None
                 assembler.assemble_due(limit=1 if step == "poll one" else None)
+            elif step in ("round", "round of one"):
+                _, pending = assembler.assemble_next(pending, 1 if step == "round of one" else MAX_PER_POLL)
             else:
                 trace, strength = step
                 attribute = "gen_ai.conversation.id" if strength == "strong" else "session.id"
@@ -166,6 +182,7 @@ def test_whatever_the_order_every_trace_ends_in_the_conversation_its_spans_name(
                     named.setdefault(trace, {})[attribute] = key
             # the waiting index holds no conversation without a waiting trace (its memory follows the traces)
             assert assembler.pending_conversations() <= assembler.pending_traces()
+        await _rounds(assembler, pending)
         while assembler.assemble_due(force=True):  # a conversation a trace left waits again, for the next poll
             pass
 
@@ -188,6 +205,46 @@ def test_whatever_the_order_every_trace_ends_in_the_conversation_its_spans_name(
             "SELECT conversation_id, arg_max(content_hash, version) FROM conversations GROUP BY ALL").fetchall())
         whole = {c.conversation_id: c.content_hash for c in build_conversations(_stored_spans(store))}
         assert {c: hashes.get(c) for c in whole} == whole  # (a conversation whose traces all moved keeps its last)
+    finally:
+        store.close()
+
+
+def test_a_round_leaves_to_the_next_what_the_pending_poll_is_building(tmp_path: Path) -> None:
+    """`serve` plans the next poll while the workers build the pending one: a late span (no key of its own) of a
+    trace assembled before names a conversation the pending poll is building; planned now, it would be built
+    from the traces assembled so far, without the pending poll's new trace, and written after it as the latest
+    version. It waits for the round after, and the latest version holds every trace."""
+    store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=0.0)
+
+    async def write(spans: list) -> None:
+        await store.write(spans_to_arrow(spans, dt.datetime.now(dt.UTC)))
+
+    def latest() -> tuple:
+        return store.cursor().execute(
+            "SELECT version, list_sort(trace_ids), turns FROM conversations WHERE conversation_id = 'chat-1' "
+            "ORDER BY version DESC LIMIT 1").fetchone()
+
+    async def scenario() -> None:
+        await write(_spans(1, 1, session="chat-1", turn="first question"))
+        assert assembler.assemble_due() == 1
+        await write(_spans(2, 2, session="chat-1", turn="second question"))  # the conversation goes on
+        done, pending = assembler.assemble_next(None, MAX_PER_POLL)  # sent to the workers, not yet written
+        assert done == 0 and pending is not None
+        await write(_spans(1, 3, session=None, turn="first question, asked again"))  # a late span, no key
+        done, pending = assembler.assemble_next(pending, MAX_PER_POLL)
+        assert done == 1, "the pending poll was written"
+        assert latest() == (2, [tid(1), tid(2)], 2)
+        assert assembler.pending_traces() == 1, "the late span's trace waits for the next round"
+        await _rounds(assembler, pending)
+        assert assembler.pending_traces() == 0
+
+    try:
+        asyncio.run(scenario())
+        version, traces, _ = latest()
+        assert traces == [tid(1), tid(2)], f"version {version} lost a trace: {traces}"
+        hashes = dict(store.cursor().execute(
+            "SELECT conversation_id, arg_max(content_hash, version) FROM conversations GROUP BY ALL").fetchall())
+        assert hashes == {c.conversation_id: c.content_hash for c in build_conversations(_stored_spans(store))}
     finally:
         store.close()
 

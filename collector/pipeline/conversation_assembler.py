@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
@@ -107,6 +109,40 @@ class _Batch(NamedTuple):
     scopes: Scopes
     resources: Resources
     future: Future[BatchResult]
+
+
+@dataclass
+class _Work:
+    """A poll's batches: those still to read, those read and sent, and what came back so far."""
+
+    batches: deque[list[str]]
+    in_flight: deque[_Batch] = field(default_factory=deque)
+    result: BatchResult = field(default_factory=BatchResult)
+    local: dict[str, list[KeptTrace]] = field(default_factory=dict)  # the traces mapped in the server
+
+
+@dataclass
+class _Poll:
+    """The conversations of one poll, planned and sent to the workers, waiting to be written (`finish`)."""
+
+    due: dict[str, _Due]
+    owners: dict[str, str]
+    moved: dict[str, str]
+    conversations: dict[str, set[str]]
+    since_us: int
+    kept: dict[str, KeptTrace]
+    going_on: set[str]
+    work: _Work
+
+    @functools.cached_property
+    def traces(self) -> frozenset[str]:
+        return frozenset().union(*self.conversations.values())
+
+    def holds(self, conversation_id: str, traces: set[str]) -> bool:
+        """Whether a conversation planned now would be built from what this poll has yet to write: the same
+        conversation (or waiting group), or one of its traces."""
+        return (conversation_id in self.conversations or conversation_id in self.due
+                or not self.traces.isdisjoint(traces))
 
 
 class _Rows:
@@ -349,29 +385,42 @@ class ConversationAssembler:
         return taken
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            done = 0
-            started, busy, waited = time.monotonic(), self._writer_busy(), self.pool_wait_s
-            try:
-                await asyncio.to_thread(self.take_in)
-                writable = self.store_writable()  # a failing disk: a commit now would fail, and DuckDB can abort
-                if writable != self._writable:  # the process reverting it; said once each way
-                    self._writable = writable
-                    self.log.log("info" if writable else "warning",
-                                 "the pipeline goes on: the store takes writes again" if writable else
-                                 "the pipeline waits: the store takes no writes now (GET /readyz says why)")
-                if writable:
-                    done = await asyncio.to_thread(self.assemble_due, False, MAX_PER_POLL)
-            except Exception as exc:  # a bad conversation must not stop the loop; it is logged and retried
-                self.log.error("assembly failed", reason=f"{type(exc).__name__}: {exc}")
-            # a backlog: go on at once (looking again for end-marked conversations first), unless ingest presses;
-            # the time the workers built (on other cores) is not time taken from ingest
-            spent = time.monotonic() - started - (self.pool_wait_s - waited)
-            paused = await self.pause(self.pause_for_ingest(spent, self._writer_busy() - busy), stop)
-            wait = 0.0 if done >= MAX_PER_POLL else self.settings.conversations.poll_s - paused
-            if wait > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), wait)
+        pending: _Poll | None = None  # sent to the workers, written in the next round (`assemble_next`)
+        try:
+            while not stop.is_set():
+                done = 0
+                started, busy, waited = time.monotonic(), self._writer_busy(), self.pool_wait_s
+                try:
+                    await asyncio.to_thread(self.take_in)
+                    writable = self.store_writable()  # a failing disk: a commit now would fail, and DuckDB can abort
+                    if writable != self._writable:  # the process reverting it; said once each way
+                        self._writable = writable
+                        self.log.log("info" if writable else "warning",
+                                     "the pipeline goes on: the store takes writes again" if writable else
+                                     "the pipeline waits: the store takes no writes now (GET /readyz says why)")
+                    if writable:
+                        done, pending = await asyncio.to_thread(self.assemble_next, pending, MAX_PER_POLL)
+                    elif pending is not None:
+                        poll, pending = pending, None
+                        await asyncio.to_thread(self.abandon, poll)
+                except Exception as exc:  # a bad conversation must not stop the loop; it is logged and retried
+                    pending = None  # `assemble_next` wrote or dropped it
+                    self.log.error("assembly failed", reason=f"{type(exc).__name__}: {exc}")
+                # a backlog: go on at once (looking again for end-marked conversations first), unless ingest
+                # presses; the time the workers built (on other cores) is not time taken from ingest
+                spent = time.monotonic() - started - (self.pool_wait_s - waited)
+                paused = await self.pause(self.pause_for_ingest(spent, self._writer_busy() - busy), stop)
+                backlog = done >= MAX_PER_POLL or pending is not None
+                wait = 0.0 if backlog else self.settings.conversations.poll_s - paused
+                if wait > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), wait)
+        finally:
+            if pending is not None:  # built already: written, not built again after the restart
+                try:
+                    await asyncio.to_thread(self.finish, pending)
+                except Exception as exc:  # noqa: BLE001 - unwritten, its conversations are assembled after a restart
+                    self.log.error("assembly failed", reason=f"{type(exc).__name__}: {exc}")
 
     async def pause(self, seconds: float, stop: asyncio.Event) -> float:
         """Give way to ingest for up to `seconds`, a step at a time: the pause ends as soon as a step finds the
@@ -402,27 +451,55 @@ class ConversationAssembler:
             return 0.0
         return spent_s * (1 - share) / share
 
-    def _due(self, force: bool, limit: int | None) -> dict[str, _Due]:
-        """End-marked conversations first, then those quiet for the quiet period, oldest first."""
+    def _due(self, force: bool, limit: int | None, busy: _Poll | None = None) -> dict[str, _Due]:
+        """End-marked conversations first, then those quiet for the quiet period, oldest first; none of those the
+        `busy` poll has yet to write."""
         quiet = self.settings.conversations.quiet_period_s
         now = time.monotonic()
+        taken = busy.due if busy is not None else {}
         with self._lock:
-            chosen = list(dict.fromkeys(self._group_of[t] for t in self._ended if t in self._group_of))
+            chosen = list(dict.fromkeys(g for t in self._ended if (g := self._group_of.get(t)) is not None
+                                        and g not in taken))
             for group, last in self._last.items():
                 if limit is not None and len(chosen) >= limit:
                     break
                 if not force and now - last < quiet:
                     break  # ordered by last span: every later one is newer still
-                if group not in chosen:
+                if group not in chosen and group not in taken:
                     chosen.append(group)
             return {g: _Due(self._last[g], self._first.get(g, 0), self._traces_of(g)) for g in chosen[:limit]}
 
     def assemble_due(self, force: bool = False, limit: int | None = None) -> int:
         """Assemble the conversations that are complete (all of them with `force`), end-marked ones first, at
         most `limit` in this call; how many were assembled."""
-        due = self._due(force, limit)
+        poll = self.plan(force, limit)
+        return self.finish(poll) if poll is not None else 0
+
+    def assemble_next(self, pending: _Poll | None, limit: int) -> tuple[int, _Poll | None]:
+        """Plan the next poll and send its conversations to the workers, then write the `pending` one: the workers
+        build the one while the server writes the other, where one poll after another left them idle for a fifth
+        of the time (`python bench/pipeline_pace.py --timeline`). How many conversations `pending` assembled, and
+        the poll now pending (None: nothing was due)."""
+        try:
+            following = self.plan(False, limit, busy=pending)
+        except Exception:
+            if pending is not None:
+                self.finish(pending)
+            raise
+        try:
+            done = self.finish(pending) if pending is not None else 0
+        except Exception:
+            if following is not None:
+                self.abandon(following)
+            raise
+        return done, following
+
+    def plan(self, force: bool = False, limit: int | None = None, busy: _Poll | None = None) -> _Poll | None:
+        """Choose the conversations due (none that `busy`, a poll not yet written, is building: their traces and
+        versions are its to write), find each one's traces, and send the first batches to the workers."""
+        due = self._due(force, limit, busy)
         if not due:
-            return 0
+            return None
         waiting = set().union(*(d.traces for d in due.values()))
         # a waiting trace assembled before (a late span) has older spans: as old as its first assembly says
         since = min(d.first_us for d in due.values())
@@ -434,6 +511,14 @@ class ConversationAssembler:
         conversations: dict[str, set[str]] = {}
         for trace in waiting:
             conversations.setdefault(owners.get(trace, trace), set()).add(trace)
+        if busy is not None:  # what the busy poll builds waits for the next poll, which sees it written
+            clash = {c for c, traces in conversations.items() if busy.holds(c, traces)}
+            for group in [g for g, d in due.items() if any(owners.get(t, t) in clash for t in d.traces)]:
+                del due[group]
+            for conversation_id in clash:
+                del conversations[conversation_id]
+            if not due:
+                return None
         if not force:
             self._wait_with_active(due, owners, conversations)
         keyed = {c for c in conversations if c in owners.values()}
@@ -456,14 +541,27 @@ class ConversationAssembler:
                 if owners.get(trace, trace) == key:
                     conversations[key].add(trace)
                     going_on.add(key)
-        failed, mapped = self._assemble_all(conversations, since, kept, going_on)
+        poll = _Poll(due, owners, moved, conversations, since, kept, going_on,
+                     self._batches(conversations, since, kept))
+        try:
+            self._send(poll, self.pool.workers + 1)
+        except Exception:
+            self.abandon(poll)
+            raise
+        return poll
+
+    def finish(self, poll: _Poll) -> int:
+        """Build the rest of the poll, write it, and drop what it assembled from the waiting set; how many
+        conversations it assembled."""
+        failed, mapped = self._finish_all(poll)
+        owners = poll.owners
         # once the trace is in its new conversation's version, its old one gets a version without it
-        left = {old for trace, old in moved.items()
-                if owners.get(trace, trace) in conversations and owners.get(trace, trace) not in failed}
+        left = {old for trace, old in poll.moved.items()
+                if owners.get(trace, trace) in poll.conversations and owners.get(trace, trace) not in failed}
         done = 0
         with self._lock:
             now = time.monotonic()
-            for group, chosen in due.items():
+            for group, chosen in poll.due.items():
                 if any(owners.get(t, t) in failed for t in chosen.traces):
                     if self._last.get(group) == chosen.last:
                         self._last[group] = now  # wait another quiet period before the next try
@@ -480,6 +578,14 @@ class ConversationAssembler:
             attached, self._attached = self._attached, []
             self._wait_for(attached)
         return done
+
+    def abandon(self, poll: _Poll) -> None:
+        """Drop a poll unwritten (the store failed meanwhile): what was sent is waited for, so its files are removed;
+        its conversations still wait, and a later poll builds them."""
+        for read in poll.work.in_flight:
+            self.pool.result(read.future, read.there)
+        poll.work.in_flight.clear()
+        poll.work.batches.clear()
 
     def _wait_again(self, conversations: set[str]) -> None:
         """The traces still assembled into these conversations wait again, so each gets a version without the
@@ -557,12 +663,10 @@ class ConversationAssembler:
         slack = RECEIVED_SLACK // timedelta(microseconds=1)
         return [max(0, first - slack) if first is not None else 0 for _, _, first in rows]
 
-    def _assemble_all(self, conversations: dict[str, set[str]], since_us: int, kept: dict[str, KeptTrace],
-                      going_on: set[str]) -> tuple[set[str], dict[str, KeptTrace]]:
-        """Read back (the spans received from `since_us` on) every trace not `kept` from before, map it, then
-        compose and write every conversation, a bounded number of spans per query. The ids that failed (retried
-        after another quiet period) and the traces mapped of the conversations `going_on` (to keep: most
-        conversations arrive within one quiet period and never need them again)."""
+    def _batches(self, conversations: dict[str, set[str]], since_us: int, kept: dict[str, KeptTrace]) -> _Work:
+        """The conversations in batches of a bounded number of spans to read back (the spans received from
+        `since_us` on, of every trace not `kept` from before); one too large to assemble is marked assembled and
+        left out."""
         unread = set().union(*conversations.values()) - kept.keys()
         with id_table(self.con, unread) as ids:
             counts = dict(self.con.execute(
@@ -588,24 +692,32 @@ class ConversationAssembler:
                 size = 0
             batches[-1].append(conversation_id)
             size += unread_count
+        return _Work(deque(b for b in batches if b))
+
+    def _send(self, poll: _Poll, in_flight: int) -> None:
+        """Read and send the poll's next batches until `in_flight` of them are with the workers."""
+        work = poll.work
+        while work.batches and len(work.in_flight) < in_flight:
+            work.in_flight.append(self._read_and_submit(work.batches.popleft(), poll.conversations, poll.since_us,
+                                                        poll.kept, poll.going_on))
+
+    def _finish_all(self, poll: _Poll) -> tuple[set[str], dict[str, KeptTrace]]:
+        """Build every batch of the poll, then compose and write every conversation. The ids that failed (retried
+        after another quiet period) and the traces mapped of the conversations going on (to keep: most
+        conversations arrive within one quiet period and never need them again)."""
         # read ahead while the workers build: every worker busy, one batch more waiting, no more rows in memory;
         # what comes back (the built conversations) is small, and is written once the whole poll is built, so the
         # context traces are matched to their conversations over all of it, whichever batch each came in
-        result = BatchResult()
-        local: dict[str, list[KeptTrace]] = {}
-        in_flight: deque[_Batch] = deque()
+        work = poll.work
         try:
-            for batch in (b for b in batches if b):
-                in_flight.append(self._read_and_submit(batch, conversations, since_us, kept, going_on))
-                if len(in_flight) > self.pool.workers:
-                    self._collect(in_flight.popleft(), conversations, kept, result, local)
-            while in_flight:
-                self._collect(in_flight.popleft(), conversations, kept, result, local)
+            while work.batches or work.in_flight:
+                self._send(poll, self.pool.workers + 1)
+                self._collect(work.in_flight.popleft(), poll.conversations, poll.kept, work.result, work.local)
         finally:  # a read that failed: what was sent is waited for (its files removed), and the poll retried
-            for read in in_flight:
-                self.pool.result(read.future, read.there)
+            self.abandon(poll)
         mapped: dict[str, KeptTrace] = {}
-        failed = self._write_built(result, local, conversations, since_us, kept, mapped, going_on)
+        failed = self._write_built(work.result, work.local, poll.conversations, poll.since_us, poll.kept, mapped,
+                                   poll.going_on)
         return failed, mapped
 
     def _read_and_submit(self, batch: list[str], conversations: dict[str, set[str]], since_us: int,
