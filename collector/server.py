@@ -23,6 +23,7 @@ from tracejudge.collector.metrics import CollectorMetrics
 from tracejudge.collector.pipeline.conversation_assembler import ConversationAssembler
 from tracejudge.collector.pipeline.retention import Retention, StorageReport
 from tracejudge.collector.pipeline.scoring_stage import ScoringStage, StageConfig
+from tracejudge.collector.pipeline.summary_tables import REFRESH_EVERY_S
 from tracejudge.collector.receivers.decode_pool import DecodePool, default_workers
 from tracejudge.collector.receivers.http_guard import raise_open_file_limit
 from tracejudge.collector.receivers.ingest import Ingest
@@ -166,8 +167,8 @@ class Collector:
         self._pipeline = [asyncio.create_task(self.assembler.run(self._stop_pipeline)),
                           asyncio.create_task(self.stage.run(self._stop_pipeline)),
                           asyncio.create_task(self.admin.summaries.run(
-                              self.store.cursor(), self._stop_pipeline, self.settings.conversations.poll_s,
-                              self._log)),
+                              self.store.cursor(), self._stop_pipeline,
+                              max(self.settings.conversations.poll_s, REFRESH_EVERY_S), self._log)),
                           asyncio.create_task(self.retention.run(self._stop_pipeline))]
         export = self.settings.export
         if export.endpoint:

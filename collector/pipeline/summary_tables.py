@@ -22,6 +22,10 @@ from tracejudge.collector.store.id_table import registered
 from tracejudge.collector.store.transaction import in_transaction
 
 MARGIN = dt.timedelta(seconds=60)  # a row stamped earlier may commit after a later one; read back this far
+# How often `tracejudge serve` refreshes on its own. Each refresh reads back the margin's minute of rows whatever it
+# finds, so once a poll (every second) read each row sixty times; pages and exports refresh before they read, and
+# the assembler writes the conversations' summaries with their versions, so only `score_summary` waits this long.
+REFRESH_EVERY_S = 10.0
 # test-case bytes summarised in one transaction: parsed, they must fit the 96 MB buffer pool beside ingest
 BATCH_BYTES = 4 * 1024 * 1024
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
