@@ -1,0 +1,84 @@
+"""What an assembly worker spends on a conversation: `build_batch` alone (map, compose, call validity, the rows
+written beside it), on rows read back from a real span store as the assembler reads them, with the workers' GC
+settings. No database, no server, no other process: the figure moves only with the building code, so it compares
+two versions of it where `bench/pipeline_pace.py` (the whole pipeline, on a machine whose speed moves by a third
+within the hour) cannot. Prints the best of `--repeat` runs, in CPU ms per conversation; pin it to one core
+(`taskset -c 1`) and run the versions in turn.
+
+    python bench/worker_build.py [--requests 64] [--repeat 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import gc
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.assembly import random_trace_ids  # noqa: E402
+from bench.ingest import build_requests  # noqa: E402
+from tracejudge.collector.pipeline import conversation_builder  # noqa: E402
+from tracejudge.collector.pipeline.conversation_builder import BuildConfig, build_batch  # noqa: E402
+from tracejudge.collector.receivers.span_rows import spans_to_arrow  # noqa: E402
+from tracejudge.collector.store.span_store import SpanStore  # noqa: E402
+from tracejudge.mapping import decode_otlp  # noqa: E402
+
+
+def stored_batch(requests: int) -> tuple:
+    """`bench/ingest.py`'s conversations stored and read back as the assembler reads a batch: (rows, conversation ->
+    its traces, scopes, resources)."""
+    bodies = random_trace_ids(build_requests(requests, 512), 2)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = SpanStore(Path(tmp) / "build.duckdb")
+        store.open()
+        try:
+            async def fill() -> None:
+                for body in bodies:
+                    await store.write(spans_to_arrow(decode_otlp(body, "application/x-protobuf").spans,
+                                                     dt.datetime.now(dt.UTC)))
+
+            asyncio.run(fill())
+            con = store.cursor()
+            table = con.execute(f"SELECT {conversation_builder.SPAN_SELECT} FROM span_records").to_arrow_table()
+            keys = con.execute("SELECT trace_id, any_value(json_extract_string(attributes, "
+                               "'$.\"gen_ai.conversation.id\"')) FROM spans GROUP BY trace_id ORDER BY 1").fetchall()
+            scopes = {i: (n, v) for i, n, v in
+                      con.execute("SELECT scope_id, name, version FROM span_scopes").fetchall()}
+            resources = {i: json.loads(a) for i, a in
+                         con.execute("SELECT resource_id, attributes FROM span_resources").fetchall()}
+        finally:
+            store.close()
+    conversations: dict[str, list[str]] = {}
+    for trace, key in keys:
+        conversations.setdefault(key, []).append(trace)
+    return table, conversations, scopes, resources
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=64, help="exports of 512 spans (8 conversations each)")
+    parser.add_argument("--repeat", type=int, default=7, help="runs; the fastest is printed")
+    args = parser.parse_args()
+    table, conversations, scopes, resources = stored_batch(args.requests)
+    config = BuildConfig(checks=("mcp_call_validity",))
+    gc.set_threshold(100_000, 50, 100)  # as every worker process runs (`collector/worker_process.py`)
+    best = float("inf")
+    for _ in range(args.repeat):
+        gc.collect()
+        started = time.process_time()
+        result = build_batch(table, conversations, scopes, resources, config)
+        best = min(best, time.process_time() - started)
+        if len(result.built) != len(conversations) or result.failed:
+            sys.exit(f"{len(result.failed)} conversations failed to build: {next(iter(result.failed.values()))}")
+    print(f"{len(conversations)} conversations of 64 spans: build_batch {best / len(conversations) * 1000:.3f} ms "
+          f"CPU per conversation (best of {args.repeat})")
+
+
+if __name__ == "__main__":
+    main()
