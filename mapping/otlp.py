@@ -443,7 +443,9 @@ def _json_any(value: Any, depth: int = 0) -> Any:
         if not isinstance(value["kvlistValue"], dict | None):
             raise _InvalidSpan("kvlistValue must be an object with a 'values' list")
         return _json_attrs((value["kvlistValue"] or {}).get("values") or [], depth + 1)
-    if "bytesValue" in value:
+    if "bytesValue" in value:  # base64 text, as the protobuf path gives it: any other JSON would be stored as is
+        if not isinstance(value["bytesValue"], str):
+            raise _InvalidSpan(f"bytesValue must be base64 text, got {type(value['bytesValue']).__name__}")
         return value["bytesValue"]
     return None
 

@@ -249,6 +249,46 @@ def test_a_round_leaves_to_the_next_what_the_pending_poll_is_building(tmp_path: 
         store.close()
 
 
+def test_context_attached_while_a_round_was_pending_is_judged_with_its_conversation_once(tmp_path: Path) -> None:
+    """The session-start resource read of a real pydantic-ai session arrives after the session's conversation was
+    assembled, and is written while the next poll, holding the conversation's newest trace, is already with the
+    workers. That poll's version lacks the context that joined meanwhile: it is written without judged jobs, and
+    the version with the context follows and is the one judged, once (as when polls run one after another)."""
+    decoded = decode_otlp((Path(__file__).parent / "fixtures" / "real" / "pydantic_ai_session.otlp.json")
+                          .read_bytes(), "application/json")
+    keyed = sorted({s.trace_id for s in decoded.spans if s.attributes.get("gen_ai.conversation.id")})
+    [context] = {s.trace_id for s in decoded.spans if s.name == "resources/read" and s.trace_id not in keyed}
+    last = max(keyed, key=lambda t: min(s.start_ns for s in decoded.spans if s.trace_id == t))
+    store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=0.0)
+
+    async def write(traces: set[str]) -> None:
+        await store.write(spans_to_arrow([s for s in decoded.spans if s.trace_id in traces], dt.datetime.now(dt.UTC)))
+
+    async def scenario() -> None:
+        await write(set(keyed) - {last})
+        assert assembler.assemble_due() == 1
+        await write({context})
+        _, pending = assembler.assemble_next(None, MAX_PER_POLL)  # the context, sent to the workers
+        await write({last})  # the conversation goes on: planned next, before the context is written
+        _, pending = assembler.assemble_next(pending, MAX_PER_POLL)
+        await _rounds(assembler, pending)
+
+    try:
+        asyncio.run(scenario())
+        con = store.cursor()
+        [conversation] = {c for (c,) in con.execute("SELECT conversation_id FROM conversations "
+                                                    "WHERE status IS DISTINCT FROM 'context_only'").fetchall()}
+        latest = con.execute("SELECT version, trace_ids FROM conversations WHERE conversation_id = ? "
+                             "ORDER BY version DESC LIMIT 1", [conversation]).fetchone()
+        assert context in latest[1] and last in latest[1], latest
+        judged = con.execute("SELECT conversation_version, count(*) FROM eval_jobs WHERE conversation_id = ? "
+                             "AND metric IN ('mcp_use', 'mcp_task_completion') GROUP BY ALL ORDER BY 1",
+                             [conversation]).fetchall()
+        assert [v for v, _ in judged] == [1, latest[0]], f"judged versions {judged}, latest {latest[0]}"
+    finally:
+        store.close()
+
+
 def _stored_spans(store: SpanStore) -> list[dict]:
     """Every stored span as a record `build_conversations` takes."""
     rows = store.cursor().execute(

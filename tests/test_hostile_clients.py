@@ -243,13 +243,16 @@ def test_malformed_values_are_span_problems_and_surrogates_become_replacement_ch
         {**span(5, 3, "deep"), "attributes": [{"key": "k", "value": {"stringValue": [[[]] * 3] * 900}}]},
         {**span(5, 4, "far future"), "startTimeUnixNano": str(2**63)},
         {**span(5, 5, "boolean time"), "startTimeUnixNano": True},
+        # bytes are base64 text: a number here would be stored as one, past 64 bits too
+        {**span(5, 6, "number as bytes"), "attributes": [{"key": "k", "value": {"bytesValue": 2**70}}]},
     ]
     body = json.dumps(request(({}, [good, *bad])))  # lone surrogates travel as \ud800 escapes
     with CollectorProcess(tmp_path / "t.duckdb") as collector:
         reply = httpx.post(collector.http_url, content=body, headers={"Content-Type": "application/json"})
         partial = reply.json()["partialSuccess"]
-        assert partial["rejectedSpans"] == "4"
-        for reason in ("stringValue must be a string", "after the year 2262", "startTimeUnixNano must be an integer"):
+        assert partial["rejectedSpans"] == "5"
+        for reason in ("stringValue must be a string", "after the year 2262", "startTimeUnixNano must be an integer",
+                       "bytesValue must be base64 text"):
             assert reason in partial["errorMessage"], partial["errorMessage"]
         rows = httpx.post(f"{collector.admin_url}/api/query", json={"sql": "SELECT attributes FROM spans"}).json()
         assert json.loads(rows["rows"][0][0]) == {"a\ufffd": "x\ufffd", "a\ufffd (2)": 1}

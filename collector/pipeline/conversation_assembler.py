@@ -133,6 +133,9 @@ class _Poll:
     kept: dict[str, KeptTrace]
     going_on: set[str]
     work: _Work
+    # conversations that context traces joined while this poll was pending: written without judged jobs, as the
+    # version with that context follows (judged then, once)
+    unjudged: set[str] = field(default_factory=set)
 
     @functools.cached_property
     def traces(self) -> frozenset[str]:
@@ -228,12 +231,14 @@ class ConversationAssembler:
         self.cache = MappedTraceCache(settings.conversations.trace_cache)  # traces assembled before, mapped
         self.sessions = SessionIndex(SESSIONS_KEPT)  # MCP sessions -> their conversation, context waiting on them
         self._attached: list[tuple[str, int]] = []  # context traces attached this round, to wait again after it
+        self._attached_to: set[str] = set()  # the conversations they were attached to
         self._lock = threading.Lock()
         # received_at (µs) from which traces were stored without a place in the index (it was full), or since
         # which a restart must look: they are taken in as it has room (None: nothing left out)
         self._left_out_since: int | None = None
         self.left_out = 0  # traces left out of the full index (taken in later), since the start
         self.assembled = 0
+        self.deferred = 0  # conversations a poll left to the next because the poll pending was building them
         self.late_after_prune = 0  # conversations that got spans after retention pruned theirs (not assembled)
 
     def observe(self, table: pa.Table) -> None:
@@ -388,7 +393,7 @@ class ConversationAssembler:
         pending: _Poll | None = None  # sent to the workers, written in the next round (`assemble_next`)
         try:
             while not stop.is_set():
-                done = 0
+                done, deferred = 0, False
                 started, busy, waited = time.monotonic(), self._writer_busy(), self.pool_wait_s
                 try:
                     await asyncio.to_thread(self.take_in)
@@ -398,29 +403,41 @@ class ConversationAssembler:
                         self.log.log("info" if writable else "warning",
                                      "the pipeline goes on: the store takes writes again" if writable else
                                      "the pipeline waits: the store takes no writes now (GET /readyz says why)")
+                    poll, pending = pending, None  # the thread owns it now: written or dropped there
                     if writable:
-                        done, pending = await asyncio.to_thread(self.assemble_next, pending, MAX_PER_POLL)
-                    elif pending is not None:
-                        poll, pending = pending, None
+                        deferred = self.deferred
+                        done, pending = await asyncio.to_thread(self.assemble_next, poll, MAX_PER_POLL)
+                        deferred = self.deferred > deferred
+                    elif poll is not None:
                         await asyncio.to_thread(self.abandon, poll)
                 except Exception as exc:  # a bad conversation must not stop the loop; it is logged and retried
-                    pending = None  # `assemble_next` wrote or dropped it
                     self.log.error("assembly failed", reason=f"{type(exc).__name__}: {exc}")
                 # a backlog: go on at once (looking again for end-marked conversations first), unless ingest
                 # presses; the time the workers built (on other cores) is not time taken from ingest
                 spent = time.monotonic() - started - (self.pool_wait_s - waited)
                 paused = await self.pause(self.pause_for_ingest(spent, self._writer_busy() - busy), stop)
-                backlog = done >= MAX_PER_POLL or pending is not None
+                backlog = done >= MAX_PER_POLL or pending is not None or deferred
                 wait = 0.0 if backlog else self.settings.conversations.poll_s - paused
                 if wait > 0:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), wait)
+        except asyncio.CancelledError:
+            pending = None  # the grace ran out and the store closes: it is assembled again after the restart
+            raise
         finally:
-            if pending is not None:  # built already: written, not built again after the restart
-                try:
-                    await asyncio.to_thread(self.finish, pending)
-                except Exception as exc:  # noqa: BLE001 - unwritten, its conversations are assembled after a restart
-                    self.log.error("assembly failed", reason=f"{type(exc).__name__}: {exc}")
+            if pending is not None:  # built already: written now, not built again after the restart
+                await asyncio.to_thread(self._last_poll, pending)
+
+    def _last_poll(self, poll: _Poll) -> None:
+        """The poll pending at a stop: written if the store takes writes, else dropped (its conversations are
+        assembled after the restart); a failure is logged."""
+        try:
+            if self.store_writable():
+                self.finish(poll)
+            else:
+                self.abandon(poll)
+        except Exception as exc:  # noqa: BLE001 - logged; its conversations wait in the store, nothing is lost
+            self.log.error("assembly failed", reason=f"{type(exc).__name__}: {exc}")
 
     async def pause(self, seconds: float, stop: asyncio.Event) -> float:
         """Give way to ingest for up to `seconds`, a step at a time: the pause ends as soon as a step finds the
@@ -492,6 +509,8 @@ class ConversationAssembler:
             if following is not None:
                 self.abandon(following)
             raise
+        if following is not None and pending is not None:
+            following.unjudged |= self._attached_to & following.conversations.keys()
         return done, following
 
     def plan(self, force: bool = False, limit: int | None = None, busy: _Poll | None = None) -> _Poll | None:
@@ -513,6 +532,7 @@ class ConversationAssembler:
             conversations.setdefault(owners.get(trace, trace), set()).add(trace)
         if busy is not None:  # what the busy poll builds waits for the next poll, which sees it written
             clash = {c for c, traces in conversations.items() if busy.holds(c, traces)}
+            self.deferred += len(clash)
             for group in [g for g, d in due.items() if any(owners.get(t, t) in clash for t in d.traces)]:
                 del due[group]
             for conversation_id in clash:
@@ -717,7 +737,7 @@ class ConversationAssembler:
             self.abandon(poll)
         mapped: dict[str, KeptTrace] = {}
         failed = self._write_built(work.result, work.local, poll.conversations, poll.since_us, poll.kept, mapped,
-                                   poll.going_on)
+                                   poll.going_on, poll.unjudged)
         return failed, mapped
 
     def _read_and_submit(self, batch: list[str], conversations: dict[str, set[str]], since_us: int,
@@ -762,15 +782,15 @@ class ConversationAssembler:
 
     def _write_built(self, result: BatchResult, local: dict[str, list[KeptTrace]],
                      conversations: dict[str, set[str]], since_us: int, kept: dict[str, KeptTrace],
-                     mapped: dict[str, KeptTrace], going_on: set[str]) -> set[str]:
-        """Write the conversations built, mark their traces assembled and attach context traces; the traces mapped
-        here of those `going_on` go to `mapped`. The ids that failed."""
+                     mapped: dict[str, KeptTrace], going_on: set[str], unjudged: set[str]) -> set[str]:
+        """Write the conversations built (those `unjudged` without judged jobs), mark their traces assembled and
+        attach context traces; the traces mapped here of those `going_on` go to `mapped`. The ids that failed."""
         for conversation_id, reason in result.failed.items():
             self._failed(conversation_id, reason)
         failed = set(result.failed)
         built = {c: [b] if b is not None else [] for c, b in result.built.items()}
         attach = self._plan_attachments(result.parts)
-        failed |= self._write_all(built, unjudged=set(attach.values()))
+        failed |= self._write_all(built, unjudged=set(attach.values()) | unjudged)
         done = {c: parts for c, parts in result.parts.items() if c not in failed}
         for conversation_id in done:
             if conversation_id in going_on:
@@ -781,6 +801,7 @@ class ConversationAssembler:
             {c: max((p.newest for p in parts), default=datetime.now(UTC)) for c, parts in done.items()},
             {p.trace_id: p.first for parts in done.values() for p in parts})
         attach = {trace: owner for trace, owner in attach.items() if owner not in failed}
+        self._attached_to = set(attach.values())
         if attach:
             self._attach(attach, since_us)
         return failed
