@@ -68,7 +68,6 @@ class Sample:
     queued_spans: float
     commit_ms: float  # mean group-commit time since the previous sample
     open_jobs: float  # scoring jobs pending or running
-    duckdb_mb: float  # DuckDB's own accounting of its memory (duckdb_memory())
 
 
 @dataclass
@@ -86,12 +85,10 @@ class SoakResult:
         thirds = [self.window(self.seconds * i / 3, self.seconds * (i + 1) / 3) for i in range(3)]
         lines = [f"{self.conversations} conversations ({self.conversations * 4} spans) in {self.seconds:.0f} s, "
                  f"{self.jobs_done:.0f} scoring jobs done, peak RSS {self.peak_rss_mb:.0f} MB",
-                 "third  RSS MB (median)  server alone  DuckDB MB  queued spans (max)  commit ms (median)  "
-                 "open jobs (max)"]
+                 "third  RSS MB (median)  server alone  queued spans (max)  commit ms (median)  open jobs (max)"]
         for i, part in enumerate(thirds, start=1):
             lines.append(f"{i:>5}  {median(s.rss_mb for s in part):>15.0f}  "
-                         f"{median(s.server_rss_mb for s in part):>12.0f}  {median(s.duckdb_mb for s in part):>9.0f}  "
-                         f"{max(s.queued_spans for s in part):>18.0f}"
+                         f"{median(s.server_rss_mb for s in part):>12.0f}  {max(s.queued_spans for s in part):>18.0f}"
                          f"  {median(s.commit_ms for s in part):>18.2f}  {max(s.open_jobs for s in part):>15.0f}")
         return "\n".join(lines)
 
@@ -105,14 +102,6 @@ def _scrape(collector: CollectorProcess) -> dict[str, float]:
             name, value = line.rsplit(" ", 1)
             values[name] = float(value)
     return values
-
-
-def _duckdb_mb(collector: CollectorProcess) -> float:
-    import httpx
-
-    reply = httpx.post(f"{collector.admin_url}/api/query", timeout=10,
-                       json={"sql": "SELECT sum(memory_usage_bytes) / 1048576 FROM duckdb_memory()"})
-    return float(reply.json()["rows"][0][0] or 0.0)
 
 
 def soak(seconds: float, conversations_per_s: float, judge_latency_s: float = 0.05,
@@ -148,8 +137,7 @@ def soak(seconds: float, conversations_per_s: float, judge_latency_s: float = 0.
                         'tracejudge_eval_jobs{state="running"}', 0.0)
                     result.samples.append(Sample(elapsed, current_rss_mb(collector.proc.pid),
                                                  status_mb(collector.proc.pid, "VmRSS"),
-                                                 m.get("tracejudge_queue_spans", 0.0), commit_ms, jobs,
-                                                 _duckdb_mb(collector)))
+                                                 m.get("tracejudge_queue_spans", 0.0), commit_ms, jobs))
                     next_sample += 1.0
                 time.sleep(0.01)
             time.sleep(5)
