@@ -10,25 +10,18 @@ plain and with `explain`, and every conversation of `bench/ingest.py`'s traffic 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
-import datetime as dt
 import hashlib
 import json
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.assembly import random_trace_ids  # noqa: E402
-from bench.ingest import build_requests  # noqa: E402
+from bench.worker_build import stored_batch  # noqa: E402
 from tracejudge.collector.input_files import read_otlp_files  # noqa: E402
-from tracejudge.collector.pipeline import conversation_builder  # noqa: E402
 from tracejudge.collector.pipeline.conversation_builder import BuildConfig, build_batch  # noqa: E402
-from tracejudge.collector.receivers.span_rows import spans_to_arrow  # noqa: E402
-from tracejudge.collector.store.span_store import SpanStore  # noqa: E402
-from tracejudge.mapping import build_conversations, decode_otlp  # noqa: E402
+from tracejudge.mapping import build_conversations  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "real"
 
@@ -55,32 +48,7 @@ def fixtures() -> dict[str, str]:
 
 def bench_traffic(requests: int) -> dict[str, str]:
     """`bench/ingest.py`'s conversations stored, read back as the assembler reads them, and built."""
-    bodies = random_trace_ids(build_requests(requests, 512), 2)
-    with tempfile.TemporaryDirectory() as tmp:
-        store = SpanStore(Path(tmp) / "fingerprints.duckdb")
-        store.open()
-        try:
-            async def fill() -> None:
-                for body in bodies:
-                    await store.write(spans_to_arrow(decode_otlp(body, "application/x-protobuf").spans,
-                                                     dt.datetime.now(dt.UTC)))
-
-            asyncio.run(fill())
-            con = store.cursor()
-            # the select of the code measured (older code cast received_at itself, from SPAN_COLUMNS)
-            select = getattr(conversation_builder, "SPAN_SELECT", None) or ", ".join(conversation_builder.SPAN_COLUMNS)
-            table = con.execute(f"SELECT {select} FROM span_records").to_arrow_table()
-            keys = dict(con.execute("SELECT trace_id, any_value(json_extract_string(attributes, "
-                                    "'$.\"gen_ai.conversation.id\"')) FROM spans GROUP BY trace_id").fetchall())
-            scopes = {i: (n, v) for i, n, v in
-                      con.execute("SELECT scope_id, name, version FROM span_scopes").fetchall()}
-            resources = {i: json.loads(a) for i, a in
-                         con.execute("SELECT resource_id, attributes FROM span_resources").fetchall()}
-        finally:
-            store.close()
-    conversations: dict[str, list[str]] = {}
-    for trace, key in sorted(keys.items()):
-        conversations.setdefault(key, []).append(trace)
+    table, conversations, scopes, resources = stored_batch(requests)
     result = build_batch(table, conversations, scopes, resources, BuildConfig(checks=("mcp_call_validity",)))
     out = {f"bench {cid} failed": _digest(reason) for cid, reason in result.failed.items()}
     for cid, built in result.built.items():

@@ -45,7 +45,9 @@ def stored_batch(requests: int) -> tuple:
 
             asyncio.run(fill())
             con = store.cursor()
-            table = con.execute(f"SELECT {conversation_builder.SPAN_SELECT} FROM span_records").to_arrow_table()
+            # the select of the code measured (older code cast received_at itself, from SPAN_COLUMNS)
+            select = getattr(conversation_builder, "SPAN_SELECT", None) or ", ".join(conversation_builder.SPAN_COLUMNS)
+            table = con.execute(f"SELECT {select} FROM span_records").to_arrow_table()
             keys = con.execute("SELECT trace_id, any_value(json_extract_string(attributes, "
                                "'$.\"gen_ai.conversation.id\"')) FROM spans GROUP BY trace_id ORDER BY 1").fetchall()
             scopes = {i: (n, v) for i, n, v in
