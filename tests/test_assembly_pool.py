@@ -3,6 +3,7 @@ a worker that dies fails only its batch (built again later from the stored spans
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pickle
@@ -202,3 +203,23 @@ def test_call_validity_is_scored_as_the_conversation_is_built_never_leased(tmp_p
         assert calls == [["conv-a", "get-weather", False], ["conv-a", "get-weather", False],
                          ["conv-b", "book-umbrella", True]]
         collector.stop()
+
+
+def test_a_check_that_waits_is_left_to_the_scoring_stage(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checks run at assembly without an event loop: one whose measure waits on something is not scored there
+    (None: the scoring stage measures it as a job, with its retries) and the conversation is still built."""
+    from tracejudge.call_validity import MCPCallValidityMetric
+
+    class Waiting(MCPCallValidityMetric):
+        async def _score(self, test_case, usage):  # type: ignore[no-untyped-def]
+            await asyncio.sleep(0)
+            return await super()._score(test_case, usage)
+
+    monkeypatch.setitem(conversation_builder.CHECKED_METRICS, "mcp_call_validity", Waiting)
+    table, conversations = _rows(2)
+    result = build_batch(table, conversations, SCOPES, RESOURCES, CONFIG)
+    assert not result.failed and len(result.built) == 2
+    assert all(b is not None and b.checks == {"mcp_call_validity": None} for b in result.built.values())
+    monkeypatch.setitem(conversation_builder.CHECKED_METRICS, "mcp_call_validity", MCPCallValidityMetric)
+    again = build_batch(table, conversations, SCOPES, RESOURCES, CONFIG)
+    assert all(b is not None and b.checks["mcp_call_validity"] is not None for b in again.built.values())

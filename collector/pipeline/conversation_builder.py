@@ -8,12 +8,10 @@ values, the agent's token usage, what the deterministic checks found and scored,
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
@@ -226,7 +224,7 @@ def build(conversation_id: str, parts: list[KeptTrace], config: BuildConfig) -> 
     mine = [p for p in parts if p.mapped is not None and (p.mapped.conversation_id == conversation_id
                                                            or p.mapped.key == TRACE_KEY)]
     conversation = compose_conversation([p.mapped for p in mine if p.mapped is not None],
-                                        mcp_tools=config.mcp_tools)
+                                        mcp_tools=config.mcp_tools, copy_values=False)
     if conversation is None:
         return None
     values: dict[str, set[str]] = {}
@@ -309,20 +307,28 @@ def not_applicable(metric: BaseMetric, reason: Exception) -> None:
     metric.score = metric.success = None
 
 
-_loops = threading.local()
+class _Waited(Exception):
+    """A deterministic metric's measure waited on something (none does): it is measured as a job instead."""
+
+
+def _run_unwaiting(coroutine: Coroutine[Any, Any, None]) -> None:
+    """Run a coroutine that never waits to its end without an event loop: a loop's task and callbacks for each
+    conversation cost a third of what call validity itself did (`python bench/worker_build.py`)."""
+    try:
+        coroutine.send(None)
+    except StopIteration:
+        return
+    coroutine.close()
+    raise _Waited
 
 
 def _check(metric_id: str, case: ConversationalTestCase, config: BuildConfig) -> Check | None:
-    """Measure one deterministic metric, as the scoring stage would; None when its measure raised (the scoring
-    stage then measures it again as a job, with its retries and logs). On this thread's own event loop: one per
-    thread, not one per conversation."""
+    """Measure one deterministic metric, as the scoring stage would; None when its measure raised or waited (the
+    scoring stage then measures it again as a job, with its retries and logs)."""
     metric = CHECKED_METRICS[metric_id](threshold=config.threshold, strict_mode=config.strict_mode)
-    loop = getattr(_loops, "loop", None)
-    if loop is None:
-        loop = _loops.loop = asyncio.new_event_loop()
     started = time.perf_counter()
     try:
-        loop.run_until_complete(measure_recorded(metric, metric_id, case))
+        _run_unwaiting(measure_recorded(metric, metric_id, case))
     except (NoTaskError, InvalidTestCaseError) as exc:
         not_applicable(metric, exc)
     except Exception:  # noqa: BLE001 - measured again by the scoring stage, which logs and retries it

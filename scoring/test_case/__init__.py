@@ -72,6 +72,8 @@ class _Model(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _accept_foreign_models(cls, value: Any) -> Any:
+        if value.__class__ is dict:  # nearly always (the mapping builds every case from dicts): nothing to convert
+            return value
         if isinstance(value, BaseModel) and not isinstance(value, cls):
             return value.model_dump(mode="json", by_alias=True, exclude_none=True)
         if not isinstance(value, dict | BaseModel | str | bytes | list | tuple) and hasattr(value, "__dict__"):
