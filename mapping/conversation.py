@@ -554,6 +554,8 @@ class _Inventory:
     def __init__(self, given: Sequence[MCPServer], named: Mapping[str, Sequence[str]]) -> None:
         self.servers: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
         self.origin: dict[str, str] = {}  # tool name -> how it entered the inventory
+        # tool name -> `server_of_tool`, asked several times per call: forgotten whenever a tool is added
+        self._server_of: dict[str, str | None] = {}
         for server in given:
             data = server.model_dump(mode="json", exclude_none=True)
             entry = self._server(server.server_name)
@@ -581,7 +583,10 @@ class _Inventory:
         section = "resource_templates" if method == "resources/templates/list" else method.split("/", 1)[0]
         key = {"resources": "uri", "resource_templates": "uriTemplate"}.get(section, "name")
         if section in ("tools", "resources", "resource_templates", "prompts") and isinstance(item.get(key), str):
-            existing = self._server(server or DEFAULT_SERVER)[section].setdefault(item[key], {})
+            listed = self._server(server or DEFAULT_SERVER)[section]
+            if section == "tools" and item[key] not in listed:
+                self._server_of.clear()
+            existing = listed.setdefault(item[key], {})
             existing.update({k: v for k, v in item.items() if v is not None})
             if section == "tools":
                 self.origin.setdefault(item[key], f"listed by an MCP {method} span")
@@ -603,7 +608,9 @@ class _Inventory:
         return not isinstance(schema, dict) or _has_properties(schema) and bool(schema.get("properties", True))
 
     def server_of_tool(self, name: str) -> str | None:
-        return next((s for s, entry in self.servers.items() if name in entry["tools"]), None)
+        if name not in self._server_of:
+            self._server_of[name] = next((s for s, entry in self.servers.items() if name in entry["tools"]), None)
+        return self._server_of[name]
 
     def canonical_tool(self, name: str, named_only: bool = False) -> str | None:
         """The inventory's name for a tool the framework renamed (prefixed with its server), if exactly one fits;
@@ -615,7 +622,10 @@ class _Inventory:
         return matches.pop() if len(matches) == 1 else None
 
     def add_definition(self, server: str, definition: ToolDefinition) -> None:
-        tool = self._server(server)["tools"].setdefault(definition.name, {"name": definition.name})
+        tools = self._server(server)["tools"]
+        if definition.name not in tools:
+            self._server_of.clear()
+        tool = tools.setdefault(definition.name, {"name": definition.name})
         if definition.description and not tool.get("description"):
             tool["description"] = definition.description
         if definition.input_schema and not _has_properties(tool.get("inputSchema")):

@@ -11,8 +11,7 @@ and the OpenAI Agents SDK's MCP output strings (one content block, or a list of 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from tracejudge.mapping.spans import parse_json_value
 
@@ -20,8 +19,9 @@ _LANGCHAIN_TOOL_MESSAGE = ("langchain", "schema", "messages", "ToolMessage")
 _LANGCHAIN_TOOL_MESSAGE_CORE = ("langchain_core", "messages", "tool", "ToolMessage")
 
 
-@dataclass(frozen=True)
-class Unwrapped:
+class Unwrapped(NamedTuple):
+    """A tool result out of its framework envelope (a NamedTuple: made for every tool result)."""
+
     value: Any
     error: bool = False
     envelope: str | None = None  # which envelope was removed, for `inspect --explain`

@@ -8,7 +8,7 @@ roles and part types are kept or skipped, never an error.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from tracejudge.mapping.spans import as_list, parse_json_value
 
@@ -17,8 +17,10 @@ ROLE_ALIASES = {"model": "assistant", "ai": "assistant", "human": "user", "devel
                 "function": "tool"}
 
 
-@dataclass(frozen=True)
-class Part:
+class Part(NamedTuple):
+    """One part of a message (a NamedTuple: immutable, and a third of a frozen dataclass's cost to make, which a
+    span's messages made by the dozen)."""
+
     type: str
     text: str | None = None
     id: str | None = None
