@@ -59,6 +59,9 @@ from tracejudge.mapping.conversation_key import KEY_PRECEDENCE, TRACE_KEY
 PAUSE_STEP_S = 0.25  # how often a pause for ingest looks whether ingest stopped
 WRITER_IDLE = 0.1  # a step in which the span writer was busy less than this share of it ends the pause
 MAX_PER_POLL = 512  # conversations assembled per poll: a backlog never hides a newly end-marked one for long
+# conversations written per transaction: a poll's 512 in one took the database and a core for about 200 ms at a
+# time, and the exports committing meanwhile waited as long (the half-load p99, `python bench/pipeline_pace.py`)
+WRITE_AT_ONCE = 128
 SPANS_PER_READ = 16_000  # spans read back in one query while assembling; with the batches in flight (workers + 1)
 # it bounds the assembler's memory
 END_MARKER = '"tracejudge.conversation.end":true'
@@ -917,9 +920,13 @@ class ConversationAssembler:
         return scopes, resources
 
     def _write_all(self, built: dict[str, list[Built]], unjudged: set[str] | None = None) -> set[str]:
-        """Write a batch's new versions in one transaction (a commit per conversation cost 7 ms of CPU); when
-        that fails, each conversation alone, so one that cannot be written does not hold up the rest. The ids
-        that failed."""
+        """Write a batch's new versions, `WRITE_AT_ONCE` conversations a transaction (a commit per conversation
+        cost 7 ms of CPU, and the whole poll in one held ingest up); when a transaction fails, each of its
+        conversations alone, so one that cannot be written does not hold up the rest. The ids that failed."""
+        if len(built) > WRITE_AT_ONCE:
+            items = list(built.items())
+            return set().union(*(self._write_all(dict(items[i:i + WRITE_AT_ONCE]), unjudged)
+                                 for i in range(0, len(items), WRITE_AT_ONCE)))
         try:
             self.write_versions([b for items in built.values() for b in items], unjudged)
             return set()
