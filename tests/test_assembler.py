@@ -485,6 +485,50 @@ def test_a_schema_26_file_keeps_its_assembled_traces_without_their_index(tmp_pat
         store.close()
 
 
+def test_a_poll_written_in_several_transactions_counts_a_new_cohort_once(tmp_path: Path) -> None:
+    """A poll's conversations are written `WRITE_AT_ONCE` to a transaction: a new_cohort rule's first N are still
+    exactly the first N of the poll across them, and each conversation gets one version."""
+    from tracejudge.collector.config import SamplingRule
+    from tracejudge.collector.pipeline.conversation_assembler import WRITE_AT_ONCE
+
+    count, first = 2 * WRITE_AT_ONCE + 44, WRITE_AT_ONCE + 30  # three transactions; the first N end in the second
+    store = SpanStore(tmp_path / "t.duckdb")
+    store.open()
+    config = Settings()
+    config.conversations.quiet_period_s = 0.0
+    config.sampling.rate = 0.0
+    config.sampling.rules = [SamplingRule(when="new_cohort", first=first, rate=1.0)]
+    assembler = ConversationAssembler(store.cursor(), config, Logger(stream=io.StringIO()),
+                                      lambda metric: "pending", {m: "x" for m in config.scoring.metrics})
+    store.listeners.append(assembler.observe)
+
+    async def scenario() -> None:
+        spans = [span(n + 1, n + 1, "invoke_agent", attributes={
+            "gen_ai.operation.name": "invoke_agent", "gen_ai.conversation.id": f"chat-{n}",
+            "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [{"type": "text", "content": "hi"}]}])})
+            for n in range(count)]
+        body = request(({"service.name": "agent", "service.version": "2.0"}, spans))
+        await store.write(spans_to_arrow(decode_otlp(json.dumps(body), "application/json").spans,
+                                         dt.datetime.now(dt.UTC)))
+
+    try:
+        asyncio.run(scenario())
+        assert assembler.assemble_due() == count
+        con = store.cursor()
+        metric = next(m for m in config.scoring.metrics if m != "mcp_call_validity")
+        assert con.execute("SELECT count(*), count(DISTINCT conversation_id), max(version) FROM conversations"
+                           ).fetchone() == (count, count, 1)
+        assert con.execute(f"SELECT count(*) FROM conversations WHERE (inclusion::JSON->>'{metric}')::DOUBLE = 1"
+                           ).fetchone() == (first,)
+        assert con.execute("SELECT value, conversations FROM cohort_counts WHERE key = 'service.version'"
+                           ).fetchall() == [("2.0", count)]
+        judged = [m for m in config.scoring.metrics if m != "mcp_call_validity"]  # call validity: always, at 1.0
+        assert judged and con.execute("SELECT count(*) FROM eval_jobs WHERE metric <> 'mcp_call_validity'"
+                                      ).fetchone() == (first * len(judged),)
+    finally:
+        store.close()
+
+
 def test_a_batch_that_cannot_be_written_is_logged_and_its_jobs_scored_on_a_later_round(tmp_path: Path) -> None:
     """The scores table is away while the first batch commits: the batch's jobs are released with the reason,
     not left leased for `lease_s`, and once the table is back every job is scored exactly once."""

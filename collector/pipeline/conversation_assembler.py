@@ -59,9 +59,7 @@ from tracejudge.mapping.conversation_key import KEY_PRECEDENCE, TRACE_KEY
 PAUSE_STEP_S = 0.25  # how often a pause for ingest looks whether ingest stopped
 WRITER_IDLE = 0.1  # a step in which the span writer was busy less than this share of it ends the pause
 MAX_PER_POLL = 512  # conversations assembled per poll: a backlog never hides a newly end-marked one for long
-# conversations written per transaction: a poll's 512 in one took the database and a core for about 200 ms at a
-# time, and the exports committing meanwhile waited as long (the half-load p99, `python bench/pipeline_pace.py`)
-WRITE_AT_ONCE = 128
+WRITE_AT_ONCE = 128  # conversations written per transaction (`ConversationAssembler.write_versions`)
 SPANS_PER_READ = 16_000  # spans read back in one query while assembling; with the batches in flight (workers + 1)
 # it bounds the assembler's memory
 END_MARKER = '"tracejudge.conversation.end":true'
@@ -920,13 +918,9 @@ class ConversationAssembler:
         return scopes, resources
 
     def _write_all(self, built: dict[str, list[Built]], unjudged: set[str] | None = None) -> set[str]:
-        """Write a batch's new versions, `WRITE_AT_ONCE` conversations a transaction (a commit per conversation
-        cost 7 ms of CPU, and the whole poll in one held ingest up); when a transaction fails, each of its
-        conversations alone, so one that cannot be written does not hold up the rest. The ids that failed."""
-        if len(built) > WRITE_AT_ONCE:
-            items = list(built.items())
-            return set().union(*(self._write_all(dict(items[i:i + WRITE_AT_ONCE]), unjudged)
-                                 for i in range(0, len(items), WRITE_AT_ONCE)))
+        """Write a batch's new versions (`write_versions`); when that fails, each conversation alone, so one that
+        cannot be written does not hold up the rest (those written already are found stored). The ids that
+        failed."""
         try:
             self.write_versions([b for items in built.values() for b in items], unjudged)
             return set()
@@ -945,8 +939,10 @@ class ConversationAssembler:
 
     def write_versions(self, built: list[Built], unjudged: set[str] | None = None) -> list[int | None]:
         """A new version of each conversation whose content changed, with its jobs, its UI summary rows and the
-        scores of the checks that ran as it was built, in one transaction; per conversation its version, or None
-        when this content is already stored (or its spans were pruned)."""
+        scores of the checks that ran as it was built; per conversation its version, or None when this content is
+        already stored (or its spans were pruned). What is stored is looked up once for all of them, and they are
+        written `WRITE_AT_ONCE` to a transaction (a commit per conversation cost 7 ms of CPU; a whole poll in one
+        held the database and a core for about 200 ms, and the exports committing meanwhile waited that long)."""
         if not built:
             return []
         with id_table(self.con, {b.conversation_id for b in built}) as ids:
@@ -960,6 +956,15 @@ class ConversationAssembler:
                     f"arg_max(inclusion, version) FROM conversations WHERE conversation_id IN (SELECT id FROM {ids}) "
                     f"GROUP BY conversation_id").fetchall():
                 latest[cid], previous[cid] = (version, digest), inclusion
+        versions: list[int | None] = []
+        for start in range(0, len(built), WRITE_AT_ONCE):
+            versions += self._write_chunk(built[start:start + WRITE_AT_ONCE], pruned, latest, previous, unjudged)
+        return versions
+
+    def _write_chunk(self, built: list[Built], pruned: set[str], latest: dict[str, tuple[int, str]],
+                     previous: dict[str, str | None], unjudged: set[str] | None) -> list[int | None]:
+        """`write_versions` for some of its conversations, in one transaction; `latest` takes the versions they
+        get."""
         now = datetime.now(UTC)
         metrics = self.settings.scoring.metrics
         versions: list[int | None] = []
