@@ -486,8 +486,8 @@ def test_a_schema_26_file_keeps_its_assembled_traces_without_their_index(tmp_pat
 
 
 def test_a_poll_written_in_several_transactions_counts_a_new_cohort_once(tmp_path: Path) -> None:
-    """A poll's conversations are written `WRITE_AT_ONCE` to a transaction: a new_cohort rule's first N are still
-    exactly the first N of the poll across them, and each conversation gets one version."""
+    """While exports come in, a poll's conversations are written `WRITE_AT_ONCE` to a transaction: a new_cohort
+    rule's first N are still exactly the first N of the poll across them, and each conversation gets one version."""
     from tracejudge.collector.config import SamplingRule
     from tracejudge.collector.pipeline.conversation_assembler import WRITE_AT_ONCE
 
@@ -499,8 +499,12 @@ def test_a_poll_written_in_several_transactions_counts_a_new_cohort_once(tmp_pat
     config.sampling.rate = 0.0
     config.sampling.rules = [SamplingRule(when="new_cohort", first=first, rate=1.0)]
     assembler = ConversationAssembler(store.cursor(), config, Logger(stream=io.StringIO()),
-                                      lambda metric: "pending", {m: "x" for m in config.scoring.metrics})
+                                      lambda metric: "pending", {m: "x" for m in config.scoring.metrics},
+                                      writer_busy_s=store.stats.busy_now)  # the span writer's, as serve wires it
     store.listeners.append(assembler.observe)
+    transactions: list[int] = []
+    write_chunk = assembler._write_chunk
+    assembler._write_chunk = lambda built, *rest: transactions.append(len(built)) or write_chunk(built, *rest)
 
     async def scenario() -> None:
         spans = [span(n + 1, n + 1, "invoke_agent", attributes={
@@ -514,6 +518,7 @@ def test_a_poll_written_in_several_transactions_counts_a_new_cohort_once(tmp_pat
     try:
         asyncio.run(scenario())
         assert assembler.assemble_due() == count
+        assert transactions == [WRITE_AT_ONCE, WRITE_AT_ONCE, count - 2 * WRITE_AT_ONCE]  # the spans' commit: ingest
         con = store.cursor()
         metric = next(m for m in config.scoring.metrics if m != "mcp_call_validity")
         assert con.execute("SELECT count(*), count(DISTINCT conversation_id), max(version) FROM conversations"

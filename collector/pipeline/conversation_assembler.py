@@ -59,7 +59,7 @@ from tracejudge.mapping.conversation_key import KEY_PRECEDENCE, TRACE_KEY
 PAUSE_STEP_S = 0.25  # how often a pause for ingest looks whether ingest stopped
 WRITER_IDLE = 0.1  # a step in which the span writer was busy less than this share of it ends the pause
 MAX_PER_POLL = 512  # conversations assembled per poll: a backlog never hides a newly end-marked one for long
-WRITE_AT_ONCE = 128  # conversations written per transaction (`ConversationAssembler.write_versions`)
+WRITE_AT_ONCE = 128  # conversations written per transaction while exports come in (`write_versions`)
 SPANS_PER_READ = 16_000  # spans read back in one query while assembling; with the batches in flight (workers + 1)
 # it bounds the assembler's memory
 END_MARKER = '"tracejudge.conversation.end":true'
@@ -215,6 +215,7 @@ class ConversationAssembler:
         # not seen for the conversations' window, and a client sending endless values grows no memory here)
         self._cohort_counts: dict[tuple[str, str], int] = {}
         self.writer_busy_s = writer_busy_s  # the span writer's seconds spent committing so far (None: not known)
+        self._busy_at_write = 0.0  # `writer_busy_s` when versions were last written
         self.store_writable: Callable[[], bool] = lambda: True  # False while the store takes no pipeline write
         self._writable = True
         self._group_of: dict[str, str] = {}  # waiting trace -> the conversation its spans name so far
@@ -940,11 +941,16 @@ class ConversationAssembler:
     def write_versions(self, built: list[Built], unjudged: set[str] | None = None) -> list[int | None]:
         """A new version of each conversation whose content changed, with its jobs, its UI summary rows and the
         scores of the checks that ran as it was built; per conversation its version, or None when this content is
-        already stored (or its spans were pruned). What is stored is looked up once for all of them, and they are
-        written `WRITE_AT_ONCE` to a transaction (a commit per conversation cost 7 ms of CPU; a whole poll in one
-        held the database and a core for about 200 ms, and the exports committing meanwhile waited that long)."""
+        already stored (or its spans were pruned). What is stored is looked up once for all of them. While exports
+        come in (the span writer committed since the last write) they are written `WRITE_AT_ONCE` to a transaction:
+        a poll of 512 in one held the database and a core for about 200 ms, and the exports committing meanwhile
+        waited that long. Otherwise all in one: each commit syncs the WAL, and at half load four a poll put the last
+        score a second later (`python bench/pipeline_pace.py`; a commit per conversation cost 7 ms of CPU)."""
         if not built:
             return []
+        busy = self._writer_busy()
+        at_once = WRITE_AT_ONCE if busy > self._busy_at_write else len(built)
+        self._busy_at_write = busy
         with id_table(self.con, {b.conversation_id for b in built}) as ids:
             pruned = {cid for (cid,) in self.con.execute(
                 f"SELECT conversation_id FROM pruned_conversations WHERE conversation_id IN (SELECT id FROM {ids})"
@@ -957,8 +963,8 @@ class ConversationAssembler:
                     f"GROUP BY conversation_id").fetchall():
                 latest[cid], previous[cid] = (version, digest), inclusion
         versions: list[int | None] = []
-        for start in range(0, len(built), WRITE_AT_ONCE):
-            versions += self._write_chunk(built[start:start + WRITE_AT_ONCE], pruned, latest, previous, unjudged)
+        for start in range(0, len(built), at_once):
+            versions += self._write_chunk(built[start:start + at_once], pruned, latest, previous, unjudged)
         return versions
 
     def _write_chunk(self, built: list[Built], pruned: set[str], latest: dict[str, tuple[int, str]],
