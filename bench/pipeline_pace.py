@@ -7,7 +7,8 @@ Traffic: bench/ingest.py's agent spans, 8 spans per trace and 64 per conversatio
 per export, 8 exports in flight; the judged metrics have no judge (their jobs wait), call validity scores every
 conversation. Prints both wall times, the pace, CPU seconds per process (server, decode workers, query children)
 and per conversation, peak RSS (each process's own peak, summed: what the issue bounds) and peak PSS (sampled; shared
-libraries counted once), and export latency percentiles. A third run paces the same exports at half of ingest
+libraries counted once), and export latency percentiles (and, paced, how many exports took over 50 and 100 ms:
+the tail counted, steadier than its p99). A third run paces the same exports at half of ingest
 alone's rate (the issue's half load: its p99 is the latency bound; a paced export's latency counts from when it was
 due, so exports held back behind a stalled one count their wait) and prints how far the last score lags behind the
 last export; `--rates` runs the whole pipeline at chosen rates in place of that half-load run, to find the rate it
@@ -198,7 +199,9 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
             "cpu_s_total": round(sum(cpu.values()) - before, 1), "peak_rss_mb": round(rss),
             "peak_pss_mb": round(timeline.peak_pss),
             "peak_rss_each_mb": rss_each,
-            "p50_ms": round(percentile(latencies, 50) * 1000, 1), "p99_ms": round(percentile(latencies, 99) * 1000, 1)}
+            "p50_ms": round(percentile(latencies, 50) * 1000, 1), "p99_ms": round(percentile(latencies, 99) * 1000, 1),
+            # the tail counted, steadier from run to run than its 99th percentile (a handful of exports either way)
+            "over_50_ms": sum(1 for v in latencies if v > 0.05), "over_100_ms": sum(1 for v in latencies if v > 0.1)}
 
 
 def main() -> None:
@@ -260,8 +263,8 @@ def main() -> None:
         half = " (half of ingest alone's rate)" if args.rates is None else ""
         print(f"whole pipeline paced at {rate:,.0f} spans/s{half}: sent in {paced['ingest_wall_s']} s, last score "
               f"after {done} s, {behind} the last export and its quiet period; export p50 / p99 "
-              f"{paced['p50_ms']} / {paced['p99_ms']} ms; peak RSS {paced['peak_rss_mb']} MB (PSS "
-              f"{paced['peak_pss_mb']} MB)")
+              f"{paced['p50_ms']} / {paced['p99_ms']} ms, {paced['over_50_ms']} / {paced['over_100_ms']} of "
+              f"{len(requests)} over 50 / 100 ms; peak RSS {paced['peak_rss_mb']} MB (PSS {paced['peak_pss_mb']} MB)")
     print(json.dumps(report))
 
 
