@@ -973,7 +973,8 @@ def compose_conversation(traces: Sequence[MappedTrace], servers: Sequence[MCPSer
         case["metadata"] = {CONTENT_MISSING: gaps}
         if explain:
             explanation.append({"turn": None, "role": "content missing", "source": _gap_text(gaps)})
-    test_case = ConversationalTestCase.model_validate(  # the Turns hold only copies (`_owned`): no deep copy
+    # the Turns were built for this case (their values copied unless `copy_values=False`): no deep copy
+    test_case = ConversationalTestCase.model_validate(
         case, context={OWNED_TURNS: True})
     stored = test_case.model_dump_json(exclude_none=True)  # the hash is of what is stored: one encoding, not two
     digest = hashlib.sha256(stored.encode()).hexdigest()

@@ -177,6 +177,24 @@ def test_adk_tool_attributes_and_gemini_contents() -> None:
     assert rows[1]["calls"][0][:3] == ("tool", "get_weather", {"city": "Rome"})
 
 
+def test_integers_past_64_bits_in_arguments_and_results_stay_exact() -> None:
+    """Order and account numbers past 64 bits are kept as the integers they are (read as floats they lost their last
+    digits, and the conversation's content hash with them)."""
+    big = 123456789012345678901234567890
+    body = request(({}, [
+        span(3, 1, "invoke_agent a", attributes={"gen_ai.operation.name": "invoke_agent",
+                                                 "gen_ai.input.messages": [{"role": "user", "parts": [
+                                                     {"type": "text", "content": "find my order"}]}]}, end=10),
+        span(3, 2, "execute_tool find_order", 1, start=1, attributes={
+            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "find_order",
+            "gen_ai.tool.call.arguments": {"order": big}, "gen_ai.tool.call.result": {"order": -big, "n": 2 ** 64}}),
+    ]))
+    c = one(body)
+    assert shape(c.test_case)[1]["calls"] == [("function", "find_order", {"order": big},
+                                               {"order": -big, "n": 2 ** 64}, None)]
+    assert str(big) in c.stored_json() and str(2 ** 64) in c.stored_json()
+
+
 def test_deprecated_per_message_events() -> None:
     body = request(({}, [span(5, 1, "chat gpt-4", kind=3, attributes={"gen_ai.system": "openai"}, events=[
         {"name": "gen_ai.system.message", "attributes": {"content": "be nice"}},

@@ -962,9 +962,15 @@ class ConversationAssembler:
                     f"arg_max(inclusion, version) FROM conversations WHERE conversation_id IN (SELECT id FROM {ids}) "
                     f"GROUP BY conversation_id").fetchall():
                 latest[cid], previous[cid] = (version, digest), inclusion
+        # pruned: nothing to write, logged once everything is written (a poll retried one by one counts them once)
+        late = [b for b in built if b.conversation_id in pruned]
         versions: list[int | None] = []
         for start in range(0, len(built), at_once):
             versions += self._write_chunk(built[start:start + at_once], pruned, latest, previous, unjudged)
+        for b in late:
+            self.late_after_prune += 1
+            self.log.warning("late spans for a pruned conversation: stored, not assembled",
+                             conversation_id=b.conversation_id, traces=len(b.trace_ids))
         return versions
 
     def _write_chunk(self, built: list[Built], pruned: set[str], latest: dict[str, tuple[int, str]],
@@ -979,11 +985,9 @@ class ConversationAssembler:
         if self._new_cohorts:
             self._cohort_counts = self._counts_of(built)
         written: list[tuple[Built, int, list[str]]] = []  # logged once they are committed
-        late: list[Built] = []  # so are these, so a batch retried alone does not count them twice
         for b in built:
             cid = b.conversation_id
             if cid in pruned:  # its earlier spans were pruned by retention: the rest would be a truncated conversation
-                late.append(b)
                 versions.append(None)
                 continue
             last = latest.get(cid)
@@ -1040,10 +1044,6 @@ class ConversationAssembler:
                 self._insert(out, counted)
             finally:
                 self._cohort_counts = {}
-        for b in late:
-            self.late_after_prune += 1
-            self.log.warning("late spans for a pruned conversation: stored, not assembled",
-                             conversation_id=b.conversation_id, traces=len(b.trace_ids))
         for b, version, queued in written:
             self.assembled += 1
             self.log.info("conversation complete", conversation_id=b.conversation_id, version=version,
