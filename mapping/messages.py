@@ -12,7 +12,6 @@ from typing import Any, NamedTuple
 
 from tracejudge.mapping.spans import as_list, parse_json_value
 
-_MAYBE_JSON = frozenset('{["tfn-0123456789')  # the first characters of text parse_json_value may read as JSON
 ROLE_ALIASES = {"model": "assistant", "ai": "assistant", "human": "user", "developer": "system",
                 "function": "tool"}
 
@@ -65,8 +64,6 @@ def normalize_role(role: Any) -> str:
 
 def _text_of(content: Any) -> str | None:
     """Text from a content value: a string, a list of blocks, or a block."""
-    if content.__class__ is str and content[:1] not in _MAYBE_JSON and not content[:1].isspace():
-        return content  # plain text, not JSON (what parse_json_value would find, without its checks)
     content = parse_json_value(content)
     if content is None:
         return None
