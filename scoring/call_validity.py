@@ -15,11 +15,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from jsonschema import Draft202012Validator, SchemaError
 from jsonschema.validators import validator_for
 
 from tracejudge.interactions import unit_indices
+from tracejudge.json_encoding import json_bytes
 from tracejudge.metric import BaseMetric, Scored, Usage
 from tracejudge.test_case import CallToolResult, ConversationalTestCase, MCPServer, Prompt, Tool, inferred_from_call
 
@@ -204,13 +204,9 @@ def check_calls(test_case: ConversationalTestCase) -> tuple[list[_Call], dict[st
 
 
 def _arguments_key(args: dict[str, Any] | None) -> bytes:
-    """The arguments as canonical JSON, to find identical calls: orjson (the standard library's encoder was a tenth
-    of call validity), the standard library for what orjson refuses (integers past 64 bits, keys that are not
-    text). orjson writes NaN and the infinities, which no JSON-RPC request can carry, as null."""
-    try:
-        return orjson.dumps(args, option=orjson.OPT_SORT_KEYS, default=str)
-    except TypeError:
-        return json.dumps(args, sort_keys=True, default=str).encode()
+    """The arguments as canonical JSON, to find identical calls (the standard library's encoder was a tenth of call
+    validity). NaN and the infinities, which no JSON-RPC request can carry, are written as null."""
+    return json_bytes(args, sort_keys=True)
 
 
 class MCPCallValidityMetric(BaseMetric):

@@ -53,6 +53,7 @@ from tracejudge.collector.pipeline.scoring_stage import SCORE_SCHEMA, checked_sc
 from tracejudge.collector.pipeline.session_index import SessionIndex
 from tracejudge.collector.receivers.span_rows import plain_strings
 from tracejudge.collector.store.id_table import id_table, registered
+from tracejudge.collector.store.memory_release import release_heap
 from tracejudge.collector.store.transaction import in_transaction
 from tracejudge.mapping.conversation_key import KEY_PRECEDENCE, TRACE_KEY
 
@@ -511,6 +512,11 @@ class ConversationAssembler:
             if following is not None:
                 self.abandon(following)
             raise
+        finally:
+            if pending is not None:
+                # a poll's rows, results and Arrow tables leave glibc's heap full of free pages: given back, the
+                # server's peak fell by 30-40 MB in `python bench/pipeline_pace.py`, for about 2 ms a poll
+                release_heap()
         if following is not None and pending is not None:
             following.unjudged |= self._attached_to & following.conversations.keys()
         return done, following

@@ -23,6 +23,7 @@ from tracejudge.call_validity import MCPCallValidityMetric
 from tracejudge.collector.pipeline.mapped_traces import ENTRY_OVERHEAD, TEXT_FACTOR, KeptTrace
 from tracejudge.collector.pipeline.sampling import attribute_values, findings, model_usage
 from tracejudge.errors import InvalidTestCaseError, NoTaskError
+from tracejudge.json_encoding import json_bytes
 from tracejudge.mapping import Span, compose_conversation, map_traces
 from tracejudge.mapping.conversation import CONTENT_MISSING
 from tracejudge.mapping.conversation_key import TRACE_KEY
@@ -334,7 +335,7 @@ def _check(metric_id: str, case: ConversationalTestCase, config: BuildConfig) ->
     except Exception:  # noqa: BLE001 - measured again by the scoring stage, which logs and retries it
         return None
     return Check(metric.score, metric.success, metric.threshold, metric.strict_mode, metric.reason,
-                 json.dumps(metric.score_breakdown or {}, default=str), metric.error,
+                 json_bytes(metric.score_breakdown or {}).decode(), metric.error,
                  (time.perf_counter() - started) * 1000)
 
 

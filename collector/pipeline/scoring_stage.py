@@ -39,6 +39,7 @@ from tracejudge.errors import (
 )
 from tracejudge.eval_mode import EvalMode, resolve_eval_mode
 from tracejudge.interactions import conversation_data
+from tracejudge.json_encoding import json_bytes
 from tracejudge.judged_metric import JudgedMetric, task_scores
 from tracejudge.judges.exchanges import JudgeExchange, recording
 from tracejudge.judges.llm import LLMJudge, load_client_library
@@ -746,7 +747,7 @@ class ScoringStage:
             (metric.model.answered_model or metric.model.model) if judged and metric.model else None,
             metric.system_one.id if judged and metric.system_one else None, metric.evaluation_cost,
             metric.usage.input_tokens, metric.usage.output_tokens, metric.usage.calls, latency_ms,
-            json.dumps(breakdown, default=str), getattr(metric, "system_one_fallback_reason", None), metric.error,
+            json_bytes(breakdown).decode(), getattr(metric, "system_one_fallback_reason", None), metric.error,
             service, agent, end_time, datetime.now(UTC), probability,
         ]
         return row
