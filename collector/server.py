@@ -36,6 +36,7 @@ from tracejudge.collector.store.checkpoint_gate import WritesRefused
 from tracejudge.collector.store.memory_release import arrow_on_the_system_allocator, fewer_malloc_arenas
 from tracejudge.collector.store.span_store import SpanStore, mark_pandas_absent
 from tracejudge.collector.store.span_tables import prune_unreferenced
+from tracejudge.mapping.compiled import running_compiled
 
 JUDGE_ADVICE = ("export OPENAI_API_KEY=... (or OPENAI_BASE_URL=http://127.0.0.1:8000/v1 for a local OpenAI-compatible "
                 "server, with --judge-model NAME) and restart `tracejudge serve`: waiting jobs then run. Or run "
@@ -155,8 +156,14 @@ class Collector:
                       tls=bool(s.tls_cert), auth=bool(s.ingest_token), metrics=list(sc.metrics),
                       quiet_period_s=self.settings.conversations.quiet_period_s, **self.stage.judges(),
                       waiting_for_judge=self.stage.unavailable, resumed_jobs=self.stage.resumed,
-                      decoder="c" if native_decode_enabled() else "python", decode_threads=self.decoder.threads,
+                      decoder="c" if native_decode_enabled() else "python",
+                      mapping="compiled" if running_compiled() else "python", decode_threads=self.decoder.threads,
                       decode_workers=self.decoder.workers)
+        if not running_compiled():
+            self.log.warning("conversations are built by the mapping as Python, at about 1.5x the CPU",
+                             reason="pip install did not compile the mapping with mypyc, or a source changed since",
+                             advice="reinstall where a C compiler and Python's headers are (Debian: apt install "
+                                    "gcc python3-dev; then pip install --force-reinstall --no-deps tracejudge)")
         if not native_decode_built():
             self.log.warning("protobuf requests are decoded in Python, at about 0.6x the speed",
                              reason="the C extension collector/receivers/_otlp_columns.c was not built",

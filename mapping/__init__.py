@@ -3,7 +3,8 @@
 `decode_otlp` turns an export request into normalized spans (reporting invalid spans one by one);
 `build_conversations` groups spans into conversations and rebuilds each as a ConversationalTestCase (`map_traces`
 maps each trace on its own and `compose_conversation` puts a conversation together from its mapped traces).
-The names are imported on first use (PEP 562): decoding alone does not load the test-case models.
+The names are imported on first use (PEP 562): decoding alone does not load the test-case models. The hot modules
+are compiled at install where a C compiler is (`compiled.py` says whether they run so).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tracejudge.lazy_names import lazy_getattr
+from tracejudge.mapping.compiled import prefer_fresh_sources
 
 if TYPE_CHECKING:
     from tracejudge.mapping.conversation import (
@@ -39,6 +41,7 @@ _NAMES = {
     "tracejudge.mapping.spans": ("Span", "SpanEvent", "SpanLink"),
 }
 _WHERE = {name: module for module, names in _NAMES.items() for name in names}
+prefer_fresh_sources()  # before any compiled module is imported: a checkout's edited source, not its stale build
 
 
 __getattr__ = lazy_getattr(globals(), _WHERE)

@@ -506,7 +506,8 @@ def _unidentified_match(calls: list[_Call], part: Any) -> _Call | None:
                  or (_positional(c.arguments) and c.arguments is not None and isinstance(part.arguments, dict)
                      and (c.arguments.get("input") if isinstance(c.arguments, dict) else c.arguments)
                      in part.arguments.values())]
-    return (same_args or open_calls or [None])[0]
+    found = same_args or open_calls
+    return found[0] if found else None
 
 
 def _pair_parts(calls: list[_Call], messages: list[Message], asked_ns: int, may_add: bool, where: Where) -> None:
@@ -941,6 +942,7 @@ def compose_conversation(traces: Sequence[MappedTrace], servers: Sequence[MCPSer
             inventory.add_definition(definition.server or default_server, definition)
     turns: list[Turn] = []
     explanation: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] | None
     for draft in drafts:
         if explain:
             user, assistant = _draft_turns(draft, inventory, names, calls := [], copy_values)

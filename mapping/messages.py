@@ -115,7 +115,7 @@ def parse_message(raw: Any) -> Message | None:
             parts.append(Part("text", text=text))
         for call in as_list(raw.get("tool_calls")):
             if isinstance(call, dict):
-                function = call.get("function") if isinstance(call.get("function"), dict) else call
+                function: dict[str, Any] = call["function"] if isinstance(call.get("function"), dict) else call
                 parts.append(Part("tool_call", id=_str(call.get("id")), name=_str(function.get("name")),
                                   arguments=parse_json_value(function.get("arguments"))))
         if role == "tool" and raw.get("id", raw.get("tool_call_id")) is not None:
@@ -146,7 +146,7 @@ def last_user_text(messages: list[Message]) -> str | None:
 def newest_user_text(raw_messages: list[Any]) -> str | None:
     """The last user text of a recorded message list, parsing from the end only as far as it takes (a run's
     input can hold the whole history)."""
-    for raw in reversed(raw_messages):
+    for raw in raw_messages[::-1]:  # (mypyc cannot compile reversed() over a list of Any)
         message = parse_message(raw)
         if message is not None and message.is_user_text:
             return message.text

@@ -29,7 +29,7 @@ class SpanLink:
     attributes: dict[str, Any]
 
 
-_scan = json.JSONDecoder().scan_once
+_scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # typeshed leaves the scanner out
 _MAYBE_JSON = frozenset('{["tfn-0123456789')  # the first characters of text that may be JSON (the checks below)
 
 

@@ -55,10 +55,12 @@ def test_the_wheel_installs_and_serves_outside_the_repository(tmp_path: Path, co
         "from tracejudge import evaluate, assert_test\n"
         "names = [m.name for m in pkgutil.walk_packages(tracejudge.__path__, 'tracejudge.')]\n"
         "for name in names: importlib.import_module(name)\n"
-        "print(json.dumps([tracejudge.collector.__file__, c.native_decode_built(), len(names)]))")],
+        "from tracejudge.mapping.compiled import running_compiled\n"
+        "print(json.dumps([tracejudge.collector.__file__, c.native_decode_built(), len(names), running_compiled()]))")],
         cwd=work).stdout
-    where, built, modules = json.loads(imported)
+    where, built, modules, mapping_compiled = json.loads(imported)
     assert where.startswith(site) and built == compiler and modules > 100
+    assert mapping_compiled == compiler  # mypyc compiled the mapping into the wheel where a C compiler was
     for old in ("collector", "mapping", "scoring"):  # the generic names are not ours to take
         refused = subprocess.run([str(python), "-c", f"import {old}"], capture_output=True, text=True, cwd=work)
         assert refused.returncode == 1 and f"No module named '{old}'" in refused.stderr
@@ -67,6 +69,7 @@ def test_the_wheel_installs_and_serves_outside_the_repository(tmp_path: Path, co
     with CollectorProcess(tmp_path / "t.duckdb", config=config, cwd=work,
                           command=[str(venv / "bin" / "tracejudge")]) as collector:
         assert collector.start_line["decoder"] == ("c" if compiler else "python")
+        assert collector.start_line["mapping"] == ("compiled" if compiler else "python")
         _run([str(venv / "bin" / "tracejudge"), "replay", str(FIXTURE), "--endpoint", collector.http_url], cwd=work)
         url = collector.admin_url
         deadline, rows = time.monotonic() + 60, []

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from tracejudge.mapping.dialects.base import Dialect, MCPOperation, span_error
 from tracejudge.mapping.spans import Span
 
@@ -34,7 +36,7 @@ class MCPSemconv(Dialect):
             variables = span.prefixed("gen_ai.prompt.variable.")
             arguments = variables or arguments
         failed, message = span_error(span)
-        side = "server" if span.kind == SERVER else "client"
+        side: Literal["client", "server"] = "server" if span.kind == SERVER else "client"
         server = span.str_attr("fastmcp.server.name") or (span.service_name if side == "server" else
                                                           span.str_attr("server.address"))
         return MCPOperation(method=method, side=side, target=target, arguments=arguments,

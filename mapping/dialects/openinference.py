@@ -122,7 +122,7 @@ class OpenInference(Dialect):
         for record in group_indexed(span.prefixed("llm.tools.")):
             schema = parse_json_value(record.get("tool.json_schema"))
             if isinstance(schema, dict):
-                function = schema.get("function") if isinstance(schema.get("function"), dict) else schema
+                function: dict[str, Any] = schema["function"] if isinstance(schema.get("function"), dict) else schema
                 if isinstance(function.get("name"), str):
                     params = function.get("parameters")
                     out.append(ToolDefinition(function["name"], function.get("description"),

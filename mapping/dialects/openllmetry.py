@@ -100,8 +100,8 @@ class OpenLLMetry(Dialect):
             return None
         method = span.name.removesuffix(".mcp")
         request = span.json_attr("traceloop.entity.input")
-        params = request.get("params") if isinstance(request, dict) and isinstance(request.get("params"), dict) \
-            else {}
+        params: dict[str, Any] = request["params"] if isinstance(request, dict) \
+            and isinstance(request.get("params"), dict) else {}
         output = span.json_attr("traceloop.entity.output")
         listed: list[dict[str, Any]] = []
         if method.endswith("/list") and isinstance(output, dict):

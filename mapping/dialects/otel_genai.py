@@ -29,7 +29,7 @@ EVENT_ROLES = {"gen_ai.system.message": "system", "gen_ai.user.message": "user",
 
 def _event_message(name: str, attrs: dict[str, Any]) -> Message | None:
     whole = parse_json_value(attrs.get("content"))
-    if isinstance(whole, dict) and MESSAGE_KEYS & whole.keys():  # Semantic Kernel logs the message as its JSON text
+    if isinstance(whole, dict) and not MESSAGE_KEYS.isdisjoint(whole):  # Semantic Kernel logs it as its JSON text
         attrs = {**{k: v for k, v in attrs.items() if k != "content"}, **whole}
     if name == "gen_ai.choice":
         body = parse_json_value(attrs.get("message")) or {}
@@ -50,7 +50,7 @@ def _event_message(name: str, attrs: dict[str, Any]) -> Message | None:
         parts.append(Part("text", text=content))
     for call in as_list(parse_json_value(attrs.get("tool_calls"))):
         if isinstance(call, dict):
-            function = call.get("function") if isinstance(call.get("function"), dict) else call
+            function: dict[str, Any] = call["function"] if isinstance(call.get("function"), dict) else call
             parts.append(Part("tool_call", id=_s(call.get("id")), name=_s(function.get("name")),
                               arguments=parse_json_value(function.get("arguments"))))
     return Message(role, parts)
@@ -160,7 +160,7 @@ def _listed_in(value: Any) -> tuple[ToolDefinition, ...]:
     out = []
     for item in as_list(value):
         if isinstance(item, dict):
-            function = item.get("function") if isinstance(item.get("function"), dict) else item
+            function: dict[str, Any] = item["function"] if isinstance(item.get("function"), dict) else item
             if isinstance(function.get("name"), str):
                 schema = _schema(function.get("parameters", function.get("input_schema", function.get("inputSchema"))))
                 out.append(ToolDefinition(function["name"], function.get("description"), schema))

@@ -62,6 +62,6 @@ def _definition(tool: dict[str, Any]) -> ToolDefinition:
     return ToolDefinition(
         name=tool["name"], description=tool.get("description") if isinstance(tool.get("description"), str) else None,
         input_schema=schema if isinstance(schema, dict) else None,
-        mcp=isinstance(metadata, dict) and bool(MCP_TOOL_METADATA & metadata.keys()),
+        mcp=isinstance(metadata, dict) and not MCP_TOOL_METADATA.isdisjoint(metadata),
         # a toolset's own id (`MCPToolset(id=...)`) names its server; "<agent>" is the agent's function tools
         server=toolset if isinstance(toolset, str) and toolset and not toolset.startswith("<") else None)
