@@ -61,8 +61,8 @@ class BuildWithMypyc(build_ext):
         try:
             extensions = mypycify(["--follow-imports=skip", "--ignore-missing-imports", *files], opt_level="3",
                                   group_name=SHARED_LIBRARY, target_dir=str(temp / "mypyc-c"))
-        except Exception as exc:  # noqa: BLE001 - a type error or a mypyc bug: the Python modules still work
-            self.warn(f"mypyc could not compile the mapping ({exc}): it runs as Python")
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - mypy exits on a type error: the Python still works
+            self.warn(f"mypyc could not compile the mapping ({exc or 'a type error, above'}): it runs as Python")
             return []
         finally:
             os.chdir(here)
