@@ -3,15 +3,17 @@
 `pip install` compiles the mapping's hot modules with mypyc (setup.py) where it can; each extension module then sits
 beside its source and Python imports it first. In an editable checkout a source edited after the build would be
 shadowed by the extension built from its older text, so a developer's change would silently not run: when any
-source is newer than its extension, every compiled module is imported from its source instead (all of them: a
+source is not the text it was compiled from, every compiled module is imported from its source instead (all of them: a
 compiled class cannot be subclassed by an interpreted one), with a warning that says how to rebuild.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import json
 import sys
 import warnings
 from collections.abc import Sequence
@@ -20,7 +22,7 @@ from types import ModuleType
 
 PACKAGE = "tracejudge.mapping"
 _HERE = Path(__file__).resolve().parent
-SLACK_S = 2.0  # an installer writes a module's source and its extension in either order, moments apart
+MANIFEST = "_compiled.json"  # written by the build (setup.py): each compiled module's source hash
 
 
 def compiled_sources() -> dict[str, Path]:
@@ -37,15 +39,14 @@ def compiled_sources() -> dict[str, Path]:
 
 
 def stale_sources(sources: dict[str, Path]) -> list[str]:
-    """The modules whose source changed after their extension was built."""
-    stale = []
-    for name, source in sources.items():
-        built = min(source.with_name(source.stem + suffix).stat().st_mtime
-                    for suffix in importlib.machinery.EXTENSION_SUFFIXES
-                    if source.with_name(source.stem + suffix).exists())
-        if source.stat().st_mtime > built + SLACK_S:
-            stale.append(name)
-    return sorted(stale)
+    """The modules whose source is not the text their extension was built from (the build wrote each source's
+    hash beside them; none recorded, every one is stale)."""
+    try:
+        recorded = json.loads((_HERE / MANIFEST).read_text())
+    except (OSError, ValueError):
+        recorded = {}
+    return sorted(name for name, source in sources.items() if recorded.get(source.relative_to(_HERE).as_posix())
+                  != hashlib.sha256(source.read_bytes()).hexdigest())
 
 
 class _SourcesFirst(importlib.abc.MetaPathFinder):
@@ -69,7 +70,8 @@ def prefer_fresh_sources() -> list[str]:
     stale = stale_sources(sources) if sources else []
     if stale and not any(isinstance(f, _SourcesFirst) for f in sys.meta_path):
         sys.meta_path.insert(0, _SourcesFirst(sources))
-        warnings.warn(f"{', '.join(stale)} changed after the mapping was compiled: it runs as Python (slower) until "
+        named = ", ".join(stale[:3]) + (f" and {len(stale) - 3} more" if len(stale) > 3 else "")
+        warnings.warn(f"{named} changed after the mapping was compiled: it runs as Python (slower) until "
                       "`pip install -e .` compiles it again", RuntimeWarning, stacklevel=2)
     return stale
 

@@ -32,7 +32,7 @@ from tracejudge.mapping.envelopes import unwrap_tool_result
 from tracejudge.mapping.log_events import fold_log_events
 from tracejudge.mapping.messages import Message, final_assistant_text, last_user_text
 from tracejudge.mapping.results import prompt_result, resource_result, tool_result
-from tracejudge.mapping.spans import Span
+from tracejudge.mapping.spans import Span, as_text, by_fields
 from tracejudge.test_case import (
     INFERRED_FROM_CALL,
     OWNED_TURNS,
@@ -86,12 +86,15 @@ class Conversation:
 
     @classmethod
     def from_document(cls, doc: dict[str, Any]) -> Conversation:
-        return cls(conversation_id=doc["conversation_id"], key=doc["key"],
+        return cls(conversation_id=str(doc["conversation_id"]), key=str(doc["key"]),
                    test_case=ConversationalTestCase.model_validate(doc["test_case"]),
-                   service_name=doc.get("service_name"), agent_name=doc.get("agent_name"),
-                   trace_ids=tuple(doc.get("trace_ids", ())), first_span_ns=doc.get("first_span_ns", 0),
-                   last_span_ns=doc.get("last_span_ns", 0), content_hash=doc.get("content_hash", ""),
+                   service_name=as_text(doc.get("service_name")), agent_name=as_text(doc.get("agent_name")),
+                   trace_ids=tuple(doc.get("trace_ids", ())), first_span_ns=int(doc.get("first_span_ns") or 0),
+                   last_span_ns=int(doc.get("last_span_ns") or 0), content_hash=str(doc.get("content_hash") or ""),
                    explanation=tuple(doc.get("explanation", ())), context_only=bool(doc.get("context_only")))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return by_fields(self)
 
 
 @dataclass
@@ -791,6 +794,9 @@ class MappedTrace:
     # no agent run, no model call: MCP calls the app made outside any run (context loaded at session start, say),
     # which belong to the conversation of their MCP session, not to one of their own
     context_only: bool = False
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return by_fields(self)
 
 
 def _slim(draft: _Draft) -> _Draft:

@@ -30,7 +30,8 @@ class Unwrapped(NamedTuple):
 def _langchain_fields(value: dict[str, Any]) -> dict[str, Any] | None:
     """The fields of a LangChain ToolMessage in either of its serialized forms."""
     if value.get("lc") == 1 and value.get("type") == "constructor" and isinstance(value.get("kwargs"), dict):
-        if tuple(value.get("id") or ()) in (_LANGCHAIN_TOOL_MESSAGE, _LANGCHAIN_TOOL_MESSAGE_CORE):
+        path = value.get("id")
+        if isinstance(path, list) and tuple(path) in (_LANGCHAIN_TOOL_MESSAGE, _LANGCHAIN_TOOL_MESSAGE_CORE):
             return value["kwargs"]
         return None
     if value.get("type") == "tool" and isinstance(value.get("data"), dict) and "content" in value["data"]:

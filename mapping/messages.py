@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from tracejudge.mapping.spans import as_list, parse_json_value
+from tracejudge.mapping.spans import as_list, as_text, parse_json_value
 
 ROLE_ALIASES = {"model": "assistant", "ai": "assistant", "human": "user", "developer": "system",
                 "function": "tool"}
@@ -88,17 +88,13 @@ def parse_part(raw: Any) -> Part | None:
     if kind == "text":
         return Part("text", text=_text_of(raw.get("content", raw.get("text"))) or "")
     if kind in ("tool_call", "function_call", "tool_use"):
-        return Part("tool_call", id=_str(raw.get("id")), name=_str(raw.get("name")),
+        return Part("tool_call", id=as_text(raw.get("id")), name=as_text(raw.get("name")),
                     arguments=parse_json_value(raw.get("arguments", raw.get("input"))))
     if kind in ("tool_call_response", "function_call_output", "tool_result"):
         result = raw.get("response", raw.get("result", raw.get("content", raw.get("output"))))
-        return Part("tool_call_response", id=_str(raw.get("id", raw.get("tool_call_id"))),
-                    name=_str(raw.get("name")), result=parse_json_value(result))
+        return Part("tool_call_response", id=as_text(raw.get("id", raw.get("tool_call_id"))),
+                    name=as_text(raw.get("name")), result=parse_json_value(result))
     return Part(kind)
-
-
-def _str(value: Any) -> str | None:
-    return None if value is None else str(value)
 
 
 def parse_message(raw: Any) -> Message | None:
@@ -116,10 +112,10 @@ def parse_message(raw: Any) -> Message | None:
         for call in as_list(raw.get("tool_calls")):
             if isinstance(call, dict):
                 function: dict[str, Any] = call["function"] if isinstance(call.get("function"), dict) else call
-                parts.append(Part("tool_call", id=_str(call.get("id")), name=_str(function.get("name")),
+                parts.append(Part("tool_call", id=as_text(call.get("id")), name=as_text(function.get("name")),
                                   arguments=parse_json_value(function.get("arguments"))))
         if role == "tool" and raw.get("id", raw.get("tool_call_id")) is not None:
-            parts = [Part("tool_call_response", id=_str(raw.get("id", raw.get("tool_call_id"))),
+            parts = [Part("tool_call_response", id=as_text(raw.get("id", raw.get("tool_call_id"))),
                           result=parse_json_value(raw.get("content")))]
     if role == "user" and parts and all(p.type == "tool_call_response" for p in parts):
         role = "tool"  # pydantic-ai before v6 and ADK send tool results as user messages

@@ -8,11 +8,17 @@ truncated or invalid JSON by returning the raw string.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 SPAN_KIND_NAMES = {0: "UNSPECIFIED", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}
 STATUS_ERROR = 2
+
+
+def by_fields(item: Any) -> tuple[Any, ...]:
+    """`__reduce__` of the frozen dataclasses mypyc compiles: their constructor and field values (pickle and copy
+    restore a compiled instance by setting its attributes, which a frozen one refuses)."""
+    return type(item), tuple(getattr(item, f.name) for f in fields(item))
 
 
 @dataclass(frozen=True)
@@ -21,12 +27,18 @@ class SpanEvent:
     time_ns: int
     attributes: dict[str, Any]
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return by_fields(self)
+
 
 @dataclass(frozen=True)
 class SpanLink:
     trace_id: str
     span_id: str
     attributes: dict[str, Any]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return by_fields(self)
 
 
 _scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # typeshed leaves the scanner out
@@ -48,6 +60,11 @@ def parse_json_value(value: Any) -> Any:
                 return value
             return parsed if end == len(text) else value
     return value
+
+
+def as_text(value: Any) -> str | None:
+    """None stays None; anything else as its text (an id a framework wrote as a number)."""
+    return None if value is None else str(value)
 
 
 def as_list(value: Any) -> list[Any]:
@@ -146,15 +163,18 @@ class Span:
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Span:
+        """A span from its record (`to_record`, or a stored row's columns, where a column may be NULL)."""
+        parent = record.get("parent_span_id")
         return cls(
-            trace_id=record["trace_id"], span_id=record["span_id"], parent_span_id=record.get("parent_span_id"),
-            name=record.get("name", ""), kind=int(record.get("kind", 0)), start_ns=int(record.get("start_ns", 0)),
-            end_ns=int(record.get("end_ns", 0)), status_code=int(record.get("status_code", 0)),
-            status_message=record.get("status_message", ""), attributes=dict(record.get("attributes") or {}),
-            events=[SpanEvent(e["name"], int(e.get("time_ns", 0)), dict(e.get("attributes") or {}))
+            trace_id=str(record["trace_id"]), span_id=str(record["span_id"]),
+            parent_span_id=str(parent) if parent else None, name=str(record.get("name") or ""),
+            kind=int(record.get("kind") or 0), start_ns=int(record.get("start_ns") or 0),
+            end_ns=int(record.get("end_ns") or 0), status_code=int(record.get("status_code") or 0),
+            status_message=str(record.get("status_message") or ""), attributes=dict(record.get("attributes") or {}),
+            events=[SpanEvent(str(e.get("name") or ""), int(e.get("time_ns") or 0), dict(e.get("attributes") or {}))
                     for e in record.get("events") or []],
-            links=[SpanLink(lk["trace_id"], lk["span_id"], dict(lk.get("attributes") or {}))
+            links=[SpanLink(str(lk["trace_id"]), str(lk["span_id"]), dict(lk.get("attributes") or {}))
                    for lk in record.get("links") or []],
-            resource=dict(record.get("resource") or {}), scope_name=record.get("scope_name", ""),
-            scope_version=record.get("scope_version", ""),
+            resource=dict(record.get("resource") or {}), scope_name=str(record.get("scope_name") or ""),
+            scope_version=str(record.get("scope_version") or ""),
         )

@@ -3,17 +3,23 @@ the build runs those sources, not the extensions built from their older text."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
-import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from tracejudge.mapping import build_conversations, decode_otlp, map_traces
 from tracejudge.mapping.compiled import compiled_sources, running_compiled
+from tracejudge.mapping.dialects.base import ToolDefinition
+from tracejudge.mapping.dialects.semantic_kernel import MCPContent
+from tracejudge.mapping.spans import SpanEvent, SpanLink
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECK = ("import json, warnings\n"
@@ -61,9 +67,26 @@ def test_a_mapping_source_edited_after_it_was_compiled_runs_from_its_source(tmp_
     assert where.startswith(str(copy)) and not where.endswith(".py") and compiled and not warned
 
     edited = copy / "tracejudge" / "mapping" / "messages.py"
-    later = time.time() + 60
-    os.utime(edited, (later, later))  # a developer's edit after `pip install -e .`
+    os.utime(edited)  # touched, as a checkout or a copy does: the same text still runs compiled
+    assert _imported(copy)[1]
+    edited.write_text(edited.read_text() + "\n# a developer's edit after `pip install -e .`\n")
     where, compiled, warned = _imported(copy)
     assert where == str(copy / "tracejudge" / "mapping" / "conversation.py") and not compiled
     assert len(warned) == 1 and "tracejudge.mapping.messages changed after the mapping was compiled" in warned[0]
     assert "pip install -e ." in warned[0]
+
+
+def test_what_the_mapping_returns_pickles_and_copies_to_equal_values() -> None:
+    """A library user sends conversations to other processes and copies them: compiled frozen dataclasses are
+    restored by setting attributes, which they refuse, unless they say how to rebuild themselves."""
+    decoded = decode_otlp((ROOT / "tests" / "fixtures" / "real" / "pydantic_ai_mcp.otlp.json").read_bytes(),
+                          "application/json")
+    spans = decoded.spans
+    with_events = replace(spans[0], events=[SpanEvent("e", 1, {"k": "v"})], links=[SpanLink("t" * 32, "s" * 16, {})])
+    [conversation, *_] = [c for c in build_conversations(spans, explain=True) if c.test_case.turns]
+    traces = map_traces(spans)
+    offered = ToolDefinition("get_weather", "the weather", {"type": "object"}, mcp=True, server="weather")
+    for value in (conversation, traces, with_events, offered, MCPContent("tool", [{"type": "text"}], [])):
+        for copied in (pickle.loads(pickle.dumps(value)), copy.copy(value), copy.deepcopy(value)):
+            assert copied == value
+    assert pickle.loads(pickle.dumps(conversation)).test_case_json == conversation.test_case_json

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import random
+import re
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -24,6 +26,16 @@ KEYS = ["gen_ai.operation.name", "gen_ai.conversation.id", "gen_ai.input.message
         "traceloop.entity.input", "traceloop.entity.output", "gen_ai.prompt.0.role", "gen_ai.completion.0.content",
         "pydantic_ai.all_messages", "pydantic_ai.new_message_index", "gcp.vertex.agent.tool_call_args",
         "gcp.vertex.agent.llm_request", "session.id", "error.type", "gen_ai.tool.definitions"]
+# Every key the mapping reads, from span attributes or from the JSON in them (read from its source, so a key a dialect
+# starts reading is fuzzed too): arbitrary values must reach every typed slot, which the compiled mapping checks.
+_READS = re.compile(r'(?:attr|str_attr|json_attr|genai_json|get)\(\s*"([^"]+)"')
+_MAPPING = Path(__file__).resolve().parent.parent / "mapping"
+READ_KEYS = sorted({key for path in [*_MAPPING.glob("*.py"), *_MAPPING.glob("dialects/*.py")]
+                    for key in _READS.findall(path.read_text())})
+KEYS += [k for k in READ_KEYS if "." in k and k not in KEYS]
+JSON_KEYS = sorted({"role", "parts", "type", "content", "id", "name", "arguments", "response", "result", "tool_calls",
+                    "text", "isError", "structuredContent", "contents", "messages", "tools", "args", "kwargs",
+                    *(k for k in READ_KEYS if "." not in k)})
 VALUES = {
     "gen_ai.operation.name": st.sampled_from(["invoke_agent", "chat", "execute_tool", "weird"]),
     "mcp.method.name": st.sampled_from(["tools/call", "resources/read", "prompts/get", "tools/list", "ping"]),
@@ -32,10 +44,7 @@ VALUES = {
 }
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=30),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(
-        ["role", "parts", "type", "content", "id", "name", "arguments", "response", "result", "tool_calls",
-         "text", "isError", "structuredContent", "contents", "messages", "tools", "args", "kwargs"]), inner,
-        max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(JSON_KEYS), inner, max_size=5),
     max_leaves=20,
 )
 attribute_value = json_values | json_values.map(lambda v: json.dumps(v, default=str)) | st.text(max_size=40)

@@ -192,8 +192,8 @@ def stored_json(text: str) -> Any:
 def _events(text: str) -> list[SpanEvent]:
     """Events as stored: most spans have none, and parsing "[]" for each of them added up. The row's own values
     are the span's (built directly: a record dict per span, copied again into the Span, cost 7 % of mapping)."""
-    return [] if text == "[]" else [SpanEvent(e["name"], int(e.get("time_ns", 0)), e.get("attributes") or {})
-                                    for e in stored_json(text) or ()]
+    return [] if text == "[]" else [SpanEvent(e.get("name") or "", int(e.get("time_ns") or 0),
+                                              e.get("attributes") or {}) for e in stored_json(text) or ()]
 
 
 def _links(text: str) -> list[SpanLink]:
@@ -206,8 +206,9 @@ def map_trace(rows: list[tuple[Any, ...]], scopes: Scopes, resources: Resources,
     """One trace mapped from its stored rows (`rows_by_conversation`), with what the sampling filters and
     `assembled_traces` need. Spans of one resource share its parsed attributes, as those of one ResourceSpans do
     when decoded."""
-    spans = [Span(trace_id=r[0], span_id=r[1], parent_span_id=r[2], name=r[3], kind=r[4], start_ns=r[5],
-                  end_ns=r[6], status_code=r[7], status_message=r[8], attributes=stored_json(r[11]) or {},
+    spans = [Span(trace_id=r[0], span_id=r[1], parent_span_id=r[2], name=r[3] or "", kind=r[4] or 0,
+                  start_ns=r[5] or 0, end_ns=r[6] or 0, status_code=r[7] or 0, status_message=r[8] or "",
+                  attributes=stored_json(r[11]) or {},
                   events=_events(r[12]), links=_links(r[13]), resource=resources.get(r[10], {}),
                   scope_name=(scope := scopes.get(r[9], _NO_SCOPE))[0], scope_version=scope[1]) for r in rows]
     mapped = map_traces(spans)

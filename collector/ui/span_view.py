@@ -385,7 +385,7 @@ def model_calls(con: duckdb.DuckDBPyConnection, tree: SpanTree) -> tuple[list[Mo
          max(r.start_ns for r in read)]).fetchall()
     spans = {span.key: span for span in fold_log_events([
         Span(trace, span, parent, name or "", kind or 0, start or 0, end or 0, attributes=_loads(attributes) or {},
-             events=[SpanEvent(e.get("name", ""), int(e.get("time_ns") or 0), e.get("attributes") or {})
+             events=[SpanEvent(e.get("name") or "", int(e.get("time_ns") or 0), e.get("attributes") or {})
                      for e in _loads(events) or []], scope_name=scope or "")
         for trace, span, parent, name, kind, start, end, attributes, events, scope in found])}
     out: list[ModelGiven] = []

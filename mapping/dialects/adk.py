@@ -7,7 +7,7 @@ from typing import Any
 
 from tracejudge.mapping.dialects.base import AgentRun, Dialect, LLMCall, ToolExecution, span_error
 from tracejudge.mapping.messages import Message, Part, normalize_role
-from tracejudge.mapping.spans import Span, as_list
+from tracejudge.mapping.spans import Span, as_list, as_text
 
 
 def _content_message(content: Any) -> Message | None:
@@ -21,10 +21,11 @@ def _content_message(content: Any) -> Message | None:
             parts.append(Part("text", text=part["text"]))
         call = part.get("function_call")
         if isinstance(call, dict):
-            parts.append(Part("tool_call", id=call.get("id"), name=call.get("name"), arguments=call.get("args")))
+            parts.append(Part("tool_call", id=as_text(call.get("id")), name=as_text(call.get("name")),
+                              arguments=call.get("args")))
         response = part.get("function_response")
         if isinstance(response, dict):
-            parts.append(Part("tool_call_response", id=response.get("id"), name=response.get("name"),
+            parts.append(Part("tool_call_response", id=as_text(response.get("id")), name=as_text(response.get("name")),
                               result=response.get("response")))
     role = normalize_role(content.get("role") or "user")
     if role == "user" and parts and all(p.type == "tool_call_response" for p in parts):

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from tracejudge.mapping.messages import Message
-from tracejudge.mapping.spans import Span
+from tracejudge.mapping.spans import Span, by_fields
 
 
 @dataclass
@@ -73,6 +73,9 @@ class ToolDefinition:
     input_schema: dict[str, Any] | None = None
     mcp: bool = False
     server: str | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return by_fields(self)
 
 
 class Dialect:

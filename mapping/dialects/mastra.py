@@ -67,7 +67,7 @@ class Mastra(Dialect):
         text = output.get("text") if isinstance(output, dict) else output if isinstance(output, str) else None
         return AgentRun(agent_name=span.str_attr("gen_ai.agent.name"),
                         input_text=last_user_text(_input_messages(span.json_attr("mastra.agent_run.input"))),
-                        output_text=text or None)
+                        output_text=text if isinstance(text, str) and text else None)
 
     def llm_call(self, span: Span) -> LLMCall | None:
         if span.attributes.get(SPAN_TYPE) != "model_step":

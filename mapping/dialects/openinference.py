@@ -17,7 +17,7 @@ from tracejudge.mapping.dialects.base import (
 )
 from tracejudge.mapping.flattened import group_indexed, sub
 from tracejudge.mapping.messages import Message, Part, last_user_text, newest_user_text, normalize_role, parse_messages
-from tracejudge.mapping.spans import Span, parse_json_value
+from tracejudge.mapping.spans import Span, as_text, parse_json_value
 
 KIND = "openinference.span.kind"
 
@@ -32,19 +32,16 @@ def _message(record: dict[str, Any]) -> Message:
         if block.get("message_content.type", "text") == "text" and block.get("message_content.text"):
             parts.append(Part("text", text=str(block["message_content.text"])))
     for call in group_indexed(sub(record, "message.tool_calls")):
-        parts.append(Part("tool_call", id=_s(call.get("tool_call.id")), name=_s(call.get("tool_call.function.name")),
+        parts.append(Part("tool_call", id=as_text(call.get("tool_call.id")),
+                          name=as_text(call.get("tool_call.function.name")),
                           arguments=parse_json_value(call.get("tool_call.function.arguments"))))
     if record.get("message.function_call_name"):
         parts.append(Part("tool_call", name=str(record["message.function_call_name"]),
                           arguments=parse_json_value(record.get("message.function_call_arguments_json"))))
     if role == "tool":
-        parts = [Part("tool_call_response", id=_s(record.get("message.tool_call_id")),
-                      name=_s(record.get("message.name")), result=parse_json_value(content))]
+        parts = [Part("tool_call_response", id=as_text(record.get("message.tool_call_id")),
+                      name=as_text(record.get("message.name")), result=parse_json_value(content))]
     return Message(role, parts)
-
-
-def _s(value: Any) -> str | None:
-    return None if value is None else str(value)
 
 
 def _text_value(value: Any) -> str | None:
@@ -125,6 +122,7 @@ class OpenInference(Dialect):
                 function: dict[str, Any] = schema["function"] if isinstance(schema.get("function"), dict) else schema
                 if isinstance(function.get("name"), str):
                     params = function.get("parameters")
-                    out.append(ToolDefinition(function["name"], function.get("description"),
+                    described = function.get("description")
+                    out.append(ToolDefinition(function["name"], described if isinstance(described, str) else None,
                                               params if isinstance(params, dict) else None))
         return out

@@ -16,7 +16,7 @@ from tracejudge.mapping.dialects.base import (
 )
 from tracejudge.mapping.flattened import group_indexed, sub
 from tracejudge.mapping.messages import Message, Part, normalize_role
-from tracejudge.mapping.spans import Span, as_dict, as_list, parse_json_value
+from tracejudge.mapping.spans import Span, as_dict, as_list, as_text, parse_json_value
 
 KIND = "traceloop.span.kind"
 
@@ -25,20 +25,16 @@ def _message(record: dict[str, Any], role_default: str) -> Message:
     role = normalize_role(record.get("role") or role_default)
     content = parse_json_value(record.get("content"))
     if role == "tool":
-        return Message("tool", [Part("tool_call_response", id=_s(record.get("tool_call_id")), result=content)])
+        return Message("tool", [Part("tool_call_response", id=as_text(record.get("tool_call_id")), result=content)])
     parts: list[Part] = []
     if isinstance(content, str) and content:
         parts.append(Part("text", text=content))
     elif isinstance(content, list):
         parts += [Part("text", text=str(b.get("text"))) for b in content if isinstance(b, dict) and b.get("text")]
     for call in group_indexed(sub(record, "tool_calls")):
-        parts.append(Part("tool_call", id=_s(call.get("id")), name=_s(call.get("name")),
+        parts.append(Part("tool_call", id=as_text(call.get("id")), name=as_text(call.get("name")),
                           arguments=parse_json_value(call.get("arguments"))))
     return Message(role, parts)
-
-
-def _s(value: Any) -> str | None:
-    return None if value is None else str(value)
 
 
 def _first_text(value: Any) -> str | None:
@@ -108,7 +104,7 @@ class OpenLLMetry(Dialect):
             key = method.split("/", 1)[0]
             listed = [item for item in as_list(output.get(key)) if isinstance(item, dict)]
         failed, message = span_error(span)
-        return MCPOperation(method=method, side="client", target=_s(params.get("name") or params.get("uri")),
+        return MCPOperation(method=method, side="client", target=as_text(params.get("name") or params.get("uri")),
                             arguments=params.get("arguments"), result=output, error=failed, error_message=message,
                             listed=listed)
 
@@ -117,6 +113,6 @@ class OpenLLMetry(Dialect):
         for record in group_indexed(span.prefixed("llm.request.functions.")):
             if isinstance(record.get("name"), str):
                 params = parse_json_value(record.get("parameters"))
-                out.append(ToolDefinition(record["name"], _s(record.get("description")),
+                out.append(ToolDefinition(record["name"], as_text(record.get("description")),
                                           params if isinstance(params, dict) else None))
         return out

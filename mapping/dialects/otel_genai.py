@@ -10,7 +10,7 @@ from typing import Any
 
 from tracejudge.mapping.dialects.base import AgentRun, Dialect, LLMCall, ToolDefinition, ToolExecution, span_error
 from tracejudge.mapping.messages import Message, Part, final_assistant_text, last_user_text, parse_messages
-from tracejudge.mapping.spans import Span, as_list, parse_json_value
+from tracejudge.mapping.spans import Span, as_list, as_text, parse_json_value
 
 # tool lists up to this long are parsed once per text, 64 texts kept per list: parsed, a text takes up to about
 # 18 times its length (a hostile 16 KB list, about 290 KB), so at most about 19 MB per cache
@@ -42,7 +42,7 @@ def _event_message(name: str, attrs: dict[str, Any]) -> Message | None:
     parts: list[Part] = []
     content = parse_json_value(attrs.get("content"))
     if role == "tool":
-        return Message("tool", [Part("tool_call_response", id=_s(attrs.get("id", attrs.get("tool_call_id"))),
+        return Message("tool", [Part("tool_call_response", id=as_text(attrs.get("id", attrs.get("tool_call_id"))),
                                      result=content)])
     if isinstance(content, dict) and isinstance(attrs.get("content"), str):
         content = attrs["content"]  # text that happens to be JSON (a user who typed some): what was written
@@ -51,13 +51,14 @@ def _event_message(name: str, attrs: dict[str, Any]) -> Message | None:
     for call in as_list(parse_json_value(attrs.get("tool_calls"))):
         if isinstance(call, dict):
             function: dict[str, Any] = call["function"] if isinstance(call.get("function"), dict) else call
-            parts.append(Part("tool_call", id=_s(call.get("id")), name=_s(function.get("name")),
+            parts.append(Part("tool_call", id=as_text(call.get("id")), name=as_text(function.get("name")),
                               arguments=parse_json_value(function.get("arguments"))))
     return Message(role, parts)
 
 
-def _s(value: Any) -> str | None:
-    return None if value is None else str(value)
+def _text(value: Any) -> str | None:
+    """Text as given; anything else (a number, an object a framework put there) as no text."""
+    return value if isinstance(value, str) else None
 
 
 def _legacy_messages(value: Any, role: str) -> list[Message]:
@@ -163,7 +164,7 @@ def _listed_in(value: Any) -> tuple[ToolDefinition, ...]:
             function: dict[str, Any] = item["function"] if isinstance(item.get("function"), dict) else item
             if isinstance(function.get("name"), str):
                 schema = _schema(function.get("parameters", function.get("input_schema", function.get("inputSchema"))))
-                out.append(ToolDefinition(function["name"], function.get("description"), schema))
+                out.append(ToolDefinition(function["name"], _text(function.get("description")), schema))
     return tuple(out)
 
 

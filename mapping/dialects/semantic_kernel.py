@@ -17,7 +17,7 @@ from typing import Any
 from tracejudge.mapping.dialects.base import Dialect, MCPOperation, ToolExecution, span_error
 from tracejudge.mapping.python_reprs import CLASS_KEY, read_repr
 from tracejudge.mapping.results import CONTENT_TYPES
-from tracejudge.mapping.spans import Span
+from tracejudge.mapping.spans import Span, by_fields
 
 SK_SCOPE_PREFIX = "semantic_kernel."
 PLUGIN_SEPARATOR = "-"  # SK's fully qualified function name: plugin name, "-", function name
@@ -32,6 +32,9 @@ class MCPContent:
     kind: str  # "tool" | "prompt"
     blocks: list[dict[str, Any]]
     messages: list[dict[str, Any]]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return by_fields(self)
 
 
 def _mcp_block(inner: Any) -> dict[str, Any] | None:
