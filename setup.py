@@ -58,6 +58,8 @@ class BuildWithMypyc(build_ext):
             extension._links_to_dynamic = extension._needs_stub = False
             extension._file_name = self.get_ext_filename(extension._full_name)
             self.extensions.append(extension)
+            # an earlier build's output must not count as this one's (the all-or-nothing check below)
+            Path(self.build_lib, extension._file_name).unlink(missing_ok=True)
         super().run()
         if compiled and all(Path(self.build_lib, e._file_name).exists() for e in compiled):
             self._write_manifest()

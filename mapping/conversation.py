@@ -17,6 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pydantic import ValidationError
+
 from tracejudge.mapping.content_capture import missing_content, switch_for
 from tracejudge.mapping.conversation_key import TRACE_KEY, trace_conversation_key
 from tracejudge.mapping.dialects import (
@@ -640,7 +642,7 @@ class _Inventory:
         own = _owned if copy_values else _as_is
         for name in sorted(self.servers):
             entry = self.servers[name]
-            out.append(MCPServer.model_validate(own({  # a case's own copy of the spans' schemas
+            out.append(_valid_server(own({  # a case's own copy of the spans' schemas
                 "server_name": name,
                 **entry["meta"].get("transport", {}),
                 "available_tools": [entry["tools"][k] for k in sorted(entry["tools"])],
@@ -650,6 +652,25 @@ class _Inventory:
                 "available_prompts": [entry["prompts"][k] for k in sorted(entry["prompts"])],
             })))
         return out
+
+
+_LISTINGS = ("available_tools", "available_resources", "available_resource_templates", "available_prompts")
+
+
+def _valid_server(document: dict[str, Any]) -> MCPServer:
+    """The server as the case holds it, without the listing entries MCP's shapes refuse (a tool whose
+    `inputSchema` is no object, say): one bad entry in a `*/list` result must not keep the conversation from being
+    built (it was retried, and refused, after every quiet period)."""
+    while True:
+        try:
+            return MCPServer.model_validate(document)
+        except ValidationError as exc:
+            refused = {(loc[0], loc[1]) for error in exc.errors() if len(loc := error["loc"]) > 1
+                       and loc[0] in _LISTINGS and isinstance(loc[1], int)}
+            if not refused:
+                raise
+            for listing in {listing for listing, _ in refused}:
+                document[listing] = [item for i, item in enumerate(document[listing]) if (listing, i) not in refused]
 
 
 def _has_properties(schema: Any) -> bool:

@@ -492,3 +492,18 @@ def test_a_conversation_composed_from_its_traces_mapped_apart_is_the_one_mapped_
     alone = compose_conversation(first + second)
     assert alone is not None and alone.content_hash == plain.content_hash
     assert [c.name for c in alone.test_case.turns[1].tools_called] == ["weather__get_weather"]
+
+
+def test_a_listing_entry_mcp_refuses_is_left_out_and_the_conversation_is_still_built() -> None:
+    """A `tools/list` result whose one entry has a schema that is no object: the other tools are listed, and the
+    conversation is built (it failed whole, and was retried after every quiet period)."""
+    listed = {"tools": [{"name": "get_weather", "inputSchema": {"type": "object"}},
+                        {"name": "broken", "inputSchema": "not a schema"}]}
+    body = request(({"service.name": "a"}, [
+        _agent(1, "What is the weather?"),
+        span(1, 3, "tools/list.mcp", 1, kind=3, start=1, attributes={"traceloop.entity.output": json.dumps(listed)}),
+    ]))
+    [conversation] = build_conversations(spans_of(body))
+    [server] = conversation.test_case.mcp_servers
+    assert [t.name for t in server.available_tools] == ["get_weather"]
+    assert conversation.test_case.turns[0].content == "What is the weather?"
