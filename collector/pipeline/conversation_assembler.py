@@ -514,8 +514,9 @@ class ConversationAssembler:
             raise
         finally:
             if pending is not None:
-                # a poll's rows, results and Arrow tables leave glibc's heap full of free pages: given back, the
-                # server's peak fell by 30-40 MB in `python bench/pipeline_pace.py`, for about 2 ms a poll
+                # a poll's rows, results and Arrow tables leave glibc's heap full of free pages, given back here
+                # (about 2 ms a poll); two runs of `python bench/pipeline_pace.py` peaked 20-40 MB lower with it, but
+                # later pairs' peaks varied as much from run to run (issue 41's note)
                 release_heap()
         if following is not None and pending is not None:
             following.unjudged |= self._attached_to & following.conversations.keys()
