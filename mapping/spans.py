@@ -62,6 +62,11 @@ def parse_json_value(value: Any) -> Any:
     return value
 
 
+def only_text(value: Any) -> str | None:
+    """Text as given; anything else (a number, an object a framework put there) as no text."""
+    return value if isinstance(value, str) else None
+
+
 def as_text(value: Any) -> str | None:
     """None stays None; anything else as its text (an id a framework wrote as a number)."""
     return None if value is None else str(value)

@@ -15,7 +15,7 @@ from typing import Any
 
 from tracejudge.mapping.dialects.base import AgentRun, Dialect, LLMCall, ToolDefinition, ToolExecution, span_error
 from tracejudge.mapping.messages import Message, Part, last_user_text, parse_messages
-from tracejudge.mapping.spans import Span, as_dict, as_list
+from tracejudge.mapping.spans import Span, as_dict, as_list, only_text
 
 SPAN_TYPE = "mastra.span.type"
 # what Mastra writes in a step's input history in place of a tool call or result it sent the model
@@ -67,7 +67,7 @@ class Mastra(Dialect):
         text = output.get("text") if isinstance(output, dict) else output if isinstance(output, str) else None
         return AgentRun(agent_name=span.str_attr("gen_ai.agent.name"),
                         input_text=last_user_text(_input_messages(span.json_attr("mastra.agent_run.input"))),
-                        output_text=text if isinstance(text, str) and text else None)
+                        output_text=only_text(text) or None)
 
     def llm_call(self, span: Span) -> LLMCall | None:
         if span.attributes.get(SPAN_TYPE) != "model_step":

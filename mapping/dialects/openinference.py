@@ -17,7 +17,7 @@ from tracejudge.mapping.dialects.base import (
 )
 from tracejudge.mapping.flattened import group_indexed, sub
 from tracejudge.mapping.messages import Message, Part, last_user_text, newest_user_text, normalize_role, parse_messages
-from tracejudge.mapping.spans import Span, as_text, parse_json_value
+from tracejudge.mapping.spans import Span, as_text, only_text, parse_json_value
 
 KIND = "openinference.span.kind"
 
@@ -122,7 +122,6 @@ class OpenInference(Dialect):
                 function: dict[str, Any] = schema["function"] if isinstance(schema.get("function"), dict) else schema
                 if isinstance(function.get("name"), str):
                     params = function.get("parameters")
-                    described = function.get("description")
-                    out.append(ToolDefinition(function["name"], described if isinstance(described, str) else None,
+                    out.append(ToolDefinition(function["name"], only_text(function.get("description")),
                                               params if isinstance(params, dict) else None))
         return out

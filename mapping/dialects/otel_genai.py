@@ -10,7 +10,7 @@ from typing import Any
 
 from tracejudge.mapping.dialects.base import AgentRun, Dialect, LLMCall, ToolDefinition, ToolExecution, span_error
 from tracejudge.mapping.messages import Message, Part, final_assistant_text, last_user_text, parse_messages
-from tracejudge.mapping.spans import Span, as_list, as_text, parse_json_value
+from tracejudge.mapping.spans import Span, as_list, as_text, only_text, parse_json_value
 
 # tool lists up to this long are parsed once per text, 64 texts kept per list: parsed, a text takes up to about
 # 18 times its length (a hostile 16 KB list, about 290 KB), so at most about 19 MB per cache
@@ -54,11 +54,6 @@ def _event_message(name: str, attrs: dict[str, Any]) -> Message | None:
             parts.append(Part("tool_call", id=as_text(call.get("id")), name=as_text(function.get("name")),
                               arguments=parse_json_value(function.get("arguments"))))
     return Message(role, parts)
-
-
-def _text(value: Any) -> str | None:
-    """Text as given; anything else (a number, an object a framework put there) as no text."""
-    return value if isinstance(value, str) else None
 
 
 def _legacy_messages(value: Any, role: str) -> list[Message]:
@@ -164,7 +159,7 @@ def _listed_in(value: Any) -> tuple[ToolDefinition, ...]:
             function: dict[str, Any] = item["function"] if isinstance(item.get("function"), dict) else item
             if isinstance(function.get("name"), str):
                 schema = _schema(function.get("parameters", function.get("input_schema", function.get("inputSchema"))))
-                out.append(ToolDefinition(function["name"], _text(function.get("description")), schema))
+                out.append(ToolDefinition(function["name"], only_text(function.get("description")), schema))
     return tuple(out)
 
 

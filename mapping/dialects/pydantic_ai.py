@@ -10,7 +10,7 @@ from typing import Any
 from tracejudge.mapping.dialects.base import AgentRun, Dialect, ToolDefinition
 from tracejudge.mapping.dialects.otel_genai import CACHED_TEXT, CACHED_TEXTS
 from tracejudge.mapping.messages import parse_messages
-from tracejudge.mapping.spans import Span, as_list, parse_json_value
+from tracejudge.mapping.spans import Span, as_list, only_text, parse_json_value
 
 ALL_MESSAGES, REQUEST_PARAMETERS = "pydantic_ai.all_messages", "model_request_parameters"
 # the metadata pydantic-ai's MCPToolset gives each tool it lists from an MCP server (the MCP tool's `_meta`
@@ -32,7 +32,7 @@ class PydanticAI(Dialect):
         final = span.json_attr("final_result")
         return AgentRun(
             agent_name=span.str_attr("gen_ai.agent.name") or span.str_attr("agent_name"),
-            output_text=final if isinstance(final, str) else None,
+            output_text=only_text(final),
             history=history,
             new_from=index if isinstance(index, int) and 0 <= index <= len(history) else 0,
         )
@@ -60,7 +60,7 @@ def _definition(tool: dict[str, Any]) -> ToolDefinition:
     metadata, toolset = tool.get("metadata"), tool.get("toolset_id")
     schema = tool.get("parameters_json_schema")
     return ToolDefinition(
-        name=tool["name"], description=tool.get("description") if isinstance(tool.get("description"), str) else None,
+        name=tool["name"], description=only_text(tool.get("description")),
         input_schema=schema if isinstance(schema, dict) else None,
         mcp=isinstance(metadata, dict) and not MCP_TOOL_METADATA.isdisjoint(metadata),
         # a toolset's own id (`MCPToolset(id=...)`) names its server; "<agent>" is the agent's function tools
