@@ -99,9 +99,10 @@ class Conversation:
         return by_fields(self)
 
 
-@dataclass
+@dataclass(init=False)
 class SpanFacts:
-    """What the dialects say of one span, first answer first (`span_facts`)."""
+    """What the dialects say of one span, first answer first (`span_facts`). Its `__init__` and `_Call`'s are
+    written out: compiled, a dataclass's generated one stays interpreted (`spans.Span`)."""
 
     span: Span
     run: AgentRun | None = None
@@ -109,6 +110,19 @@ class SpanFacts:
     tool: ToolExecution | None = None
     op: MCPOperation | None = None
     definitions: list[ToolDefinition] = field(default_factory=list)
+
+    def __init__(self, span: Span, run: AgentRun | None = None, llm: LLMCall | None = None,
+                 tool: ToolExecution | None = None, op: MCPOperation | None = None,
+                 definitions: list[ToolDefinition] | None = None) -> None:
+        self.span = span
+        self.run = run
+        self.llm = llm
+        self.tool = tool
+        self.op = op
+        self.definitions = [] if definitions is None else definitions
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return by_fields(self)
 
     def where(self, aspect: str) -> str:
         """`span 'name' (id) via dialect`, for `inspect --explain` (the dialect is looked up only then)."""
@@ -183,7 +197,7 @@ def merge_definitions(kept: list[ToolDefinition], more: list[ToolDefinition]) ->
     return list(by_name.values())
 
 
-@dataclass
+@dataclass(init=False)
 class _Call:
     kind: str  # tool | resource | prompt
     name: str
@@ -203,6 +217,31 @@ class _Call:
     # sources are slimmed away, for the conversation page's links and the call's time
     span_ids: list[str] = field(default_factory=list)
     span_interval: tuple[int, int] | None = None
+
+    def __init__(self, kind: str, name: str, start_ns: int, call_id: str | None = None, arguments: Any = None,
+                 result: Any = None, error: bool = False, error_message: str | None = None, mcp: bool = False,
+                 server: str | None = None, executed: bool = True, order: tuple[int, int] | None = None,
+                 mcp_rule: Where | None = None, sources: list[Where] | None = None,
+                 span_ids: list[str] | None = None, span_interval: tuple[int, int] | None = None) -> None:
+        self.kind = kind
+        self.name = name
+        self.start_ns = start_ns
+        self.call_id = call_id
+        self.arguments = arguments
+        self.result = result
+        self.error = error
+        self.error_message = error_message
+        self.mcp = mcp
+        self.server = server
+        self.executed = executed
+        self.order = order
+        self.mcp_rule = mcp_rule
+        self.sources = [] if sources is None else sources
+        self.span_ids = [] if span_ids is None else span_ids
+        self.span_interval = span_interval
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return by_fields(self)
 
     def recorded_by(self, span: Span) -> None:
         self.span_ids.append(span.span_id)
@@ -244,9 +283,9 @@ def _positional(arguments: Any) -> bool:
     return True
 
 
-@dataclass
+@dataclass(init=False)
 class _Draft:
-    """One turn being rebuilt from one agent run."""
+    """One turn being rebuilt from one agent run (its `__init__` written out, as `_Call`'s)."""
 
     start_ns: int
     trace_id: str
@@ -265,6 +304,31 @@ class _Draft:
     # whether it counts as MCP): a conversation composed again from the same mapped traces builds only its new turns
     built: tuple[tuple[bool, tuple[tuple[str, bool], ...]], Turn | None, Turn | None] | None = field(
         default=None, repr=False, compare=False)
+
+    def __init__(self, start_ns: int, trace_id: str, run_span_id: str, service_name: str | None,
+                 agent_name: str | None = None, user_text: str | None = None, context_only: bool = False,
+                 scopes: frozenset[str] = frozenset(), reply: str | None = None, calls: list[_Call] | None = None,
+                 listed: list[tuple[str, str | None, dict[str, Any]]] | None = None,
+                 definitions: list[ToolDefinition] | None = None, sources: dict[str, Where] | None = None,
+                 built: tuple[tuple[bool, tuple[tuple[str, bool], ...]], Turn | None, Turn | None] | None = None,
+                 ) -> None:
+        self.start_ns = start_ns
+        self.trace_id = trace_id
+        self.run_span_id = run_span_id
+        self.service_name = service_name
+        self.agent_name = agent_name
+        self.user_text = user_text
+        self.context_only = context_only
+        self.scopes = scopes
+        self.reply = reply
+        self.calls = [] if calls is None else calls
+        self.listed = [] if listed is None else listed
+        self.definitions = [] if definitions is None else definitions
+        self.sources = {} if sources is None else sources
+        self.built = built
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return by_fields(self)
 
 
 class _Trace:

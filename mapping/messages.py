@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from tracejudge.mapping.spans import as_list, as_text, parse_json_value
+from tracejudge.mapping.spans import as_list, as_text, by_fields, parse_json_value
 
 ROLE_ALIASES = {"model": "assistant", "ai": "assistant", "human": "user", "developer": "system",
                 "function": "tool"}
@@ -28,10 +28,20 @@ class Part(NamedTuple):
     result: Any = None
 
 
-@dataclass
+@dataclass(init=False)
 class Message:
+    """One message of a model's input or output. Its `__init__` is written out: compiled, a dataclass's generated
+    one stays interpreted (`spans.Span`)."""
+
     role: str
     parts: list[Part] = field(default_factory=list)
+
+    def __init__(self, role: str, parts: list[Part] | None = None) -> None:
+        self.role = role
+        self.parts = [] if parts is None else parts
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return by_fields(self)
 
     @property
     def text(self) -> str:

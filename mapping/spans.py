@@ -86,8 +86,11 @@ def _looks_numeric(text: str) -> bool:
     return bool(text) and (text[0].isdigit() or (text[0] == "-" and text[1:2].isdigit()))
 
 
-@dataclass
+@dataclass(init=False)
 class Span:
+    """One span as every dialect reads it. Its `__init__` is written out: compiled, a dataclass's generated one
+    stays interpreted, and a conversation makes one span per stored row (`python bench/worker_build.py`)."""
+
     trace_id: str
     span_id: str
     parent_span_id: str | None
@@ -104,6 +107,31 @@ class Span:
     scope_name: str = ""
     scope_version: str = ""
     _parsed: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def __init__(self, trace_id: str, span_id: str, parent_span_id: str | None, name: str, kind: int,
+                 start_ns: int, end_ns: int, status_code: int = 0, status_message: str = "",
+                 attributes: dict[str, Any] | None = None, events: list[SpanEvent] | None = None,
+                 links: list[SpanLink] | None = None, resource: dict[str, Any] | None = None, scope_name: str = "",
+                 scope_version: str = "", _parsed: dict[str, Any] | None = None) -> None:
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self.parent_span_id = parent_span_id
+        self.name = name
+        self.kind = kind
+        self.start_ns = start_ns
+        self.end_ns = end_ns
+        self.status_code = status_code
+        self.status_message = status_message
+        self.attributes = {} if attributes is None else attributes
+        self.events = [] if events is None else events
+        self.links = [] if links is None else links
+        self.resource = {} if resource is None else resource
+        self.scope_name = scope_name
+        self.scope_version = scope_version
+        self._parsed = {} if _parsed is None else _parsed
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return by_fields(self)  # compiled, restoring an instance would call this __init__ with no arguments
 
     @property
     def key(self) -> tuple[str, str]:

@@ -8,7 +8,15 @@ import pytest
 
 from tests.support.scripted_server import SYSTEM_ONE_PATH, ScriptedServer
 from tracejudge import LLMJudge, RetryPolicy
+from tracejudge.collector.worker_process import usable_cpus
 from tracejudge.judges import TypeSafeJudge
+
+MAX_TEST_WORKERS = 4  # each test may run a collector with its own worker processes: more would only contend
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto` (pyproject's addopts): one test process per usable core, at most `MAX_TEST_WORKERS`."""
+    return min(MAX_TEST_WORKERS, usable_cpus())
 
 
 class SleepRecorder:

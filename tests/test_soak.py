@@ -1,7 +1,7 @@
 """A bounded soak: several minutes of ingest with scoring on; RSS, queue depth and commit time stay flat.
 
 Not run in CI (marker `soak`, deselected by default). Run it with:
-    pytest -m soak -s tests/test_soak.py        # TRACEJUDGE_SOAK_S=300 (default), TRACEJUDGE_SOAK_RATE=6,
+    pytest -n 0 -m soak -s tests/test_soak.py   # TRACEJUDGE_SOAK_S=300 (default), TRACEJUDGE_SOAK_RATE=6,
                                                 # TRACEJUDGE_SOAK_MEMORY_LIMIT=128MB ([store] memory_limit)
 It prints the per-third figures recorded in RELIABILITY.md.
 """

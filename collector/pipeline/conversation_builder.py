@@ -206,11 +206,10 @@ def map_trace(rows: list[tuple[Any, ...]], scopes: Scopes, resources: Resources,
     """One trace mapped from its stored rows (`rows_by_conversation`), with what the sampling filters and
     `assembled_traces` need. Spans of one resource share its parsed attributes, as those of one ResourceSpans do
     when decoded."""
-    spans = [Span(trace_id=r[0], span_id=r[1], parent_span_id=r[2], name=r[3] or "", kind=r[4] or 0,
-                  start_ns=r[5] or 0, end_ns=r[6] or 0, status_code=r[7] or 0, status_message=r[8] or "",
-                  attributes=stored_json(r[11]) or {},
-                  events=_events(r[12]), links=_links(r[13]), resource=resources.get(r[10], {}),
-                  scope_name=(scope := scopes.get(r[9], _NO_SCOPE))[0], scope_version=scope[1]) for r in rows]
+    # Span's fields in order (its compiled __init__ parses keywords slower than the positions)
+    spans = [Span(r[0], r[1], r[2], r[3] or "", r[4] or 0, r[5] or 0, r[6] or 0, r[7] or 0, r[8] or "",
+                  stored_json(r[11]) or {}, _events(r[12]), _links(r[13]), resources.get(r[10], {}),
+                  (scope := scopes.get(r[9], _NO_SCOPE))[0], scope[1]) for r in rows]
     mapped = map_traces(spans)
     received = [r[14] for r in rows]
     return KeptTrace(rows[0][0], mapped[0] if mapped else None, attribute_values(attribute_keys, spans),

@@ -30,9 +30,10 @@ class LLMCall:
     output: list[Message]
 
 
-@dataclass
+@dataclass(init=False)
 class ToolExecution:
-    """A tool being run (agent side): name, call id, arguments and result as recorded."""
+    """A tool being run (agent side): name, call id, arguments and result as recorded. Its `__init__` and the
+    others' here are written out: compiled, a dataclass's generated one stays interpreted (`spans.Span`)."""
 
     name: str
     call_id: str | None = None
@@ -43,11 +44,26 @@ class ToolExecution:
     mcp: bool = False
     server: str | None = None
 
+    def __init__(self, name: str, call_id: str | None = None, arguments: Any = None, result: Any = None,
+                 error: bool = False, error_message: str | None = None, mcp: bool = False,
+                 server: str | None = None) -> None:
+        self.name = name
+        self.call_id = call_id
+        self.arguments = arguments
+        self.result = result
+        self.error = error
+        self.error_message = error_message
+        self.mcp = mcp
+        self.server = server
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return by_fields(self)
+
 
 Side = Literal["client", "server"]
 
 
-@dataclass
+@dataclass(init=False)
 class MCPOperation:
     """An MCP JSON-RPC operation seen on the wire: tools/call, resources/read, prompts/get, */list."""
 
@@ -61,6 +77,24 @@ class MCPOperation:
     request_id: str | None = None
     server: str | None = None
     listed: list[dict[str, Any]] = field(default_factory=list)  # */list results
+
+    def __init__(self, method: str, side: Side | None = None, target: str | None = None, arguments: Any = None,
+                 result: Any = None, error: bool = False, error_message: str | None = None,
+                 request_id: str | None = None, server: str | None = None,
+                 listed: list[dict[str, Any]] | None = None) -> None:
+        self.method = method
+        self.side = side
+        self.target = target
+        self.arguments = arguments
+        self.result = result
+        self.error = error
+        self.error_message = error_message
+        self.request_id = request_id
+        self.server = server
+        self.listed = [] if listed is None else listed
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return by_fields(self)
 
 
 @dataclass(frozen=True)
