@@ -6,6 +6,12 @@ within the hour) cannot. Prints the best of `--repeat` runs, in CPU ms per conve
 (`taskset -c 1`) and run the versions in turn.
 
     python bench/worker_build.py [--requests 64] [--repeat 7]
+    python bench/worker_build.py --instructions [--requests 4]
+
+`--instructions` counts instead of timing: the instructions `build_batch` executes per conversation, under valgrind's
+callgrind (Debian's `valgrind`; about a minute). The count does not move with the machine's load, so it tells apart
+changes of a few percent that timings on a shared machine cannot (an instruction is not a nanosecond: confirm a
+gain by time as well).
 """
 
 from __future__ import annotations
@@ -15,12 +21,19 @@ import asyncio
 import datetime as dt
 import gc
 import json
+import os
+import pickle
+import re
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import pyarrow as pa  # noqa: E402
+
 from bench.assembly import random_trace_ids  # noqa: E402
 from bench.ingest import build_requests  # noqa: E402
 from tracejudge.collector.pipeline import conversation_builder  # noqa: E402
@@ -62,13 +75,61 @@ def stored_batch(requests: int) -> tuple:
     return table, conversations, scopes, resources
 
 
+CONFIG = BuildConfig(checks=("mcp_call_validity",))
+COUNTED_RUNS = (1, 3)  # builds under callgrind: the difference is two builds, without start-up and imports
+
+
+def build_saved(folder: Path, runs: int) -> None:
+    """In the process callgrind counts: the batch `count_instructions` saved, built `runs` times."""
+    table = pa.ipc.open_file(pa.memory_map(str(folder / "rows.arrow"))).read_all()
+    conversations, scopes, resources = pickle.loads((folder / "rest.pickle").read_bytes())
+    gc.set_threshold(100_000, 50, 100)
+    for _ in range(runs):
+        build_batch(table, conversations, scopes, resources, CONFIG)
+
+
+def count_instructions(requests: int) -> None:
+    """Instructions per conversation of `build_batch`: callgrind's totals of `COUNTED_RUNS` builds, subtracted."""
+    if shutil.which("valgrind") is None:
+        sys.exit("--instructions runs valgrind's callgrind: install it (apt-get install valgrind)")
+    table, conversations, scopes, resources = stored_batch(requests)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        with pa.OSFile(str(folder / "rows.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        (folder / "rest.pickle").write_bytes(pickle.dumps((conversations, scopes, resources)))
+        totals = []
+        for runs in COUNTED_RUNS:
+            done = subprocess.run(
+                ["valgrind", "--tool=callgrind", f"--callgrind-out-file={folder / 'callgrind.out'}",
+                 sys.executable, __file__, "--build-saved", str(folder), str(runs)],
+                capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"}, check=False)
+            found = re.search(r"Collected : (\d+)", done.stderr)
+            if done.returncode or found is None:
+                sys.exit(f"callgrind failed: {done.stderr[-2000:]}")
+            totals.append(int(found.group(1)))
+    per = (totals[1] - totals[0]) / (COUNTED_RUNS[1] - COUNTED_RUNS[0]) / len(conversations)
+    print(f"{len(conversations)} conversations of 64 spans: build_batch {per / 1e6:.3f} M instructions per "
+          f"conversation (callgrind)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=64, help="exports of 512 spans (8 conversations each)")
+    parser.add_argument("--requests", type=int, default=None,
+                        help="exports of 512 spans (8 conversations each; default 64, 4 with --instructions)")
     parser.add_argument("--repeat", type=int, default=7, help="runs; the fastest is printed")
+    parser.add_argument("--instructions", action="store_true",
+                        help="count instructions under valgrind's callgrind instead of timing")
+    parser.add_argument("--build-saved", nargs=2, metavar=("FOLDER", "RUNS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    table, conversations, scopes, resources = stored_batch(args.requests)
-    config = BuildConfig(checks=("mcp_call_validity",))
+    if args.build_saved:
+        build_saved(Path(args.build_saved[0]), int(args.build_saved[1]))
+        return
+    if args.instructions:
+        count_instructions(args.requests or 4)
+        return
+    table, conversations, scopes, resources = stored_batch(args.requests or 64)
+    config = CONFIG
     gc.set_threshold(100_000, 50, 100)  # as every worker process runs (`collector/worker_process.py`)
     best = float("inf")
     for _ in range(args.repeat):

@@ -426,6 +426,36 @@ def test_deterministic_jobs_are_scored_in_batches_not_a_lease_per_poll(tmp_path:
     store.close()
 
 
+@pytest.mark.parametrize("stored_first", ["earlier copy", "later copy"])
+def test_a_span_stored_twice_counts_once_as_its_last_copy_received(tmp_path: Path, stored_first: str) -> None:
+    """An exporter that sends a span again inside another request stores it twice; the conversation is built
+    from the copy received last, whichever the store holds first."""
+    store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=0.0)
+    received = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+    copies = {"earlier copy": (received, "the first words"),
+              "later copy": (received + dt.timedelta(seconds=30), "the words sent last")}
+    order = [stored_first, *(c for c in copies if c != stored_first)]
+
+    async def scenario() -> None:
+        for copy in order:
+            at, words = copies[copy]
+            await store.write(spans_to_arrow(_spans(1, 1, session="chat", turn=words), at))
+        await _rounds(assembler, None)
+        while assembler.assemble_due(force=True):
+            pass
+
+    try:
+        asyncio.run(scenario())
+        [(case,)] = store.cursor().execute(
+            "SELECT test_case FROM conversations WHERE conversation_id = 'chat' ORDER BY version DESC LIMIT 1"
+        ).fetchall()
+        assert json.loads(case)["turns"][0]["content"] == "the words sent last"
+        assert store.cursor().execute("SELECT count(*) FROM span_records").fetchone() == (2,)  # both kept
+    finally:
+        assembler.pool.stop()  # the worker processes, as `serve` stops them
+        store.close()
+
+
 def test_a_trace_assembled_again_keeps_one_row_and_a_restart_queues_nothing_already_assembled(
         tmp_path: Path) -> None:
     """`assembled_traces` has no key (its index lengthened every checkpoint): a trace assembled again after a late

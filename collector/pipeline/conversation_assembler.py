@@ -757,12 +757,10 @@ class ConversationAssembler:
         self.con.execute("BEGIN TRANSACTION")  # the spans and their resources from one snapshot: none pruned between
         try:
             with id_table(self.con, unread) as ids:
-                # a span sent again inside another request is stored twice: the last copy received counts, once
+                # every stored copy of a span: the last received counts, once (`conversation_builder.latest_copies`)
                 table = self.con.execute(
                     f"SELECT {SPAN_SELECT} FROM span_records WHERE received_at >= ? AND trace_id IN "
-                    f"(SELECT id FROM {ids}) "
-                    "QUALIFY row_number() OVER (PARTITION BY trace_id, span_id ORDER BY received_at DESC) = 1",
-                    [_at(since_us)]).to_arrow_table()
+                    f"(SELECT id FROM {ids})", [_at(since_us)]).to_arrow_table()
             scopes, resources = self._dictionaries(set(pc.unique(table.column("scope_id")).to_pylist()),
                                                    set(pc.unique(table.column("resource_id")).to_pylist()))
         finally:
