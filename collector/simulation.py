@@ -107,7 +107,7 @@ def from_spans(spans: Sequence[MappedSpan], simulated: Sequence[ConversationalTe
     for span in spans:
         if span.attributes.get(THREAD_ID):
             thread_of.setdefault(span.trace_id, str(span.attributes[THREAD_ID]))
-    keyed = [replace(span, attributes={**span.attributes, CONVERSATION_ID: thread_of[span.trace_id]})
+    keyed = [replace(span, attributes={**span.attributes, CONVERSATION_ID: thread_of[span.trace_id]}, _parsed={})
              for span in spans if span.trace_id in thread_of]  # the simulation's id wins over a framework's own
     built = {c.conversation_id: c for c in build_conversations(keyed, mcp_tools=mcp_tools)} if keyed else {}
     out = []

@@ -14,6 +14,7 @@ from tracejudge.judges import TypeSafeJudge
 MAX_TEST_WORKERS = 4  # each test may run a collector with its own worker processes: more would only contend
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: this file loads whether xdist is installed or not
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto` (pyproject's addopts): one test process per usable core, at most `MAX_TEST_WORKERS`."""
     return min(MAX_TEST_WORKERS, usable_cpus())

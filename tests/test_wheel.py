@@ -29,6 +29,8 @@ def _run(args: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
     return done
 
 
+# both builds write the repository's egg-info and sdist tree: one at a time, on one test process
+@pytest.mark.xdist_group("builds from the repository")
 @pytest.mark.parametrize("compiler", [True, False], ids=["with a C compiler", "without a C compiler"])
 def test_the_wheel_installs_and_serves_outside_the_repository(tmp_path: Path, compiler: bool) -> None:
     dist, venv, work = tmp_path / "dist", tmp_path / "venv", tmp_path / "work"
