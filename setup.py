@@ -25,8 +25,8 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 # mapping/ modules a conversation is built with (relative to mapping/); they import one another natively
-COMPILED = ("spans.py", "messages.py", "conversation.py", "conversation_key.py", "log_events.py", "envelopes.py",
-            "results.py", "dialects/*.py")
+COMPILED = ("spans.py", "stored_spans.py", "messages.py", "conversation.py", "conversation_key.py", "log_events.py",
+            "envelopes.py", "results.py", "dialects/*.py")
 PACKAGE = "tracejudge.mapping"
 SHARED_LIBRARY = f"{PACKAGE}._compiled"  # mypyc's runtime for them, inside the package (`_compiled__mypyc`)
 MANIFEST = "_compiled.json"  # beside the compiled modules: the hash of each source they were built from

@@ -5,14 +5,19 @@ environment and run from outside the repository, once with a C compiler (the C w
 from __future__ import annotations
 
 import ast
+import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import re
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,15 +34,28 @@ def _run(args: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
     return done
 
 
-# both builds write the repository's egg-info and sdist tree: one at a time, on one test process
-@pytest.mark.xdist_group("builds from the repository")
+@contextlib.contextmanager
+def _one_build_at_a_time() -> Iterator[None]:
+    """Builds from the repository write its egg-info and a temporary sdist tree in it: two at once (the suite runs
+    in several processes) pull files from under each other, so they take turns (a lock the system releases when its
+    holder exits, however it exits)."""
+    lock = Path(tempfile.gettempdir()) / f"tracejudge-build-{hashlib.sha256(str(ROOT).encode()).hexdigest()[:16]}.lock"
+    with lock.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @pytest.mark.parametrize("compiler", [True, False], ids=["with a C compiler", "without a C compiler"])
 def test_the_wheel_installs_and_serves_outside_the_repository(tmp_path: Path, compiler: bool) -> None:
     dist, venv, work = tmp_path / "dist", tmp_path / "venv", tmp_path / "work"
     work.mkdir()
     env = {**os.environ, **({} if compiler else {"CC": "false"})}
     # the sdist, then the wheel from it (python -m build's order), in this environment: no index needed
-    _run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist), str(ROOT)], env=env, cwd=work)
+    with _one_build_at_a_time():
+        _run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist), str(ROOT)], env=env, cwd=work)
     [wheel] = dist.glob("tracejudge-*.whl")
     [_sdist] = dist.glob("tracejudge-*.tar.gz")
     _run([sys.executable, "-m", "venv", str(venv)])

@@ -8,7 +8,6 @@ values, the agent's token usage, what the deterministic checks found and scored,
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from collections.abc import Coroutine, Iterator
@@ -16,7 +15,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
-import orjson
 import pyarrow as pa
 
 from tracejudge.call_validity import MCPCallValidityMetric
@@ -24,23 +22,20 @@ from tracejudge.collector.pipeline.mapped_traces import ENTRY_OVERHEAD, TEXT_FAC
 from tracejudge.collector.pipeline.sampling import attribute_values, findings, model_usage
 from tracejudge.errors import InvalidTestCaseError, NoTaskError
 from tracejudge.json_encoding import json_bytes
-from tracejudge.mapping import Span, compose_conversation, map_traces
+from tracejudge.mapping import compose_conversation, map_traces
 from tracejudge.mapping.conversation import CONTENT_MISSING
 from tracejudge.mapping.conversation_key import TRACE_KEY
-from tracejudge.mapping.spans import SpanEvent, SpanLink
+from tracejudge.mapping.stored_spans import STORED_COLUMNS, Resources, Scopes, latest_copies, stored_spans
 from tracejudge.metric import BaseMetric
 from tracejudge.test_case import ConversationalTestCase
 
-# The span columns assembly reads (from span_records: a batch's resources and scopes are read and parsed once
-# each, not joined onto every span and parsed again per span), in this order; `received_us` is received_at in
+# The span columns assembly reads, in the order the mapping's `stored_spans` takes them (from span_records: a batch's
+# resources and scopes are read and parsed once each, not joined onto every span and parsed again per span);
+# `received_us` is received_at in
 # integer µs (a datetime per span cost as much as the rest of the columns, and a cast here loaded pyarrow.compute,
 # 11 MB, into every worker).
-SPAN_COLUMNS = ("trace_id", "span_id", "parent_span_id", "name", "kind", "start_ns", "end_ns", "status_code",
-                "status_message", "scope_id", "resource_id", "attributes", "events", "links", "received_us")
+SPAN_COLUMNS = STORED_COLUMNS
 SPAN_SELECT = ", ".join("epoch_us(received_at) AS received_us" if c == "received_us" else c for c in SPAN_COLUMNS)
-Scopes = dict[int, tuple[str, str]]
-Resources = dict[int, dict[str, Any]]
-_NO_SCOPE = ("", "")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 CHECKED_METRICS = {"mcp_call_validity": MCPCallValidityMetric}  # the checks that need no judge, run at assembly
 
@@ -178,53 +173,12 @@ def rows_by_conversation(table: pa.Table, conversations: dict[str, list[str]]
                     yield conversation_id, rows_of.pop(conversation_id)
 
 
-def stored_json(text: str) -> Any:
-    """A span's attributes, events or links as the span writer stored them, read by orjson (a fifth of the standard
-    library's time on a span's attributes): the writer's text holds only OTLP's values, integers within 64 bits
-    among them, which orjson reads as the standard library does (past 64 bits it would read a float). Text orjson
-    refuses goes to the standard library, which reads what it can."""
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return json.loads(text)
-
-
-def _events(text: str) -> list[SpanEvent]:
-    """Events as stored: most spans have none, and parsing "[]" for each of them added up. The row's own values
-    are the span's (built directly: a record dict per span, copied again into the Span, cost 7 % of mapping)."""
-    return [] if text == "[]" else [SpanEvent(e.get("name") or "", int(e.get("time_ns") or 0),
-                                              e.get("attributes") or {}) for e in stored_json(text) or ()]
-
-
-def _links(text: str) -> list[SpanLink]:
-    return [] if text == "[]" else [SpanLink(lk["trace_id"], lk["span_id"], lk.get("attributes") or {})
-                                    for lk in stored_json(text) or ()]
-
-
-def latest_copies(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """A trace's stored rows with a span stored twice (sent again inside another request) counted once, as its
-    copy received last. Done here, per trace, not in the server's read (a window function over every span read
-    was a third of the read's CPU, `python bench/pipeline_pace.py`): nearly every trace has no copy to drop."""
-    if len({row[1] for row in rows}) == len(rows):
-        return rows
-    latest: dict[str, tuple[Any, ...]] = {}
-    for row in rows:
-        kept = latest.get(row[1])
-        if kept is None or row[14] >= kept[14]:
-            latest[row[1]] = row
-    return list(latest.values())
-
-
 def map_trace(rows: list[tuple[Any, ...]], scopes: Scopes, resources: Resources,
               attribute_keys: frozenset[str]) -> KeptTrace:
     """One trace mapped from its stored rows (`rows_by_conversation`), with what the sampling filters and
-    `assembled_traces` need. Spans of one resource share its parsed attributes, as those of one ResourceSpans do
-    when decoded."""
+    `assembled_traces` need."""
     rows = latest_copies(rows)
-    # Span's fields in order (its compiled __init__ parses keywords slower than the positions)
-    spans = [Span(r[0], r[1], r[2], r[3] or "", r[4] or 0, r[5] or 0, r[6] or 0, r[7] or 0, r[8] or "",
-                  stored_json(r[11]) or {}, _events(r[12]), _links(r[13]), resources.get(r[10], {}),
-                  (scope := scopes.get(r[9], _NO_SCOPE))[0], scope[1]) for r in rows]
+    spans = stored_spans(rows, scopes, resources)
     mapped = map_traces(spans)
     received = [r[14] for r in rows]
     return KeptTrace(rows[0][0], mapped[0] if mapped else None, attribute_values(attribute_keys, spans),
