@@ -411,7 +411,7 @@ class ConversationAssembler:
             return 0
         rows = self.con.execute(
             "SELECT s.trace_id, epoch_us(s.first) FROM (SELECT trace_id, min(received_at) AS first, "
-            "max(received_at) AS last FROM spans WHERE received_at >= ? GROUP BY trace_id) s "
+            "max(received_at) AS last FROM span_records WHERE received_at >= ? GROUP BY trace_id) s "
             "LEFT JOIN assembled_traces a USING (trace_id) WHERE a.assembled_at IS NULL OR s.last > a.assembled_at "
             "ORDER BY s.first, s.trace_id LIMIT ?", [_at(since), room + 1]).fetchall()
         taken = self._wait_for([(trace, since) for trace, _ in rows[:room]])
@@ -688,11 +688,12 @@ class ConversationAssembler:
         if not traces:
             return {}
         with id_table(self.con, traces) as ids:
+            # span_records, not the `spans` view: its joins (resources, scopes) were a third of these reads' CPU
             rows = self.con.execute(
                 f"SELECT trace_id, min(rank), arg_min(key, rank) FROM (SELECT trace_id, {_RANK} AS rank, "
-                f"conversation_key AS key FROM spans WHERE received_at >= ? AND trace_id IN (SELECT id FROM {ids}) "
-                f"AND conversation_key IS NOT NULL UNION ALL SELECT trace_id, {_ATTACHED}, conversation_id FROM "
-                f"trace_attachments WHERE trace_id IN (SELECT id FROM {ids})) GROUP BY trace_id",
+                f"conversation_key AS key FROM span_records WHERE received_at >= ? AND trace_id IN "
+                f"(SELECT id FROM {ids}) AND conversation_key IS NOT NULL UNION ALL SELECT trace_id, {_ATTACHED}, "
+                f"conversation_id FROM trace_attachments WHERE trace_id IN (SELECT id FROM {ids})) GROUP BY trace_id",
                 [_at(since_us)]).fetchall()
         return {trace: (rank if rank is not None else _UNKEYED, key) for trace, rank, key in rows}
 
@@ -729,8 +730,8 @@ class ConversationAssembler:
         unread = set().union(*conversations.values()) - kept.keys()
         with id_table(self.con, unread) as ids:
             counts = dict(self.con.execute(
-                f"SELECT trace_id, count(*) FROM spans WHERE received_at >= ? AND trace_id IN (SELECT id FROM {ids}) "
-                "GROUP BY trace_id", [_at(since_us)]).fetchall())
+                f"SELECT trace_id, count(*) FROM span_records WHERE received_at >= ? AND trace_id IN "
+                f"(SELECT id FROM {ids}) GROUP BY trace_id", [_at(since_us)]).fetchall())
         counts.update((t, k.spans) for t, k in kept.items())
         limit = self.settings.conversations.max_spans
         # at least a batch per worker, so a poll keeps them all busy
