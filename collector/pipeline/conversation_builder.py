@@ -31,9 +31,8 @@ from tracejudge.test_case import ConversationalTestCase
 
 # The span columns assembly reads, in the order the mapping's `stored_spans` takes them (from span_records: a batch's
 # resources and scopes are read and parsed once each, not joined onto every span and parsed again per span);
-# `received_us` is received_at in
-# integer µs (a datetime per span cost as much as the rest of the columns, and a cast here loaded pyarrow.compute,
-# 11 MB, into every worker).
+# `received_us` is received_at in integer µs (a datetime per span cost as much as the rest of the columns, and a
+# cast here loaded pyarrow.compute, 11 MB, into every worker).
 SPAN_COLUMNS = STORED_COLUMNS
 SPAN_SELECT = ", ".join("epoch_us(received_at) AS received_us" if c == "received_us" else c for c in SPAN_COLUMNS)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
