@@ -129,13 +129,12 @@ def main() -> None:
         count_instructions(args.requests or 4)
         return
     table, conversations, scopes, resources = stored_batch(args.requests or 64)
-    config = CONFIG
     gc.set_threshold(100_000, 50, 100)  # as every worker process runs (`collector/worker_process.py`)
     best = float("inf")
     for _ in range(args.repeat):
         gc.collect()
         started = time.process_time()
-        result = build_batch(table, conversations, scopes, resources, config)
+        result = build_batch(table, conversations, scopes, resources, CONFIG)
         best = min(best, time.process_time() - started)
         if len(result.built) != len(conversations) or result.failed:
             sys.exit(f"{len(result.failed)} conversations failed to build: {next(iter(result.failed.values()))}")

@@ -22,12 +22,12 @@ from tests.test_pipeline import config, conversations, export, query, wait_for
 from tracejudge.collector.pipeline import conversation_builder
 from tracejudge.collector.pipeline.assembly_pool import SPILL_PREFIX, AssemblyPool, AssemblyWorkerLost, _spill_root
 from tracejudge.collector.pipeline.conversation_builder import (
-    SPAN_COLUMNS,
     BuildConfig,
     build,
     build_batch,
     map_trace,
 )
+from tracejudge.mapping.stored_spans import STORED_COLUMNS
 
 SCHEMA = pa.schema([("trace_id", pa.string()), ("span_id", pa.string()), ("parent_span_id", pa.string()),
                     ("name", pa.string()), ("kind", pa.int32()), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
@@ -54,7 +54,7 @@ def _rows(conversations: int, traces: int = 1) -> tuple[pa.Table, dict[str, list
                                       "gen_ai.conversation.id": f"conv-{i // traces}",
                                       "gen_ai.input.messages": _messages("user", f"question {i}"),
                                       "gen_ai.output.messages": _messages("assistant", f"answer {i}")})})
-    table = pa.Table.from_pylist(rows, schema=SCHEMA).select(list(SPAN_COLUMNS))
+    table = pa.Table.from_pylist(rows, schema=SCHEMA).select(list(STORED_COLUMNS))
     return table, {f"conv-{c}": [f"{c * traces + t:032x}" for t in range(traces)] for c in range(conversations)}
 
 
@@ -89,7 +89,7 @@ def test_a_batch_builds_the_same_in_whatever_order_its_rows_come(monkeypatch: py
     conversations as rows in conversation order, each with all of its turns."""
     table, conversations = _rows(6, traces=2)
     by_trace: dict[str, list[tuple]] = {}  # the whole batch at once, as a worker read it before
-    for row in zip(*(table.column(name).to_pylist() for name in SPAN_COLUMNS), strict=True):
+    for row in zip(*(table.column(name).to_pylist() for name in STORED_COLUMNS), strict=True):
         by_trace.setdefault(row[0], []).append(row)
     whole = {c: build(c, [map_trace(by_trace[t], SCOPES, RESOURCES, CONFIG.attribute_keys) for t in traces], CONFIG)
              for c, traces in conversations.items()}

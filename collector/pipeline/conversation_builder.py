@@ -33,8 +33,7 @@ from tracejudge.test_case import ConversationalTestCase
 # resources and scopes are read and parsed once each, not joined onto every span and parsed again per span);
 # `received_us` is received_at in integer µs (a datetime per span cost as much as the rest of the columns, and a
 # cast here loaded pyarrow.compute, 11 MB, into every worker).
-SPAN_COLUMNS = STORED_COLUMNS
-SPAN_SELECT = ", ".join("epoch_us(received_at) AS received_us" if c == "received_us" else c for c in SPAN_COLUMNS)
+SPAN_SELECT = ", ".join("epoch_us(received_at) AS received_us" if c == "received_us" else c for c in STORED_COLUMNS)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 CHECKED_METRICS = {"mcp_call_validity": MCPCallValidityMetric}  # the checks that need no judge, run at assembly
 
@@ -147,7 +146,7 @@ def rows_by_conversation(table: pa.Table, conversations: dict[str, list[str]]
                          ) -> Iterator[tuple[str, dict[str, list[tuple[Any, ...]]]]]:
     """Each conversation's span rows by trace, handed on as soon as its last row is read: the batch is made Python
     objects `ROWS_AT_ONCE` rows at a time, not whole (that held 17 MB more in each worker, 16,000 spans), tuples in
-    `SPAN_COLUMNS` order. A batch
+    `STORED_COLUMNS` order. A batch
     comes in the order its spans were stored, so a conversation whose spans arrived close together is handed on
     early; rows in any order give the same conversations, held longer (reading them sorted by conversation cost the
     server more CPU than the memory was worth, `python bench/pipeline_pace.py`)."""
@@ -164,7 +163,7 @@ def rows_by_conversation(table: pa.Table, conversations: dict[str, list[str]]
         yield conversation_id, {}
     for start in range(0, table.num_rows, ROWS_AT_ONCE):
         chunk = table.slice(start, ROWS_AT_ONCE)
-        for row in zip(*(chunk.column(name).to_pylist() for name in SPAN_COLUMNS), strict=True):
+        for row in zip(*(chunk.column(name).to_pylist() for name in STORED_COLUMNS), strict=True):
             for conversation_id in owners.get(row[0], ()):
                 rows_of.setdefault(conversation_id, {}).setdefault(row[0], []).append(row)
                 left[conversation_id] -= 1
