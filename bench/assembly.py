@@ -4,12 +4,13 @@ Stores `--requests` requests of `bench/ingest.py` (512 agent-shaped spans each, 
 conversation, random trace ids) through a real span store, then has the real assembler take every waiting
 conversation, 256 per call as it does in `tracejudge serve` (`--per-call`): read the spans back, map them
 (`build_conversations`) and write the versions and their scoring jobs. Prints CPU and wall time per conversation,
-the best of `--repeat` runs. `--stored-spans N` first stores N spans of other conversations, received a day
-before and not waiting: what a conversation costs should not grow with them. `--sdk-resource`: each request's
-resource is what an SDK in a container sends (about 1 KB of JSON; `bench/ingest.py`'s SDK_RESOURCE).
-`--assembly-workers 0 --call-validity` measures all of a conversation's assembly in this one process, with the check
-`tracejudge serve` runs as it builds. Run: `python bench/assembly.py [--requests 40] [--repeat 3] [--stored-spans 0]
-[--per-call 256] [--sdk-resource] [--assembly-workers N] [--call-validity] [--profile]`.
+the best of `--repeat` runs. `--stored-spans N` first stores N spans of other conversations, received a day before
+(`--stored-ago 30m`: half an hour) and not waiting: what a conversation costs should not grow with them.
+`--sdk-resource`: each request's resource is what an SDK in a container sends (about 1 KB of JSON;
+`bench/ingest.py`'s SDK_RESOURCE). `--assembly-workers 0 --call-validity` measures all of a conversation's assembly
+in this one process, with the check `tracejudge serve` runs as it builds. Run: `python bench/assembly.py [--requests
+40] [--repeat 3] [--stored-spans 0] [--stored-ago 1d] [--per-call 256] [--sdk-resource] [--assembly-workers N]
+[--call-validity] [--profile]`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from bench.ingest import build_requests  # noqa: E402
 from tracejudge.collector.config import Settings  # noqa: E402
+from tracejudge.collector.durations import parse_duration  # noqa: E402
 from tracejudge.collector.log import Logger  # noqa: E402
 from tracejudge.collector.pipeline.conversation_assembler import MAX_PER_POLL, ConversationAssembler  # noqa: E402
 from tracejudge.collector.receivers.span_rows import spans_to_arrow  # noqa: E402
@@ -53,7 +55,8 @@ def random_trace_ids(requests: list[bytes], seed: int) -> list[bytes]:
 
 
 def once(requests: list[bytes], stored: list[bytes], per_call: int, profile: cProfile.Profile | None,
-         workers: int = -1, checks: tuple[str, ...] = ()) -> tuple[int, float, float]:
+         workers: int = -1, checks: tuple[str, ...] = (),
+         stored_ago: dt.timedelta = dt.timedelta(days=1)) -> tuple[int, float, float]:
     """(conversations, CPU seconds, wall seconds) of assembling everything the requests hold, after `stored`."""
     with tempfile.TemporaryDirectory() as tmp:
         store = SpanStore(Path(tmp) / "bench.duckdb")
@@ -69,7 +72,7 @@ def once(requests: list[bytes], stored: list[bytes], per_call: int, profile: cPr
                 spans = decode_otlp(body, "application/x-protobuf").spans
                 await store.write(spans_to_arrow(spans, dt.datetime.now(dt.UTC) - ago))
 
-        asyncio.run(fill(stored, dt.timedelta(days=1)))  # yesterday's, before the assembler listens: not waiting
+        asyncio.run(fill(stored, stored_ago))  # received before the assembler listens: not waiting
         store.listeners.append(assembler.observe)
         asyncio.run(fill(requests, dt.timedelta()))
         cpu, wall, total = time.process_time(), time.perf_counter(), 0
@@ -89,6 +92,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=40)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--stored-spans", type=int, default=0, help="spans of other conversations stored first")
+    parser.add_argument("--stored-ago", type=lambda text: dt.timedelta(seconds=parse_duration(text)),
+                        default=dt.timedelta(days=1), metavar="DURATION",
+                        help="how long before the conversations the stored spans were received (default 1d)")
     parser.add_argument("--per-call", type=int, default=MAX_PER_POLL,
                         help="conversations per assembler call (a trickle of conversations: 1)")
     parser.add_argument("--profile", action="store_true", help="print the 30 costliest calls (cumulative)")
@@ -103,10 +109,11 @@ def main() -> None:
     requests = random_trace_ids(build_requests(args.requests, 512, len(stored), args.sdk_resource), 2)
     profile = cProfile.Profile() if args.profile else None
     checks = ("mcp_call_validity",) if args.call_validity else ()
-    runs = [once(requests, stored, args.per_call, profile, args.assembly_workers, checks) for _ in range(args.repeat)]
+    runs = [once(requests, stored, args.per_call, profile, args.assembly_workers, checks, args.stored_ago)
+            for _ in range(args.repeat)]
     conversations, cpu, wall = min(runs, key=lambda r: r[1])
     print(f"{conversations} conversations of 64 spans, {args.per_call} per call, after {len(stored) * 512:,} "
-          "stored spans: "
+          f"stored spans received {args.stored_ago} before: "
           f"{cpu / conversations * 1000:.2f} ms CPU and "
           f"{wall / conversations * 1000:.2f} ms wall per conversation (best of {args.repeat})")
     if profile is not None:

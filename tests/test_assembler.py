@@ -149,6 +149,29 @@ _STEPS = st.lists(st.one_of(st.tuples(st.integers(0, 3), st.sampled_from(["stron
                             st.sampled_from(["poll", "poll one", "round", "round of one"])), min_size=1, max_size=12)
 
 
+@pytest.mark.parametrize("same_trace", [True, False], ids=["same trace", "another trace of the conversation"])
+def test_spans_committed_after_newer_ones_of_their_conversation_are_still_read(tmp_path: Path,
+                                                                              same_trace: bool) -> None:
+    """A request stamped at receipt can be written after a later one (it waited in the decode pool or the writer's
+    queue, or a retry was stamped anew): the conversation's read starts at the oldest span of all its commits, not
+    of its first one, or that request's turn is missing from the version."""
+    store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=0.0)
+    now = dt.datetime.now(dt.UTC)
+
+    async def scenario() -> None:
+        await store.write(spans_to_arrow(_spans(1, 1, session="chat-1", turn="second question"), now))
+        await store.write(spans_to_arrow(_spans(1 if same_trace else 2, 2, session="chat-1", turn="first question"),
+                                         now - dt.timedelta(minutes=10)))
+        assert assembler.assemble_due() == 1
+
+    try:
+        asyncio.run(scenario())
+        rows = store.cursor().execute("SELECT conversation_id, version, turns FROM conversations").fetchall()
+        assert rows == [("chat-1", 1, 2)], rows
+    finally:
+        store.close()
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(keys=_KEYS, weak_keys=_WEAK_KEYS, steps=_STEPS)
 def test_whatever_the_order_every_trace_ends_in_the_conversation_its_spans_name(

@@ -91,14 +91,11 @@ _CALL_SUMMARY_SCHEMA = pa.schema([
     ("kind", pa.string()), ("server", pa.string()), ("name", pa.string()), ("is_error", pa.bool_()),
     ("assembled_at", _UTC_US), ("duration_ms", pa.float64())])
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-# A span committed after its trace's first commit was received at most this much before that commit's oldest
-# span (a request waits in the decode pool and the writer's queue for seconds; a retried export is stamped anew).
-RECEIVED_SLACK = timedelta(hours=1)
 
 
 class _Due(NamedTuple):
     last: float  # the conversation's last span (monotonic) when chosen: a later one means it changed meanwhile
-    first_us: int  # received_at (µs) its waiting traces' spans are no older than, less RECEIVED_SLACK (0: unknown)
+    first_us: int  # received_at (µs) its waiting traces' spans are no older than (0: unknown)
     traces: set[str]
 
 
@@ -281,7 +278,7 @@ class ConversationAssembler:
         end_marked = pc.match_substring(plain_strings(table.column("attributes")), END_MARKER)
         ended = table.filter(end_marked).column("trace_id")
         oldest = pc.min(table.column("received_at")).value
-        first_us = max(0, (oldest or 0) - RECEIVED_SLACK // timedelta(microseconds=1))
+        first_us = oldest or 0
         limit = self.settings.conversations.max_waiting_traces
         with self._lock:
             now = time.monotonic()
@@ -321,8 +318,11 @@ class ConversationAssembler:
                 first_us = min(first_us, self._first.get(old, 0))
                 self._leave(trace, old)
             self._join(trace, group, first_us, rank)
-        elif key is not None and rank == key[0]:  # a stronger key naming the same conversation
-            self._set_rank(trace, group, rank)
+        else:  # a later commit may bring spans received before the first's (they waited longer to be written)
+            if first_us < self._first.get(group, first_us):
+                self._first[group] = first_us
+            if key is not None and rank == key[0]:  # a stronger key naming the same conversation
+                self._set_rank(trace, group, rank)
         self._last[group] = now
         self._last.move_to_end(group)
 
@@ -416,9 +416,8 @@ class ConversationAssembler:
             "ORDER BY s.first, s.trace_id LIMIT ?", [_at(since), room + 1]).fetchall()
         taken = self._wait_for([(trace, since) for trace, _ in rows[:room]])
         with self._lock:
-            if self.left_out == left_out:  # what is left starts at the first trace not taken (less the slack)
-                self._left_out_since = (max(0, rows[room][1] - RECEIVED_SLACK // timedelta(microseconds=1))
-                                        if len(rows) > room else None)
+            if self.left_out == left_out:  # what is left starts at the first trace not taken
+                self._left_out_since = rows[room][1] if len(rows) > room else None
             # else traces were left out meanwhile, maybe after the query: look again from the same mark
         return taken
 
@@ -720,8 +719,7 @@ class ConversationAssembler:
     def _assembled_since(rows: list[tuple[str, str, int | None]]) -> list[int]:
         """The received_at bound (µs) these traces' spans need; 0 where it is not known (traces assembled by a
         version that did not keep it)."""
-        slack = RECEIVED_SLACK // timedelta(microseconds=1)
-        return [max(0, first - slack) if first is not None else 0 for _, _, first in rows]
+        return [first if first is not None else 0 for _, _, first in rows]
 
     def _batches(self, conversations: dict[str, set[str]], since_us: int, kept: dict[str, KeptTrace]) -> _Work:
         """The conversations in batches of a bounded number of spans to read back (the spans received from
@@ -734,8 +732,12 @@ class ConversationAssembler:
                 f"(SELECT id FROM {ids}) GROUP BY trace_id", [_at(since_us)]).fetchall())
         counts.update((t, k.spans) for t, k in kept.items())
         limit = self.settings.conversations.max_spans
-        # at least a batch per worker, so a poll keeps them all busy
-        per_batch = min(SPANS_PER_READ, max(1, sum(counts.get(t, 0) for t in unread) // max(1, self.pool.workers)))
+        # at least a batch per worker, so a poll keeps them all busy, and batches of even size: filled up to
+        # SPANS_PER_READ, a poll of 512 conversations read 250 + 250 + 12, and the last read cost about what a
+        # full one did
+        total = sum(counts.get(t, 0) for t in unread)
+        reads = max(self.pool.workers, -(-total // SPANS_PER_READ))
+        per_batch = max(1, -(-total // max(1, reads)))
         batches: list[list[str]] = [[]]
         size = 0
         for conversation_id, members in conversations.items():
@@ -747,7 +749,7 @@ class ConversationAssembler:
                 self._mark_assembled({conversation_id: members}, {}, {})
                 continue
             unread_count = sum(counts.get(t, 0) for t in members if t not in kept)
-            if batches[-1] and size + unread_count > per_batch:
+            if batches[-1] and (size >= per_batch or size + unread_count > SPANS_PER_READ):
                 batches.append([])
                 size = 0
             batches[-1].append(conversation_id)
