@@ -6,11 +6,12 @@ conversation, 256 per call as it does in `tracejudge serve` (`--per-call`): read
 (`build_conversations`) and write the versions and their scoring jobs. Prints CPU and wall time per conversation,
 the best of `--repeat` runs. `--stored-spans N` first stores N spans of other conversations, received a day before
 (`--stored-ago 30m`: half an hour) and not waiting: what a conversation costs should not grow with them.
-`--sdk-resource`: each request's resource is what an SDK in a container sends (about 1 KB of JSON;
-`bench/ingest.py`'s SDK_RESOURCE). `--assembly-workers 0 --call-validity` measures all of a conversation's assembly
-in this one process, with the check `tracejudge serve` runs as it builds. Run: `python bench/assembly.py [--requests
-40] [--repeat 3] [--stored-spans 0] [--stored-ago 1d] [--per-call 256] [--sdk-resource] [--assembly-workers N]
-[--call-validity] [--profile]`.
+`--assembled-before N` first writes N rows of traces assembled before (`assembled_traces`, as days of traffic leave
+it; none of them the bench's). `--sdk-resource`: each request's resource is what an SDK in a container sends (about
+1 KB of JSON; `bench/ingest.py`'s SDK_RESOURCE). `--assembly-workers 0 --call-validity` measures all of a
+conversation's assembly in this one process, with the check `tracejudge serve` runs as it builds. Run: `python
+bench/assembly.py [--requests 40] [--repeat 3] [--stored-spans 0] [--stored-ago 1d] [--assembled-before 0]
+[--per-call 256] [--sdk-resource] [--assembly-workers N] [--call-validity] [--profile]`.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def random_trace_ids(requests: list[bytes], seed: int) -> list[bytes]:
 
 def once(requests: list[bytes], stored: list[bytes], per_call: int, profile: cProfile.Profile | None,
          workers: int = -1, checks: tuple[str, ...] = (),
-         stored_ago: dt.timedelta = dt.timedelta(days=1)) -> tuple[int, float, float]:
+         stored_ago: dt.timedelta = dt.timedelta(days=1), assembled_before: int = 0) -> tuple[int, float, float]:
     """(conversations, CPU seconds, wall seconds) of assembling everything the requests hold, after `stored`."""
     with tempfile.TemporaryDirectory() as tmp:
         store = SpanStore(Path(tmp) / "bench.duckdb")
@@ -73,6 +74,11 @@ def once(requests: list[bytes], stored: list[bytes], per_call: int, profile: cPr
                 await store.write(spans_to_arrow(spans, dt.datetime.now(dt.UTC) - ago))
 
         asyncio.run(fill(stored, stored_ago))  # received before the assembler listens: not waiting
+        if assembled_before:  # the rows earlier assemblies leave, 8 traces a conversation (ids that never match)
+            store.cursor().execute(
+                "INSERT INTO assembled_traces BY NAME SELECT md5('bench-' || i) AS trace_id, 'bench-conv-' || (i // 8) "
+                "AS conversation_id, now() - INTERVAL 1 DAY AS assembled_at, now() - INTERVAL 1 DAY AS "
+                f"first_received_at FROM range({assembled_before}) t(i)")
         store.listeners.append(assembler.observe)
         asyncio.run(fill(requests, dt.timedelta()))
         cpu, wall, total = time.process_time(), time.perf_counter(), 0
@@ -95,6 +101,8 @@ def main() -> None:
     parser.add_argument("--stored-ago", type=lambda text: dt.timedelta(seconds=parse_duration(text)),
                         default=dt.timedelta(days=1), metavar="DURATION",
                         help="how long before the conversations the stored spans were received (default 1d)")
+    parser.add_argument("--assembled-before", type=int, default=0, metavar="TRACES",
+                        help="rows of traces assembled before (assembled_traces), as days of traffic leave them")
     parser.add_argument("--per-call", type=int, default=MAX_PER_POLL,
                         help="conversations per assembler call (a trickle of conversations: 1)")
     parser.add_argument("--profile", action="store_true", help="print the 30 costliest calls (cumulative)")
@@ -109,11 +117,11 @@ def main() -> None:
     requests = random_trace_ids(build_requests(args.requests, 512, len(stored), args.sdk_resource), 2)
     profile = cProfile.Profile() if args.profile else None
     checks = ("mcp_call_validity",) if args.call_validity else ()
-    runs = [once(requests, stored, args.per_call, profile, args.assembly_workers, checks, args.stored_ago)
-            for _ in range(args.repeat)]
+    runs = [once(requests, stored, args.per_call, profile, args.assembly_workers, checks, args.stored_ago,
+                 args.assembled_before) for _ in range(args.repeat)]
     conversations, cpu, wall = min(runs, key=lambda r: r[1])
     print(f"{conversations} conversations of 64 spans, {args.per_call} per call, after {len(stored) * 512:,} "
-          f"stored spans received {args.stored_ago} before: "
+          f"stored spans received {args.stored_ago} before, {args.assembled_before:,} traces assembled before: "
           f"{cpu / conversations * 1000:.2f} ms CPU and "
           f"{wall / conversations * 1000:.2f} ms wall per conversation (best of {args.repeat})")
     if profile is not None:

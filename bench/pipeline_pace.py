@@ -7,8 +7,9 @@ Traffic: bench/ingest.py's agent spans, 8 spans per trace and 64 per conversatio
 per export, 8 exports in flight; the judged metrics have no judge (their jobs wait), call validity scores every
 conversation. Prints both wall times, the pace, CPU seconds per process (server, decode workers, query children)
 and per conversation, peak RSS (each process's own peak, summed: what the issue bounds) and peak PSS (sampled; shared
-libraries counted once), and export latency percentiles (and, paced, how many exports took over 50 and 100 ms:
-the tail counted, steadier than its p99). A third run paces the same exports at half of ingest
+libraries counted once), export latency percentiles (and, paced, how many exports took over 50 and 100 ms:
+the tail counted, steadier than its p99), and the spans assembly read back with the time its reads took
+(`tracejudge_assembly_read_*`). A third run paces the same exports at half of ingest
 alone's rate (the issue's half load: its p99 is the latency bound; a paced export's latency counts from when it was
 due, so exports held back behind a stalled one count their wait) and prints how far the last score lags behind the
 last export; `--rates` runs the whole pipeline at chosen rates in place of that half-load run, to find the rate it
@@ -85,6 +86,12 @@ def scored(url: str) -> int:
     text = httpx.get(f"{url}/metrics", timeout=60).text
     return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                    if line.startswith("tracejudge_score_count{") and 'metric="mcp_call_validity"' in line))
+
+
+def metric_value(url: str, name: str) -> float:
+    """One unlabelled gauge or counter from the collector's /metrics."""
+    text = httpx.get(f"{url}/metrics", timeout=60).text
+    return next((float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(f"{name} ")), 0.0)
 
 
 def pss_mb(pids: list[int]) -> float:
@@ -182,6 +189,8 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
                         break
                     time.sleep(0.5)
             timeline.stop()
+            read_s = metric_value(collector.admin_url, "tracejudge_assembly_read_seconds_total")
+            read_spans = metric_value(collector.admin_url, "tracejudge_assembly_read_spans_total")
             if args.timeline and quiet != "1h" and rate is None:
                 timeline.print()
             cpu = cpu_seconds(pid)
@@ -198,7 +207,7 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
             "cpu_s_children": round(sum(v for p, v in cpu.items() if p != pid), 1),
             "cpu_s_total": round(sum(cpu.values()) - before, 1), "peak_rss_mb": round(rss),
             "peak_pss_mb": round(timeline.peak_pss),
-            "peak_rss_each_mb": rss_each,
+            "peak_rss_each_mb": rss_each, "read_back_s": round(read_s, 2), "read_back_spans": int(read_spans),
             "p50_ms": round(percentile(latencies, 50) * 1000, 1), "p99_ms": round(percentile(latencies, 99) * 1000, 1),
             # the tail counted, steadier from run to run than its 99th percentile (a handful of exports either way)
             "over_50_ms": sum(1 for v in latencies if v > 0.05), "over_100_ms": sum(1 for v in latencies if v > 0.1)}
@@ -251,7 +260,8 @@ def main() -> None:
               f"(server {whole['cpu_s_server']}, "
               f"children {whole['cpu_s_children']}): {extra_cpu * 1000 / conversations:.2f} ms of CPU per "
               f"conversation beyond ingest; peak RSS {whole['peak_rss_mb']} MB (PSS {whole['peak_pss_mb']} MB); "
-              f"export p99 {whole['p99_ms']} ms")
+              f"export p99 {whole['p99_ms']} ms; spans read back for assembly: {whole['read_back_spans']:,} in "
+              f"{whole['read_back_s']} s")
         whole["pace"] = round(pace, 3)
         whole["pace_without_quiet_period"] = round(pace_without_quiet, 3)
     rates = [spans / alone["ingest_wall_s"] / 2] if args.rates is None else args.rates

@@ -123,6 +123,8 @@ class Collector:
         self.metrics.conversations_waiting.set_function(self.assembler.pending_conversations)
         self.metrics.conversations_assembled.set_function(lambda: self.assembler.assembled)
         self.metrics.traces_left_out.set_function(lambda: self.assembler.left_out)
+        self.metrics.read_spans.set_function(lambda: self.assembler.read_spans)
+        self.metrics.read_seconds.set_function(lambda: self.assembler.read_seconds)
         cache = self.assembler.cache
         self.metrics.trace_cache_bytes.set_function(lambda: cache.size)
         self.metrics.trace_cache_lookups.labels("hit").set_function(lambda: cache.hits)

@@ -184,6 +184,10 @@ def test_a_late_span_makes_a_new_version_that_supersedes_the_old(tmp_path, judge
         # every version written, the late one too, is counted where the operator looks
         [[versions]] = query(collector, "SELECT count(*) FROM conversations")
         assert collector.metric("tracejudge_conversations_assembled_total") == versions >= 3
+        # and so is what assembly read back to build them: every stored span at least once
+        [[stored]] = query(collector, "SELECT count(*) FROM span_records")
+        assert collector.metric("tracejudge_assembly_read_spans_total") >= stored > 0
+        assert collector.metric("tracejudge_assembly_read_seconds_total") > 0
         collector.stop()
 
 

@@ -238,6 +238,10 @@ class ConversationAssembler:
         self.pool = AssemblyPool(default_workers() if workers < 0 else workers, self.build_config,
                                  on_start=lambda n: self.log.info("assembly workers started", workers=n))
         self.pool_wait_s = 0.0  # seconds spent waiting for the workers (not the server's CPU)
+        # spans read back for assembly and the time those reads took: a read's cost follows what it scans, which
+        # its received_at bound keeps to the conversations' own spans (tracejudge_assembly_read_*)
+        self.read_spans = 0
+        self.read_seconds = 0.0
         self._new_cohorts = [rule for rule in settings.sampling.rules if rule.when == "new_cohort"]
         # the batch being written's counts of the new_cohort rules' values (read per batch: retention forgets values
         # not seen for the conversations' window, and a client sending endless values grows no memory here)
@@ -787,6 +791,7 @@ class ConversationAssembler:
         """Read these conversations' spans and send those seen for the first time (nearly all) to the workers;
         those that went on are built here, where the traces kept from their earlier versions are."""
         unread = {t for c in batch for t in conversations[c]} - kept.keys()
+        started = time.perf_counter()
         self.con.execute("BEGIN TRANSACTION")  # the spans and their resources from one snapshot: none pruned between
         try:
             with id_table(self.con, unread) as ids:
@@ -799,6 +804,8 @@ class ConversationAssembler:
         finally:
             with contextlib.suppress(duckdb.Error):  # read only: nothing to keep or lose
                 self.con.execute("ROLLBACK")
+        self.read_seconds += time.perf_counter() - started
+        self.read_spans += table.num_rows
         here = [c for c in batch if c in going_on or not conversations[c].isdisjoint(kept)]
         there = {c: sorted(conversations[c]) for c in batch if c not in set(here)}
         future = self.pool.submit(
