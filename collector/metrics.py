@@ -62,10 +62,10 @@ class CollectorMetrics:
         self.conversations_assembled = Gauge("tracejudge_conversations_assembled_total", "Conversation versions "
                                              "written since the start (each is scored)", registry=self.registry)
         self.read_spans = Gauge("tracejudge_assembly_read_spans_total", "Spans read back to assemble conversations "
-                                "(a conversation's spans, once per version)", registry=self.registry)
+                                "(each read counts the spans it returned)", registry=self.registry)
         self.read_seconds = Gauge("tracejudge_assembly_read_seconds_total", "Time those reads took: it follows "
-                                  "what they scan, which stays the conversations' own spans however many the table "
-                                  "holds", registry=self.registry)
+                                  "what they scan, the spans received since the oldest of the poll's waiting "
+                                  "conversations began", registry=self.registry)
         self.traces_left_out = Gauge("tracejudge_traces_left_out_total", "Traces stored while the waiting index "
                                      "was full ([conversations] max_waiting_traces), taken in and assembled later",
                                      registry=self.registry)

@@ -105,7 +105,8 @@ class Collector:
     def _assembler_missed(self, exc: Exception) -> None:
         self.metrics.assembler_errors.inc()
         self.log.error("the assembler missed a commit", error=f"{type(exc).__name__}: {exc}",
-                       advice="its traces are assembled after the next restart (they are stored); please report this")
+                       advice="its traces are taken in again from their stored spans, as when the waiting index "
+                              "is full; please report this")
 
     async def start(self) -> None:
         raise_open_file_limit()  # connection caps, not the descriptor limit, decide who is turned away

@@ -36,8 +36,8 @@ def _spans(trace: int, first_id: int, *, session: str | None, turn: str | None =
     return decode_otlp(json.dumps(body), "application/json").spans
 
 
-def _assembling_store(path: Path, *, quiet_period_s: float,
-                      trace_cache: int | None = None) -> tuple[SpanStore, ConversationAssembler]:
+def _assembling_store(path: Path, *, quiet_period_s: float, trace_cache: int | None = None,
+                      max_waiting_traces: int | None = None) -> tuple[SpanStore, ConversationAssembler]:
     """An open store whose commits the assembler observes, as in `tracejudge serve`."""
     store = SpanStore(path)
     store.open()
@@ -45,6 +45,8 @@ def _assembling_store(path: Path, *, quiet_period_s: float,
     config.conversations.quiet_period_s = quiet_period_s
     if trace_cache is not None:
         config.conversations.trace_cache = trace_cache
+    if max_waiting_traces is not None:
+        config.conversations.max_waiting_traces = max_waiting_traces
     assembler = ConversationAssembler(store.cursor(), config, Logger(stream=io.StringIO()),
                                       lambda metric: "pending", {m: "x" for m in config.scoring.metrics})
     store.listeners.append(assembler.observe)
@@ -308,6 +310,38 @@ def test_context_attached_while_a_round_was_pending_is_judged_with_its_conversat
                              "AND metric IN ('mcp_use', 'mcp_task_completion') GROUP BY ALL ORDER BY 1",
                              [conversation]).fetchall()
         assert [v for v, _ in judged] == [1, latest[0]], f"judged versions {judged}, latest {latest[0]}"
+    finally:
+        store.close()
+
+
+def test_context_held_from_an_earlier_poll_joins_its_conversation_with_its_spans(tmp_path: Path) -> None:
+    """The session-start resource read of a real pydantic-ai session arrives first, is assembled alone (context
+    waiting for its session), and its conversation comes a minute later: the context trace waits again from its
+    own spans, which are older than the conversation's, and the next version holds it."""
+    decoded = decode_otlp((Path(__file__).parent / "fixtures" / "real" / "pydantic_ai_session.otlp.json")
+                          .read_bytes(), "application/json")
+    keyed = {s.trace_id for s in decoded.spans if s.attributes.get("gen_ai.conversation.id")}
+    [context] = {s.trace_id for s in decoded.spans if s.name == "resources/read" and s.trace_id not in keyed}
+    store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=0.0)
+    now = dt.datetime.now(dt.UTC)
+
+    async def write(traces: set[str], ago_s: float) -> None:
+        await store.write(spans_to_arrow([s for s in decoded.spans if s.trace_id in traces],
+                                         now - dt.timedelta(seconds=ago_s)))
+
+    async def scenario() -> None:
+        await write({context}, 60)
+        assert assembler.assemble_due() == 1  # context only: it waits for its session's conversation
+        await write(keyed, 0)
+        while assembler.assemble_due():
+            pass
+
+    try:
+        asyncio.run(scenario())
+        latest = store.cursor().execute(
+            "SELECT trace_ids FROM conversations WHERE status IS DISTINCT FROM 'context_only' "
+            "ORDER BY version DESC LIMIT 1").fetchone()
+        assert latest is not None and context in latest[0], latest
     finally:
         store.close()
 
@@ -740,6 +774,34 @@ def test_a_full_waiting_index_stores_new_traces_and_takes_them_in_when_it_has_ro
         assert latest == {tid(1): [tid(1)], tid(2): [tid(2)], tid(3): [tid(3)], tid(5): [tid(5)],
                           "chat-1": [tid(4), tid(6)]}
         assert assembler.pending_traces() == 0 and assembler.take_in() == 0
+    finally:
+        store.close()
+
+
+def test_a_trace_left_out_of_a_full_index_is_read_from_its_first_spans_once_taken_in(tmp_path: Path) -> None:
+    """A trace left out while the waiting index was full gets more spans once there is room, before `take_in`
+    runs: it waits from then on, and its version still holds the turn that came while it was left out."""
+    store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=0.0, max_waiting_traces=1)
+    now = dt.datetime.now(dt.UTC)
+
+    async def write(trace: int, span: int, session: str, turn: str, ago_s: float) -> None:
+        await store.write(spans_to_arrow(_spans(trace, span, session=session, turn=turn),
+                                         now - dt.timedelta(seconds=ago_s)))
+
+    async def scenario() -> None:
+        await write(1, 1, "chat-a", "hello", 30)
+        await write(2, 2, "chat-b", "first question", 20)  # the index is full: left out
+        assert assembler.left_out == 1
+        assert assembler.assemble_due() == 1  # chat-a, which makes room
+        await write(2, 3, "chat-b", "second question", 10)  # taken in by its new spans, not by take_in
+        while assembler.assemble_due() or assembler.take_in():
+            pass
+
+    try:
+        asyncio.run(scenario())
+        rows = store.cursor().execute("SELECT conversation_id, version, turns FROM conversations "
+                                      "ORDER BY 1, 2").fetchall()
+        assert rows == [("chat-a", 1, 1), ("chat-b", 1, 2)], rows
     finally:
         store.close()
 

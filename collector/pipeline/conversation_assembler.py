@@ -276,7 +276,22 @@ class ConversationAssembler:
         self.late_after_prune = 0  # conversations that got spans after retention pruned theirs (not assembled)
 
     def observe(self, table: pa.Table) -> None:
-        """Called by the span writer after each commit (its thread)."""
+        """Called by the span writer after each commit (its thread). A commit it fails on is treated as left out of
+        the index, so `take_in` finds its traces by their stored spans."""
+        try:
+            self._observe(table)
+        except Exception:
+            try:
+                first_us = pc.min(table.column("received_at")).value or 0
+            except Exception:  # noqa: BLE001 - not even its time: the traces left out are looked for from the start
+                first_us = 0
+            with self._lock:
+                self._left_out_since = min(first_us, self._left_out_since if self._left_out_since is not None
+                                           else first_us)
+                self.left_out += 1
+            raise
+
+    def _observe(self, table: pa.Table) -> None:
         keys = _commit_keys(table)
         traces = pc.unique(table.column("trace_id")).to_pylist()
         end_marked = pc.match_substring(plain_strings(table.column("attributes")), END_MARKER)
@@ -289,10 +304,13 @@ class ConversationAssembler:
             for trace in traces:
                 if self.cache.size:
                     self.cache.discard(trace)  # its mapped part no longer holds: it is read again when it is due
-                if len(self._group_of) >= limit and trace not in self._group_of:
+                if trace in self._group_of:
+                    self._note(trace, keys.get(trace), now, first_us)
+                elif len(self._group_of) >= limit:
                     self._leave_out(first_us)
-                    continue
-                self._note(trace, keys.get(trace), now, first_us)
+                else:  # it may be one of the traces left out earlier, not taken in yet: its spans from then on
+                    left = self._left_out_since
+                    self._note(trace, keys.get(trace), now, first_us if left is None else min(first_us, left))
             self._ended.update(t for t in ended.to_pylist() if t in self._group_of)
 
     def _leave_out(self, first_us: int) -> None:
@@ -663,9 +681,12 @@ class ConversationAssembler:
         taken = 0
         with self._lock:
             for trace, since in traces:
-                if trace not in self._group_of:
+                group = self._group_of.get(trace)
+                if group is None:
                     self._note(trace, keys.get(trace), now, since)
                     taken += 1
+                elif since < self._first.get(group, since):  # waiting already, since a later commit: read from here
+                    self._first[group] = since
         return taken
 
     def _wait_with_active(self, due: dict[str, _Due], owners: dict[str, str],
@@ -736,14 +757,7 @@ class ConversationAssembler:
                 f"(SELECT id FROM {ids}) GROUP BY trace_id", [_at(since_us)]).fetchall())
         counts.update((t, k.spans) for t, k in kept.items())
         limit = self.settings.conversations.max_spans
-        # at least a batch per worker, so a poll keeps them all busy, and batches of even size: filled up to
-        # SPANS_PER_READ, a poll of 512 conversations read 250 + 250 + 12, and the last read cost about what a
-        # full one did
-        total = sum(counts.get(t, 0) for t in unread)
-        reads = max(self.pool.workers, -(-total // SPANS_PER_READ))
-        per_batch = max(1, -(-total // max(1, reads)))
-        batches: list[list[str]] = [[]]
-        size = 0
+        sizes: dict[str, int] = {}  # conversation -> its spans to read
         for conversation_id, members in conversations.items():
             count = sum(counts.get(t, 0) for t in members)
             if count > limit:  # bounded by design: one huge conversation must not take the server's memory
@@ -752,12 +766,21 @@ class ConversationAssembler:
                                  advice="raise [conversations] max_spans if it is a real conversation")
                 self._mark_assembled({conversation_id: members}, {}, {})
                 continue
-            unread_count = sum(counts.get(t, 0) for t in members if t not in kept)
-            if batches[-1] and (size >= per_batch or size + unread_count > SPANS_PER_READ):
+            sizes[conversation_id] = sum(counts.get(t, 0) for t in members if t not in kept)
+        # at least a batch per worker, so a poll keeps them all busy, of about even size: filled up to
+        # SPANS_PER_READ, a poll of 512 conversations was read 250 + 250 + 12, and the last read cost about what a
+        # full one did; a conversation goes to the next batch when this one is nearer its share without it
+        reads = max(self.pool.workers, -(-sum(sizes.values()) // SPANS_PER_READ))
+        per_batch = max(1, -(-sum(sizes.values()) // max(1, reads)))
+        batches: list[list[str]] = [[]]
+        size = 0
+        for conversation_id, count in sizes.items():
+            if batches[-1] and (abs(size + count - per_batch) > abs(size - per_batch)
+                                or size + count > SPANS_PER_READ):
                 batches.append([])
                 size = 0
             batches[-1].append(conversation_id)
-            size += unread_count
+            size += count
         return _Work(deque(b for b in batches if b))
 
     def _send(self, poll: _Poll, in_flight: int) -> None:
@@ -904,7 +927,11 @@ class ConversationAssembler:
     def _attach(self, attach: dict[str, str], since_us: int) -> None:
         """Give each context trace its conversation's key and let it wait again; drop the context-only
         conversations they were (never scored: nothing else refers to them) and the traces' assembled rows (so a
-        restart before the conversation's next version takes them in again)."""
+        restart before the conversation's next version takes them in again). Each waits from its own oldest span:
+        a context trace held from an earlier poll is older than this poll's spans (`since_us`)."""
+        found = self._assembled(set(attach))
+        oldest = {trace: first for (trace, _, _), first in zip(found, self._assembled_since(found), strict=True)}
+        since = [(trace, min(since_us, oldest.get(trace, 0))) for trace in attach]
         now = datetime.now(UTC)
         rows = pa.table({"trace_id": list(attach), "conversation_id": list(attach.values()),
                          "attached_at": pa.array([now] * len(attach), _UTC_US)})
@@ -920,11 +947,11 @@ class ConversationAssembler:
                 in_transaction(self.con, work)
             except duckdb.Error as exc:  # they wait again: their next assembly tries once more
                 self.log.warning("context not attached", traces=len(attach), reason=str(exc))
-                self._attached.extend((trace, since_us) for trace in attach)
+                self._attached.extend(since)
                 return
         for trace, conversation_id in attach.items():
             self.log.info("context attached", trace_id=trace, conversation_id=conversation_id)
-        self._attached.extend((trace, since_us) for trace in attach)  # waits again once this round forgets it
+        self._attached.extend(since)  # waits again once this round forgets it
 
     def _failed(self, conversation_id: str, reason: str) -> None:
         self.log.error("assembly failed", conversation_id=conversation_id, reason=reason)
