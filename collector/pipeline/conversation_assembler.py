@@ -132,6 +132,8 @@ class _Poll:
     kept: dict[str, KeptTrace]
     going_on: set[str]
     work: _Work
+    stored: frozenset[str]  # its traces with a row in assembled_traces when it was planned (assembled before)
+    left_out: int  # the assembler's count of commits left out of the index when it was planned
     # conversations that context traces joined while this poll was pending: written without judged jobs, as the
     # version with that context follows (judged then, once)
     unjudged: set[str] = field(default_factory=set)
@@ -283,12 +285,21 @@ class ConversationAssembler:
         except Exception:
             try:
                 first_us = pc.min(table.column("received_at")).value or 0
+                traces = pc.unique(table.column("trace_id")).to_pylist()
             except Exception:  # noqa: BLE001 - not even its time: the traces left out are looked for from the start
-                first_us = 0
+                first_us, traces = 0, []
             with self._lock:
                 self._left_out_since = min(first_us, self._left_out_since if self._left_out_since is not None
                                            else first_us)
                 self.left_out += 1
+                now = time.monotonic()
+                for trace in traces:  # those waiting already wait again, from this commit's spans on
+                    self.cache.discard(trace)
+                    group = self._group_of.get(trace)
+                    if group is not None:
+                        self._first[group] = min(first_us, self._first.get(group, first_us))
+                        self._last[group] = now
+                        self._last.move_to_end(group)
             raise
 
     def _observe(self, table: pa.Table) -> None:
@@ -604,6 +615,7 @@ class ConversationAssembler:
         keyed = {c for c in conversations if c in owners.values()}
         kept: dict[str, KeptTrace] = {}
         going_on: set[str] = set()  # conversations that had traces assembled before: their traces are kept mapped
+        earlier: list[tuple[str, str, int | None]] = []
         if keyed:  # the conversation's earlier traces, assembled before, belong to it too
             earlier = self._assembled_into(keyed)
             with self._lock:  # mapped before and unchanged since: neither read nor mapped again
@@ -621,8 +633,9 @@ class ConversationAssembler:
                 if owners.get(trace, trace) == key:
                     conversations[key].add(trace)
                     going_on.add(key)
+        stored = frozenset(t for t, _, _ in assembled_before) | frozenset(t for t, _, _ in earlier)
         poll = _Poll(due, owners, moved, conversations, since, kept, going_on,
-                     self._batches(conversations, since, kept))
+                     self._batches(conversations, since, kept), stored, self.left_out)
         try:
             self._send(poll, self.pool.workers + 1)
         except Exception:
@@ -649,8 +662,10 @@ class ConversationAssembler:
                     continue
                 self._forget(group, chosen.last)
                 done += 1
-            for trace, part in mapped.items():
-                if trace not in self._group_of:  # a trace with spans committed since its read waits to be read again
+            # a trace with spans committed since its read waits to be read again; one left out of the index
+            # meanwhile is not in it either, so nothing is kept while the poll was pending across such a commit
+            for trace, part in mapped.items() if self.left_out == poll.left_out else ():
+                if trace not in self._group_of:
                     self.cache.put(trace, part)
         if left:
             self._wait_again(left)
@@ -769,14 +784,15 @@ class ConversationAssembler:
             sizes[conversation_id] = sum(counts.get(t, 0) for t in members if t not in kept)
         # at least a batch per worker, so a poll keeps them all busy, of about even size: filled up to
         # SPANS_PER_READ, a poll of 512 conversations was read 250 + 250 + 12, and the last read cost about what a
-        # full one did; a conversation goes to the next batch when this one is nearer its share without it
+        # full one did; a conversation goes to the next batch when this one is nearer its share without it (the
+        # last batch takes the rest)
         reads = max(self.pool.workers, -(-sum(sizes.values()) // SPANS_PER_READ))
         per_batch = max(1, -(-sum(sizes.values()) // max(1, reads)))
         batches: list[list[str]] = [[]]
         size = 0
         for conversation_id, count in sizes.items():
-            if batches[-1] and (abs(size + count - per_batch) > abs(size - per_batch)
-                                or size + count > SPANS_PER_READ):
+            nearer = len(batches) < reads and abs(size + count - per_batch) > abs(size - per_batch)
+            if batches[-1] and (nearer or size + count > SPANS_PER_READ):
                 batches.append([])
                 size = 0
             batches[-1].append(conversation_id)
@@ -806,7 +822,7 @@ class ConversationAssembler:
             self.abandon(poll)
         mapped: dict[str, KeptTrace] = {}
         failed = self._write_built(work.result, work.local, poll.conversations, poll.since_us, poll.kept, mapped,
-                                   poll.going_on, poll.unjudged)
+                                   poll.going_on, poll.unjudged, poll.stored)
         return failed, mapped
 
     def _read_and_submit(self, batch: list[str], conversations: dict[str, set[str]], since_us: int,
@@ -852,7 +868,8 @@ class ConversationAssembler:
 
     def _write_built(self, result: BatchResult, local: dict[str, list[KeptTrace]],
                      conversations: dict[str, set[str]], since_us: int, kept: dict[str, KeptTrace],
-                     mapped: dict[str, KeptTrace], going_on: set[str], unjudged: set[str]) -> set[str]:
+                     mapped: dict[str, KeptTrace], going_on: set[str], unjudged: set[str],
+                     stored: frozenset[str] | None = None) -> set[str]:
         """Write the conversations built (those `unjudged` without judged jobs), mark their traces assembled and
         attach context traces; the traces mapped here of those `going_on` go to `mapped`. The ids that failed."""
         for conversation_id, reason in result.failed.items():
@@ -869,7 +886,7 @@ class ConversationAssembler:
             {c: conversations[c] - kept.keys() for c in done},
             # the newest span assembled, not the clock: a span committed meanwhile is still newer after a restart
             {c: max((p.newest for p in parts), default=datetime.now(UTC)) for c, parts in done.items()},
-            {p.trace_id: p.first for parts in done.values() for p in parts})
+            {p.trace_id: p.first for parts in done.values() for p in parts}, stored)
         attach = {trace: owner for trace, owner in attach.items() if owner not in failed}
         self._attached_to = set(attach.values())
         if attach:
@@ -929,8 +946,11 @@ class ConversationAssembler:
         conversations they were (never scored: nothing else refers to them) and the traces' assembled rows (so a
         restart before the conversation's next version takes them in again). Each waits from its own oldest span:
         a context trace held from an earlier poll is older than this poll's spans (`since_us`)."""
-        found = self._assembled(set(attach))
-        oldest = {trace: first for (trace, _, _), first in zip(found, self._assembled_since(found), strict=True)}
+        try:
+            found = self._assembled(set(attach))
+            oldest = {trace: first for (trace, _, _), first in zip(found, self._assembled_since(found), strict=True)}
+        except duckdb.Error:  # not known: they wait from the start of the table
+            oldest = {}
         since = [(trace, min(since_us, oldest.get(trace, 0))) for trace in attach]
         now = datetime.now(UTC)
         rows = pa.table({"trace_id": list(attach), "conversation_id": list(attach.values()),
@@ -957,11 +977,12 @@ class ConversationAssembler:
         self.log.error("assembly failed", conversation_id=conversation_id, reason=reason)
 
     def _mark_assembled(self, conversations: dict[str, set[str]], newest: dict[str, datetime],
-                        first: dict[str, datetime]) -> None:
+                        first: dict[str, datetime], stored: frozenset[str] | None = None) -> None:
         """Each trace's conversation, its newest span assembled (a restart re-queues what came after) and its
         oldest (later reads of it start there; None: not read). One row a trace: `assembled_traces` has no key
         (its index made every checkpoint, and the exports waiting on it, longer as it grew), so a trace's earlier
-        row is deleted in the same transaction."""
+        row is deleted in the same transaction: of the traces in `stored`, those the poll found assembled before
+        (None: any), since the delete scans the whole table and most traces are new."""
         if not conversations:
             return
         now = datetime.now(UTC)
@@ -973,9 +994,11 @@ class ConversationAssembler:
             "assembled_at": pa.array([newest.get(owner[t], now) for t in traces], _UTC_US),
             "first_received_at": pa.array([first.get(t) for t in traces], _UTC_US),
         })
-        with registered(self.con, table) as name:
+        again = [t for t in traces if stored is None or t in stored]
+        with registered(self.con, table) as name, id_table(self.con, again) as replaced:
             def work() -> None:
-                self.con.execute(f"DELETE FROM assembled_traces WHERE trace_id IN (SELECT trace_id FROM {name})")
+                if again:
+                    self.con.execute(f"DELETE FROM assembled_traces WHERE trace_id IN (SELECT id FROM {replaced})")
                 self.con.execute(f"INSERT INTO assembled_traces BY NAME SELECT * FROM {name}")
             in_transaction(self.con, work)
 
