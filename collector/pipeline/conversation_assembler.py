@@ -285,10 +285,17 @@ class ConversationAssembler:
         except Exception:
             try:
                 first_us = pc.min(table.column("received_at")).value or 0
-                traces = pc.unique(table.column("trace_id")).to_pylist()
             except Exception:  # noqa: BLE001 - not even its time: the traces left out are looked for from the start
-                first_us, traces = 0, []
+                first_us = 0
+            traces: list[str] | None
+            try:
+                traces = pc.unique(table.column("trace_id")).to_pylist()
+            except Exception:  # noqa: BLE001 - not even its traces: nothing mapped before is kept as current
+                traces = None
             with self._lock:
+                if traces is None:
+                    self.cache.clear()
+                    traces = []
                 self._left_out_since = min(first_us, self._left_out_since if self._left_out_since is not None
                                            else first_us)
                 self.left_out += 1

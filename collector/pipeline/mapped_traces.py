@@ -74,6 +74,13 @@ class MappedTraceCache:
         self._ids.append(trace_id)
         self.size += kept.weight
 
+    def clear(self) -> None:
+        """Forget every trace (a commit whose traces are not known may have changed any of them)."""
+        self._kept.clear()
+        self._ids.clear()
+        self._slot.clear()
+        self.size = 0
+
     def discard(self, trace_id: str) -> None:
         """Forget the trace (it has new spans, or room is needed)."""
         kept = self._kept.pop(trace_id, None)
