@@ -67,7 +67,8 @@ class CollectorMetrics:
                                   "what they scan, the spans received since the oldest of the poll's waiting "
                                   "conversations began", registry=self.registry)
         self.traces_left_out = Gauge("tracejudge_traces_left_out_total", "Traces stored while the waiting index "
-                                     "was full ([conversations] max_waiting_traces), taken in and assembled later",
+                                     "was full ([conversations] max_waiting_traces), and commits the assembler "
+                                     "failed on, taken in and assembled later",
                                      registry=self.registry)
         self.trace_cache_bytes = Gauge("tracejudge_trace_cache_bytes", "Estimated memory of the mapped traces kept "
                                        "for conversations that go on ([conversations] trace_cache)",

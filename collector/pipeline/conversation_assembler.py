@@ -133,7 +133,7 @@ class _Poll:
     going_on: set[str]
     work: _Work
     stored: frozenset[str]  # its traces with a row in assembled_traces when it was planned (assembled before)
-    left_out: int  # the assembler's count of commits left out of the index when it was planned
+    left_out: int  # the assembler's `left_out` when it was planned (traces left out, commits it failed on)
     # conversations that context traces joined while this poll was pending: written without judged jobs, as the
     # version with that context follows (judged then, once)
     unjudged: set[str] = field(default_factory=set)
@@ -241,7 +241,8 @@ class ConversationAssembler:
                                  on_start=lambda n: self.log.info("assembly workers started", workers=n))
         self.pool_wait_s = 0.0  # seconds spent waiting for the workers (not the server's CPU)
         # spans read back for assembly and the time those reads took: a read's cost follows what it scans, which
-        # its received_at bound keeps to the conversations' own spans (tracejudge_assembly_read_*)
+        # its received_at bound keeps to the spans since the poll's oldest waiting conversation began
+        # (tracejudge_assembly_read_*)
         self.read_spans = 0
         self.read_seconds = 0.0
         self._new_cohorts = [rule for rule in settings.sampling.rules if rule.when == "new_cohort"]
