@@ -847,6 +847,41 @@ def test_a_commit_the_assembler_fails_on_is_assembled_though_a_poll_was_pending(
         store.close()
 
 
+def test_a_late_span_of_an_earlier_trace_missed_while_a_poll_was_pending_is_assembled(tmp_path: Path,
+                                                                                     monkeypatch) -> None:
+    """A late span of a conversation's earlier trace, received before its newest turn but committed after a pending
+    poll read them, in a commit the assembler fails on: `take_in` finds it by that trace's own newest span assembled
+    (the conversation's newest hid it), and the next version holds it."""
+    store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=0.0)
+    now = dt.datetime.now(dt.UTC)
+    observe = assembler._observe
+
+    def fail_once(table) -> None:
+        monkeypatch.setattr(assembler, "_observe", observe)
+        raise RuntimeError("the assembler missed this commit")
+
+    async def write(trace: int, span: int, session: str | None, turn: str, ago_s: float) -> None:
+        await store.write(spans_to_arrow(_spans(trace, span, session=session, turn=turn),
+                                         now - dt.timedelta(seconds=ago_s)))
+
+    async def scenario() -> None:
+        await write(1, 1, "chat-a", "first", 40)
+        assert assembler.assemble_due() == 1
+        await write(2, 2, "chat-a", "second", 10)
+        pending = assembler.plan()  # reads trace 1 (an earlier trace) and trace 2
+        assembler.take_in()
+        monkeypatch.setattr(assembler, "_observe", fail_once)
+        await write(1, 3, None, "late", 20)
+        assert pending is not None and assembler.finish(pending) == 1
+        _drain(assembler)
+
+    try:
+        asyncio.run(scenario())
+        assert _versions(store) == [("chat-a", 1, 1), ("chat-a", 2, 2), ("chat-a", 3, 3)], _versions(store)
+    finally:
+        store.close()
+
+
 def test_mcp_calls_made_outside_any_run_are_kept_marked_and_never_scored(tmp_path: Path) -> None:
     """The session-start resource read of a real pydantic-ai session (tests/fixtures/real/pydantic_ai_session),
     arriving with no run to attach it to: stored as its own conversation with status context_only, no job

@@ -892,9 +892,12 @@ class ConversationAssembler:
                 mapped.update((p.trace_id, p) for p in local.get(conversation_id, []) if p.trace_id not in kept)
         self._mark_assembled(  # a kept trace's row already names this conversation and is newer than its spans
             {c: conversations[c] - kept.keys() for c in done},
-            # the newest span assembled, not the clock: a span committed meanwhile is still newer after a restart
+            # the newest span assembled, not the clock: a span committed meanwhile is still newer after a restart;
+            # each trace's own (the conversation's newest hid a late span of an older trace, received before the
+            # newest but committed after the read, from take_in)
             {c: max((p.newest for p in parts), default=datetime.now(UTC)) for c, parts in done.items()},
-            {p.trace_id: p.first for parts in done.values() for p in parts}, stored)
+            {p.trace_id: p.first for parts in done.values() for p in parts}, stored,
+            {p.trace_id: p.newest for parts in done.values() for p in parts})
         attach = {trace: owner for trace, owner in attach.items() if owner not in failed}
         self._attached_to = set(attach.values())
         if attach:
@@ -985,9 +988,11 @@ class ConversationAssembler:
         self.log.error("assembly failed", conversation_id=conversation_id, reason=reason)
 
     def _mark_assembled(self, conversations: dict[str, set[str]], newest: dict[str, datetime],
-                        first: dict[str, datetime], stored: frozenset[str] | None = None) -> None:
-        """Each trace's conversation, its newest span assembled (a restart re-queues what came after) and its
-        oldest (later reads of it start there; None: not read). One row a trace: `assembled_traces` has no key
+                        first: dict[str, datetime], stored: frozenset[str] | None = None,
+                        trace_newest: dict[str, datetime] | None = None) -> None:
+        """Each trace's conversation, its newest span assembled (`trace_newest`, else its conversation's `newest`:
+        a restart or `take_in` re-queues what came after) and its oldest (later reads of it start there; None: not
+        read). One row a trace: `assembled_traces` has no key
         (its index made every checkpoint, and the exports waiting on it, longer as it grew), so a trace's earlier
         row is deleted in the same transaction: of the traces in `stored`, those the poll found assembled before
         (None: any), since the delete scans the whole table and most traces are new."""
@@ -999,7 +1004,8 @@ class ConversationAssembler:
         table = pa.table({
             "trace_id": traces,
             "conversation_id": [owner[t] for t in traces],
-            "assembled_at": pa.array([newest.get(owner[t], now) for t in traces], _UTC_US),
+            "assembled_at": pa.array([(trace_newest or {}).get(t) or newest.get(owner[t], now) for t in traces],
+                                     _UTC_US),
             "first_received_at": pa.array([first.get(t) for t in traces], _UTC_US),
         })
         again = [t for t in traces if stored is None or t in stored]
