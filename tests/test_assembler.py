@@ -68,6 +68,17 @@ def _drain(assembler: ConversationAssembler) -> None:
         pass
 
 
+def _miss_next_commit(assembler: ConversationAssembler, monkeypatch) -> None:
+    """The assembler fails on the next commit it is told of (as a bug in it would), then works again."""
+    observe = assembler._observe
+
+    def fail_once(table) -> None:
+        monkeypatch.setattr(assembler, "_observe", observe)
+        raise RuntimeError("the assembler missed this commit")
+
+    monkeypatch.setattr(assembler, "_observe", fail_once)
+
+
 def _versions(store: SpanStore) -> list[tuple]:
     """(conversation, version, turns) of every version stored."""
     return store.cursor().execute("SELECT conversation_id, version, turns FROM conversations ORDER BY 1, 2").fetchall()
@@ -822,16 +833,11 @@ def test_a_commit_the_assembler_fails_on_is_assembled_though_a_poll_was_pending(
     round (`take_in`, then the pending poll written)."""
     store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=0.0)
     now = dt.datetime.now(dt.UTC)
-    observe = assembler._observe
-
-    def fail_once(table) -> None:
-        monkeypatch.setattr(assembler, "_observe", observe)
-        raise RuntimeError("the assembler missed this commit")
 
     async def scenario() -> None:
         await store.write(spans_to_arrow(_spans(1, 1, session="chat-a", turn="first"), now - dt.timedelta(seconds=30)))
         pending = assembler.plan()  # chat-a's spans read: the poll waits to be written
-        monkeypatch.setattr(assembler, "_observe", fail_once)
+        _miss_next_commit(assembler, monkeypatch)
         await store.write(spans_to_arrow(_spans(1, 2, session="chat-a", turn="second"), now - dt.timedelta(seconds=20)))
         assert assembler.left_out == 1
         assembler.take_in()
@@ -854,11 +860,6 @@ def test_a_late_span_of_an_earlier_trace_missed_while_a_poll_was_pending_is_asse
     (the conversation's newest hid it), and the next version holds it."""
     store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=0.0)
     now = dt.datetime.now(dt.UTC)
-    observe = assembler._observe
-
-    def fail_once(table) -> None:
-        monkeypatch.setattr(assembler, "_observe", observe)
-        raise RuntimeError("the assembler missed this commit")
 
     async def write(trace: int, span: int, session: str | None, turn: str, ago_s: float) -> None:
         await store.write(spans_to_arrow(_spans(trace, span, session=session, turn=turn),
@@ -870,7 +871,7 @@ def test_a_late_span_of_an_earlier_trace_missed_while_a_poll_was_pending_is_asse
         await write(2, 2, "chat-a", "second", 10)
         pending = assembler.plan()  # reads trace 1 (an earlier trace) and trace 2
         assembler.take_in()
-        monkeypatch.setattr(assembler, "_observe", fail_once)
+        _miss_next_commit(assembler, monkeypatch)
         await write(1, 3, None, "late", 20)
         assert pending is not None and assembler.finish(pending) == 1
         _drain(assembler)
