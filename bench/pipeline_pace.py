@@ -88,12 +88,6 @@ def scored(url: str) -> int:
                    if line.startswith("tracejudge_score_count{") and 'metric="mcp_call_validity"' in line))
 
 
-def metric_value(url: str, name: str) -> float:
-    """One unlabelled gauge or counter from the collector's /metrics."""
-    text = httpx.get(f"{url}/metrics", timeout=60).text
-    return next((float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(f"{name} ")), 0.0)
-
-
 def pss_mb(pids: list[int]) -> float:
     """Proportional set size of these processes together: each shared page counted once across them (summed RSS
     counts the libraries every worker maps, about 40 MB each, once per worker)."""
@@ -189,8 +183,8 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
                         break
                     time.sleep(0.5)
             timeline.stop()
-            read_s = metric_value(collector.admin_url, "tracejudge_assembly_read_seconds_total")
-            read_spans = metric_value(collector.admin_url, "tracejudge_assembly_read_spans_total")
+            read_s = collector.metric("tracejudge_assembly_read_seconds_total")
+            read_spans = collector.metric("tracejudge_assembly_read_spans_total")
             if args.timeline and quiet != "1h" and rate is None:
                 timeline.print()
             cpu = cpu_seconds(pid)

@@ -68,6 +68,12 @@ def _drain(assembler: ConversationAssembler) -> None:
         pass
 
 
+async def _write_turn(store: SpanStore, trace: int, span: int, session: str | None, turn: str,
+                      received: dt.datetime) -> None:
+    """A span of `trace` carrying one user turn (and `session` as its conversation key), stored as received then."""
+    await store.write(spans_to_arrow(_spans(trace, span, session=session, turn=turn), received))
+
+
 def _miss_next_commit(assembler: ConversationAssembler, monkeypatch) -> None:
     """The assembler fails on the next commit it is told of (as a bug in it would), then works again."""
     observe = assembler._observe
@@ -183,9 +189,8 @@ def test_spans_committed_after_newer_ones_of_their_conversation_are_still_read(t
     now = dt.datetime.now(dt.UTC)
 
     async def scenario() -> None:
-        await store.write(spans_to_arrow(_spans(1, 1, session="chat-1", turn="second question"), now))
-        await store.write(spans_to_arrow(_spans(1 if same_trace else 2, 2, session="chat-1", turn="first question"),
-                                         now - dt.timedelta(minutes=10)))
+        await _write_turn(store, 1, 1, "chat-1", "second question", now)
+        await _write_turn(store, 1 if same_trace else 2, 2, "chat-1", "first question", now - dt.timedelta(minutes=10))
         assert assembler.assemble_due() == 1
 
     try:
@@ -806,9 +811,8 @@ def test_a_trace_left_out_of_a_full_index_is_read_from_its_first_spans_once_take
     store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=0.0, max_waiting_traces=1)
     now = dt.datetime.now(dt.UTC)
 
-    async def write(trace: int, span: int, session: str, turn: str, ago_s: float) -> None:
-        await store.write(spans_to_arrow(_spans(trace, span, session=session, turn=turn),
-                                         now - dt.timedelta(seconds=ago_s)))
+    async def write(trace: int, span: int, session: str | None, turn: str, ago_s: float) -> None:
+        await _write_turn(store, trace, span, session, turn, now - dt.timedelta(seconds=ago_s))
 
     async def scenario() -> None:
         await write(1, 1, "chat-a", "hello", 30)
@@ -835,10 +839,10 @@ def test_a_commit_the_assembler_fails_on_is_assembled_though_a_poll_was_pending(
     now = dt.datetime.now(dt.UTC)
 
     async def scenario() -> None:
-        await store.write(spans_to_arrow(_spans(1, 1, session="chat-a", turn="first"), now - dt.timedelta(seconds=30)))
+        await _write_turn(store, 1, 1, "chat-a", "first", now - dt.timedelta(seconds=30))
         pending = assembler.plan()  # chat-a's spans read: the poll waits to be written
         _miss_next_commit(assembler, monkeypatch)
-        await store.write(spans_to_arrow(_spans(1, 2, session="chat-a", turn="second"), now - dt.timedelta(seconds=20)))
+        await _write_turn(store, 1, 2, "chat-a", "second", now - dt.timedelta(seconds=20))
         assert assembler.left_out == 1
         assembler.take_in()
         assert pending is not None and assembler.finish(pending) == 1  # its first version
@@ -862,8 +866,7 @@ def test_a_late_span_of_an_earlier_trace_missed_while_a_poll_was_pending_is_asse
     now = dt.datetime.now(dt.UTC)
 
     async def write(trace: int, span: int, session: str | None, turn: str, ago_s: float) -> None:
-        await store.write(spans_to_arrow(_spans(trace, span, session=session, turn=turn),
-                                         now - dt.timedelta(seconds=ago_s)))
+        await _write_turn(store, trace, span, session, turn, now - dt.timedelta(seconds=ago_s))
 
     async def scenario() -> None:
         await write(1, 1, "chat-a", "first", 40)

@@ -297,17 +297,12 @@ class ConversationAssembler:
                 if traces is None:
                     self.cache.clear()
                     traces = []
-                self._left_out_since = min(first_us, self._left_out_since if self._left_out_since is not None
-                                           else first_us)
-                self.left_out += 1
+                self._mark_left_out(first_us)
                 now = time.monotonic()
                 for trace in traces:  # those waiting already wait again, from this commit's spans on
                     self.cache.discard(trace)
-                    group = self._group_of.get(trace)
-                    if group is not None:
-                        self._first[group] = min(first_us, self._first.get(group, first_us))
-                        self._last[group] = now
-                        self._last.move_to_end(group)
+                    if trace in self._group_of:
+                        self._note(trace, None, now, first_us)
             raise
 
     def _observe(self, table: pa.Table) -> None:
@@ -340,6 +335,10 @@ class ConversationAssembler:
                              max_waiting_traces=self.settings.conversations.max_waiting_traces,
                              advice="a shorter [conversations] quiet_period_s holds fewer traces at this traffic; "
                                     "raise max_waiting_traces to give the index more memory (about 250 bytes a trace)")
+        self._mark_left_out(first_us)
+
+    def _mark_left_out(self, first_us: int) -> None:
+        """Spans received from `first_us` on wait to be taken in by `take_in`; the lock is held."""
         self._left_out_since = min(first_us, self._left_out_since if self._left_out_since is not None else first_us)
         self.left_out += 1
 
@@ -672,9 +671,10 @@ class ConversationAssembler:
                 done += 1
             # a trace with spans committed since its read waits to be read again; one left out of the index
             # meanwhile is not in it either, so nothing is kept while the poll was pending across such a commit
-            for trace, part in mapped.items() if self.left_out == poll.left_out else ():
-                if trace not in self._group_of:
-                    self.cache.put(trace, part)
+            if self.left_out == poll.left_out:
+                for trace, part in mapped.items():
+                    if trace not in self._group_of:
+                        self.cache.put(trace, part)
         if left:
             self._wait_again(left)
         if self._attached:
@@ -794,8 +794,9 @@ class ConversationAssembler:
         # SPANS_PER_READ, a poll of 512 conversations was read 250 + 250 + 12, and the last read cost about what a
         # full one did; a conversation goes to the next batch when this one is nearer its share without it (the
         # last batch takes the rest)
-        reads = max(self.pool.workers, -(-sum(sizes.values()) // SPANS_PER_READ))
-        per_batch = max(1, -(-sum(sizes.values()) // max(1, reads)))
+        total = sum(sizes.values())
+        reads = max(self.pool.workers, -(-total // SPANS_PER_READ))
+        per_batch = max(1, -(-total // max(1, reads)))
         batches: list[list[str]] = [[]]
         size = 0
         for conversation_id, count in sizes.items():
@@ -890,14 +891,14 @@ class ConversationAssembler:
         for conversation_id in done:
             if conversation_id in going_on:
                 mapped.update((p.trace_id, p) for p in local.get(conversation_id, []) if p.trace_id not in kept)
-        self._mark_assembled(  # a kept trace's row already names this conversation and is newer than its spans
-            {c: conversations[c] - kept.keys() for c in done},
-            # the newest span assembled, not the clock: a span committed meanwhile is still newer after a restart;
-            # each trace's own (the conversation's newest hid a late span of an older trace, received before the
-            # newest but committed after the read, from take_in)
-            {c: max((p.newest for p in parts), default=datetime.now(UTC)) for c, parts in done.items()},
-            {p.trace_id: p.first for parts in done.values() for p in parts}, stored,
-            {p.trace_id: p.newest for parts in done.values() for p in parts})
+        # the newest span assembled, not the clock: a span committed meanwhile is still newer after a restart; each
+        # trace's own (the conversation's newest hid a late span of an older trace, received before the newest but
+        # committed after the read, from take_in), the conversation's for a trace with no span read
+        newest = {p.trace_id: p.newest for parts in done.values() for p in parts}
+        latest = {c: max((p.newest for p in parts), default=datetime.now(UTC)) for c, parts in done.items()}
+        marked = {c: conversations[c] - kept.keys() for c in done}  # a kept trace's row is newer than its spans
+        self._mark_assembled(marked, {t: newest.get(t, latest[c]) for c, traces in marked.items() for t in traces},
+                             {p.trace_id: p.first for parts in done.values() for p in parts}, stored)
         attach = {trace: owner for trace, owner in attach.items() if owner not in failed}
         self._attached_to = set(attach.values())
         if attach:
@@ -988,11 +989,9 @@ class ConversationAssembler:
         self.log.error("assembly failed", conversation_id=conversation_id, reason=reason)
 
     def _mark_assembled(self, conversations: dict[str, set[str]], newest: dict[str, datetime],
-                        first: dict[str, datetime], stored: frozenset[str] | None = None,
-                        trace_newest: dict[str, datetime] | None = None) -> None:
-        """Each trace's conversation, its newest span assembled (`trace_newest`, else its conversation's `newest`:
-        a restart or `take_in` re-queues what came after) and its oldest (later reads of it start there; None: not
-        read). One row a trace: `assembled_traces` has no key
+                        first: dict[str, datetime], stored: frozenset[str] | None = None) -> None:
+        """Each trace's conversation, its newest span assembled (a restart or `take_in` re-queues what came after)
+        and its oldest (later reads of it start there; None: not read). One row a trace: `assembled_traces` has no key
         (its index made every checkpoint, and the exports waiting on it, longer as it grew), so a trace's earlier
         row is deleted in the same transaction: of the traces in `stored`, those the poll found assembled before
         (None: any), since the delete scans the whole table and most traces are new."""
@@ -1004,8 +1003,7 @@ class ConversationAssembler:
         table = pa.table({
             "trace_id": traces,
             "conversation_id": [owner[t] for t in traces],
-            "assembled_at": pa.array([(trace_newest or {}).get(t) or newest.get(owner[t], now) for t in traces],
-                                     _UTC_US),
+            "assembled_at": pa.array([newest.get(t, now) for t in traces], _UTC_US),
             "first_received_at": pa.array([first.get(t) for t in traces], _UTC_US),
         })
         again = [t for t in traces if stored is None or t in stored]
