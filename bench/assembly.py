@@ -7,11 +7,13 @@ conversation, 256 per call as it does in `tracejudge serve` (`--per-call`): read
 the best of `--repeat` runs. `--stored-spans N` first stores N spans of other conversations, received a day before
 (`--stored-ago 30m`: half an hour) and not waiting: what a conversation costs should not grow with them.
 `--assembled-before N` first writes N rows of traces assembled before (`assembled_traces`, as days of traffic leave
-it; none of them the bench's). `--sdk-resource`: each request's resource is what an SDK in a container sends (about
+it, written over the day before; none of them the bench's), and times making the index beside the file from them.
+`--going-on`: each conversation has an earlier trace, assembled ten minutes before (its row is looked up by
+conversation and replaced). `--sdk-resource`: each request's resource is what an SDK in a container sends (about
 1 KB of JSON; `bench/ingest.py`'s SDK_RESOURCE). `--assembly-workers 0 --call-validity` measures all of a
 conversation's assembly in this one process, with the check `tracejudge serve` runs as it builds. Run: `python
 bench/assembly.py [--requests 40] [--repeat 3] [--stored-spans 0] [--stored-ago 1d] [--assembled-before 0]
-[--per-call 256] [--sdk-resource] [--assembly-workers N] [--call-validity] [--profile]`.
+[--going-on] [--per-call 256] [--sdk-resource] [--assembly-workers N] [--call-validity] [--profile]`.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from tracejudge.collector.durations import parse_duration  # noqa: E402
 from tracejudge.collector.log import Logger  # noqa: E402
 from tracejudge.collector.pipeline.conversation_assembler import MAX_PER_POLL, ConversationAssembler  # noqa: E402
 from tracejudge.collector.receivers.span_rows import spans_to_arrow  # noqa: E402
+from tracejudge.collector.store.assembled_index import AssembledIndex, index_path  # noqa: E402
 from tracejudge.collector.store.span_store import SpanStore, mark_pandas_absent  # noqa: E402
 from tracejudge.mapping import decode_otlp  # noqa: E402
 
@@ -57,16 +60,19 @@ def random_trace_ids(requests: list[bytes], seed: int) -> list[bytes]:
 
 def once(requests: list[bytes], stored: list[bytes], per_call: int, profile: cProfile.Profile | None,
          workers: int = -1, checks: tuple[str, ...] = (),
-         stored_ago: dt.timedelta = dt.timedelta(days=1), assembled_before: int = 0) -> tuple[int, float, float]:
-    """(conversations, CPU seconds, wall seconds) of assembling everything the requests hold, after `stored`."""
+         stored_ago: dt.timedelta = dt.timedelta(days=1), assembled_before: int = 0,
+         going_on: bool = False) -> tuple[int, float, float, float]:
+    """(conversations, CPU seconds, wall seconds, seconds to make the index) of assembling everything the requests
+    hold, after `stored`."""
     with tempfile.TemporaryDirectory() as tmp:
         store = SpanStore(Path(tmp) / "bench.duckdb")
         store.open()
         settings = Settings()
         settings.conversations.assembly_workers = workers
+        index = AssembledIndex(index_path(Path(tmp) / "bench.duckdb"), store.cursor())  # as `tracejudge serve` has it
         assembler = ConversationAssembler(store.cursor(), settings, Logger(stream=io.StringIO()),
                                           lambda metric: "pending", {m: "x" for m in settings.scoring.metrics},
-                                          checks=checks)
+                                          checks=checks, index=index)
 
         async def fill(bodies: list[bytes], ago: dt.timedelta) -> None:
             for body in bodies:
@@ -74,13 +80,24 @@ def once(requests: list[bytes], stored: list[bytes], per_call: int, profile: cPr
                 await store.write(spans_to_arrow(spans, dt.datetime.now(dt.UTC) - ago))
 
         asyncio.run(fill(stored, stored_ago))  # received before the assembler listens: not waiting
+        con = store.cursor()
         if assembled_before:  # the rows earlier assemblies leave, 8 traces a conversation (ids that never match)
-            store.cursor().execute(
+            con.execute(
                 "INSERT INTO assembled_traces BY NAME SELECT md5('bench-' || i) AS trace_id, 'bench-conv-' || (i // 8) "
                 "AS conversation_id, now() - INTERVAL 1 DAY AS assembled_at, now() - INTERVAL 1 DAY AS "
-                f"first_received_at FROM range({assembled_before}) t(i)")
+                f"first_received_at, now() - INTERVAL 1 DAY + to_microseconds(i * 86400000000 // {assembled_before}) "
+                f"AS marked_at FROM range({assembled_before}) t(i)")
         store.listeners.append(assembler.observe)
         asyncio.run(fill(requests, dt.timedelta()))
+        if going_on:  # an earlier trace of each conversation, assembled ten minutes ago (no spans left of it)
+            con.execute("INSERT INTO assembled_traces BY NAME SELECT md5('earlier-' || key) AS trace_id, key AS "
+                        "conversation_id, now() - INTERVAL 10 MINUTE AS assembled_at, now() - INTERVAL 11 MINUTE AS "
+                        "first_received_at, now() - INTERVAL 10 MINUTE AS marked_at FROM (SELECT DISTINCT "
+                        "conversation_key AS key FROM span_records WHERE conversation_key IS NOT NULL)")
+        con.execute("UPDATE assembled_index SET generation = generation + 1")  # as a change the index did not see
+        started = time.perf_counter()
+        index.follow()
+        indexed = time.perf_counter() - started
         cpu, wall, total = time.process_time(), time.perf_counter(), 0
         if profile is not None:
             profile.enable()
@@ -90,7 +107,8 @@ def once(requests: list[bytes], stored: list[bytes], per_call: int, profile: cPr
             profile.disable()
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
         store.close()
-    return total, cpu, wall
+        index.close()
+    return total, cpu, wall, indexed
 
 
 def main() -> None:
@@ -103,6 +121,8 @@ def main() -> None:
                         help="how long before the conversations the stored spans were received (default 1d)")
     parser.add_argument("--assembled-before", type=int, default=0, metavar="TRACES",
                         help="rows of traces assembled before (assembled_traces), as days of traffic leave them")
+    parser.add_argument("--going-on", action="store_true",
+                        help="each conversation has an earlier trace, assembled ten minutes before")
     parser.add_argument("--per-call", type=int, default=MAX_PER_POLL,
                         help="conversations per assembler call (a trickle of conversations: 1)")
     parser.add_argument("--profile", action="store_true", help="print the 30 costliest calls (cumulative)")
@@ -118,12 +138,13 @@ def main() -> None:
     profile = cProfile.Profile() if args.profile else None
     checks = ("mcp_call_validity",) if args.call_validity else ()
     runs = [once(requests, stored, args.per_call, profile, args.assembly_workers, checks, args.stored_ago,
-                 args.assembled_before) for _ in range(args.repeat)]
-    conversations, cpu, wall = min(runs, key=lambda r: r[1])
-    print(f"{conversations} conversations of 64 spans, {args.per_call} per call, after {len(stored) * 512:,} "
-          f"stored spans received {args.stored_ago} before, {args.assembled_before:,} traces assembled before: "
-          f"{cpu / conversations * 1000:.2f} ms CPU and "
-          f"{wall / conversations * 1000:.2f} ms wall per conversation (best of {args.repeat})")
+                 args.assembled_before, args.going_on) for _ in range(args.repeat)]
+    conversations, cpu, wall, indexed = min(runs, key=lambda r: r[1])
+    print(f"{conversations} conversations of 64 spans{' going on' if args.going_on else ''}, {args.per_call} per "
+          f"call, after {len(stored) * 512:,} stored spans received {args.stored_ago} before, "
+          f"{args.assembled_before:,} traces assembled before: {cpu / conversations * 1000:.2f} ms CPU and "
+          f"{wall / conversations * 1000:.2f} ms wall per conversation (best of {args.repeat}); the index made "
+          f"from the table in {indexed:.1f} s")
     if profile is not None:
         pstats.Stats(profile).sort_stats("cumulative").print_stats(30)
 

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tracejudge.collector.config import Settings  # noqa: E402
 from tracejudge.collector.log import Logger  # noqa: E402
 from tracejudge.collector.pipeline.conversation_assembler import ConversationAssembler  # noqa: E402
+from tracejudge.collector.store.schema import migrate  # noqa: E402
 
 COMMIT = 4096
 
@@ -49,7 +50,9 @@ def commits(traces: int, per_conversation: int | None) -> list[pa.Table]:
 
 def bytes_per_trace(traces: int, per_conversation: int | None) -> float:
     tables = commits(traces, per_conversation)
-    assembler = ConversationAssembler(duckdb.connect(), Settings(), Logger(stream=io.StringIO()),
+    con = duckdb.connect()
+    migrate(con)
+    assembler = ConversationAssembler(con, Settings(), Logger(stream=io.StringIO()),
                                       lambda metric: "pending", {})
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]

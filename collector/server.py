@@ -32,6 +32,7 @@ from tracejudge.collector.receivers.otlp_grpc import GrpcReceiver
 from tracejudge.collector.receivers.otlp_http import HttpReceiver
 from tracejudge.collector.review.reviews import reviewer_tokens
 from tracejudge.collector.sizes import parse_size
+from tracejudge.collector.store.assembled_index import AssembledIndex, index_path
 from tracejudge.collector.store.checkpoint_gate import WritesRefused
 from tracejudge.collector.store.memory_release import arrow_on_the_system_allocator, fewer_malloc_arenas
 from tracejudge.collector.store.span_store import SpanStore, mark_pandas_absent
@@ -86,6 +87,7 @@ class Collector:
                                  watch=settings.cohorts.watch)
         self.stage: ScoringStage | None = None
         self.retention: Retention | None = None
+        self.index: AssembledIndex | None = None  # assembled_traces indexed beside the database
         self.assembler: ConversationAssembler | None = None
         self.score_export: ScoreEventExporter | None = None
         self._stop_pipeline = asyncio.Event()
@@ -114,10 +116,15 @@ class Collector:
         self.stage = ScoringStage(self.store.cursor(), stage_config(self.settings), self._log,
                                   self.metrics.on_measured, self.metrics.on_scored,
                                   redactor=self.settings.redaction.redactor())
+        # beside the database; its first lookup makes it again if it is behind (a crash between their commits, a
+        # restored file), so ingest does not wait for that
+        self.index = await asyncio.to_thread(AssembledIndex, index_path(self.settings.store.db), self.store.cursor(),
+                                             self._log)
         self.assembler = ConversationAssembler(self.store.cursor(), self.settings, self.log,
                                                self.stage.initial_status, self.stage.configs,
                                                writer_busy_s=self.store.stats.busy_now,
-                                               checks=self.stage.deterministic, on_checked=self.stage.checked)
+                                               checks=self.stage.deterministic, on_checked=self.stage.checked,
+                                               index=self.index)
         self.store.listeners.append(self.assembler.observe)
         self.store.on_listener_error = self._assembler_missed
         self.metrics.traces_waiting.set_function(self.assembler.pending_traces)
@@ -141,7 +148,7 @@ class Collector:
                                    self.settings.store.max_disk, self._on_storage,
                                    late_window_s=2 * self.settings.conversations.quiet_period_s,
                                    prune_dictionaries=lambda: self.store.run_in_writer(prune_unreferenced).result(),
-                                   gate=self.store.gate)
+                                   gate=self.store.gate, index=self.index)
         self.store.refusal = lambda: self.retention.stats.disk_full if self.retention else None
         self.assembler.store_writable = self.stage.store_writable = lambda: self.store.write_refusal() is None
         self.admin.ui.storage = self.retention.report
@@ -230,6 +237,8 @@ class Collector:
         if self.score_export is not None:
             await asyncio.to_thread(self.score_export.close)
         await asyncio.to_thread(self.store.close)
+        if self.index is not None:
+            await asyncio.to_thread(self.index.close)
         await asyncio.to_thread(self.decoder.stop)
         if self.assembler is not None:
             await asyncio.to_thread(self.assembler.pool.stop)

@@ -20,6 +20,7 @@ from tracejudge.collector.config import Settings
 from tracejudge.collector.log import Logger
 from tracejudge.collector.pipeline.conversation_assembler import MAX_PER_POLL, ConversationAssembler
 from tracejudge.collector.receivers.span_rows import spans_to_arrow
+from tracejudge.collector.store.assembled_index import AssembledIndex, index_path
 from tracejudge.collector.store.span_store import SpanStore, StoreStats
 from tracejudge.mapping import build_conversations, decode_otlp
 
@@ -48,7 +49,8 @@ def _assembling_store(path: Path, *, quiet_period_s: float, trace_cache: int | N
     if max_waiting_traces is not None:
         config.conversations.max_waiting_traces = max_waiting_traces
     assembler = ConversationAssembler(store.cursor(), config, Logger(stream=io.StringIO()),
-                                      lambda metric: "pending", {m: "x" for m in config.scoring.metrics})
+                                      lambda metric: "pending", {m: "x" for m in config.scoring.metrics},
+                                      index=AssembledIndex(index_path(path), store.cursor()))
     store.listeners.append(assembler.observe)
     return store, assembler
 

@@ -9,6 +9,7 @@ stored conversation has each metric's job done exactly once, and no score row is
 from __future__ import annotations
 
 import random
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -24,6 +25,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from tests.support.collector_process import CollectorProcess
 from tests.support.scripted_server import Reply, Request, completion
 from tests.test_pipeline import config, query, turn
+from tracejudge.collector.store.assembled_index import index_path
 
 ROUNDS, SEED = 5, 20261202
 METRICS = 3
@@ -105,3 +107,9 @@ def test_repeated_kill_9_loses_no_span_no_job_and_duplicates_no_score(tmp_path: 
                                          "metric)) FROM scores").fetchall()
         assert rows == distinct == METRICS * len(assembled), context
         assert con.execute("SELECT DISTINCT version FROM conversations").fetchall() == [(1,)]
+        # the index beside the file, rebuilt where a kill fell between its commit and DuckDB's, follows the table
+        traces = con.execute("SELECT trace_id, conversation_id, epoch_us(first_received_at), epoch_us(marked_at) "
+                             "FROM assembled_traces").fetchall()
+    assert len(traces) == len({t[0] for t in traces})  # a row a trace
+    with sqlite3.connect(index_path(db)) as sql:
+        assert set(sql.execute("SELECT trace_id, conversation_id, first_us, marked_us FROM traces")) == set(traces)

@@ -4,6 +4,7 @@ half-way that loses and duplicates nothing."""
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ from tests.support.collector_process import CollectorProcess
 from tests.test_pipeline import SCORES, UMBRELLA, config, conversations, export, judge_script, query, turn, wait_for
 from tracejudge.collector.config import RetentionSettings
 from tracejudge.collector.pipeline.retention import Retention
+from tracejudge.collector.store.assembled_index import index_path
 
 
 @pytest.fixture
@@ -207,6 +209,7 @@ NOT_BY_AGE = {
     "ingest_requests": "request digests: the span store keeps 15 minutes of them for redelivery",
     "review_queue_progress": "one row: how far the review queue has read",
     "review_rules": "the newest 100 edits of the review rules",
+    "assembled_index": "one row: the generation of assembled_traces its index beside the file follows",
 }
 
 
@@ -272,6 +275,10 @@ def test_a_real_collector_empties_every_table_and_a_span_after_the_markers_start
             line for line in collector.log_lines if "retention" in line][-3:])
         assert metric(collector, 'tracejudge_rows_pruned_total{table="pruned_conversations"}') == 2
         assert metric(collector, 'tracejudge_table_bytes{table="spans"}') == 0
+        # the assembler's index beside the file lost the pruned traces with the table, as retention deleted them
+        with sqlite3.connect(index_path(db)) as sql:
+            assert sql.execute("SELECT count(*) FROM traces").fetchone() == (0,)
+        assert not [line for line in collector.log_lines if "index behind the database" in line]
 
         # the marker expired with the conversation: a late span is a conversation of what came late, not skipped
         export(collector, late_umbrella_spans())
@@ -284,4 +291,8 @@ def test_a_real_collector_empties_every_table_and_a_span_after_the_markers_start
                                     "eval_jobs", "judged_content", "judge_calls", "assembled_traces",
                                     "conversation_summary", "call_summary", "score_summary"}  # the late one's own
     assert con.execute("SELECT count(DISTINCT conversation_id) FROM conversations").fetchone() == (1,)
+    traces = set(con.execute("SELECT trace_id, conversation_id, epoch_us(first_received_at), epoch_us(marked_at) "
+                             "FROM assembled_traces").fetchall())
     con.close()
+    with sqlite3.connect(index_path(db)) as sql:
+        assert set(sql.execute("SELECT trace_id, conversation_id, first_us, marked_us FROM traces")) == traces

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import sqlite3
 import threading
 import time
 from collections import OrderedDict, deque
@@ -52,9 +53,9 @@ from tracejudge.collector.pipeline.sampling import attribute_keys, decide, needs
 from tracejudge.collector.pipeline.scoring_stage import SCORE_SCHEMA, checked_score_row
 from tracejudge.collector.pipeline.session_index import SessionIndex
 from tracejudge.collector.receivers.span_rows import plain_strings
+from tracejudge.collector.store.assembled_index import Assembled, AssembledIndex
 from tracejudge.collector.store.id_table import id_table, registered
 from tracejudge.collector.store.memory_release import release_heap
-from tracejudge.collector.store.transaction import in_transaction
 from tracejudge.mapping.conversation_key import KEY_PRECEDENCE, TRACE_KEY
 
 PAUSE_STEP_S = 0.25  # how often a pause for ingest looks whether ingest stopped
@@ -132,7 +133,6 @@ class _Poll:
     kept: dict[str, KeptTrace]
     going_on: set[str]
     work: _Work
-    stored: frozenset[str]  # its traces with a row in assembled_traces when it was planned (assembled before)
     left_out: int  # the assembler's `left_out` when it was planned (traces left out, commits it failed on)
     # conversations that context traces joined while this poll was pending: written without judged jobs, as the
     # version with that context follows (judged then, once)
@@ -222,8 +222,12 @@ class ConversationAssembler:
     def __init__(self, con: duckdb.DuckDBPyConnection, settings: Settings, logger: Logger,
                  job_status: Callable[[str], str], metric_configs: dict[str, str],
                  writer_busy_s: Callable[[], float] | None = None, checks: tuple[str, ...] = (),
-                 on_checked: Callable[[list[CheckedScore]], None] | None = None) -> None:
+                 on_checked: Callable[[list[CheckedScore]], None] | None = None,
+                 index: AssembledIndex | None = None) -> None:
         self.con = con
+        # which traces were assembled into which conversation, looked up by id each poll (None: one in memory, built
+        # from the table; the collector keeps one in a file beside the database, shared with retention)
+        self.index = index or AssembledIndex(None, con.cursor(), logger.log)
         self.settings = settings
         self.log = logger
         self.job_status = job_status  # metric -> the status a new job starts in
@@ -604,7 +608,8 @@ class ConversationAssembler:
         since = min([since, *self._assembled_since(assembled_before)])
         owners = self._trace_keys(waiting, since)  # the stored spans decide: a late span may carry no key itself
         # a trace that a stronger key moved to another conversation leaves its old one short of it
-        moved = {trace: old for trace, old, _ in assembled_before if old != owners.get(trace, trace)}
+        moved = {row.trace_id: row.conversation_id for row in assembled_before
+                 if row.conversation_id != owners.get(row.trace_id, row.trace_id)}
         conversations: dict[str, set[str]] = {}
         for trace in waiting:
             conversations.setdefault(owners.get(trace, trace), set()).add(trace)
@@ -622,11 +627,11 @@ class ConversationAssembler:
         keyed = {c for c in conversations if c in owners.values()}
         kept: dict[str, KeptTrace] = {}
         going_on: set[str] = set()  # conversations that had traces assembled before: their traces are kept mapped
-        earlier: list[tuple[str, str, int | None]] = []
+        earlier: list[Assembled] = []
         if keyed:  # the conversation's earlier traces, assembled before, belong to it too
             earlier = self._assembled_into(keyed)
             with self._lock:  # mapped before and unchanged since: neither read nor mapped again
-                for trace, into, _ in earlier:
+                for trace, into, _, _ in earlier:
                     hit = self.cache.get(trace) if trace not in waiting else None
                     if hit is not None:
                         kept[trace] = hit
@@ -635,14 +640,13 @@ class ConversationAssembler:
                             owners.setdefault(trace, into if unkeyed else hit.mapped.conversation_id)
             unread = [row for row in earlier if row[0] not in kept]
             since = min([since, *self._assembled_since(unread)])
-            owners.update(self._trace_keys({t for t, _, _ in unread} - set(owners), since))
-            for trace, key, _ in earlier:
+            owners.update(self._trace_keys({row.trace_id for row in unread} - set(owners), since))
+            for trace, key, _, _ in earlier:
                 if owners.get(trace, trace) == key:
                     conversations[key].add(trace)
                     going_on.add(key)
-        stored = frozenset(t for t, _, _ in assembled_before) | frozenset(t for t, _, _ in earlier)
         poll = _Poll(due, owners, moved, conversations, since, kept, going_on,
-                     self._batches(conversations, since, kept), stored, self.left_out)
+                     self._batches(conversations, since, kept), self.left_out)
         try:
             self._send(poll, self.pool.workers + 1)
         except Exception:
@@ -694,7 +698,7 @@ class ConversationAssembler:
         """The traces still assembled into these conversations wait again, so each gets a version without the
         traces that left it."""
         rows = self._assembled_into(conversations)
-        self._wait_for(list(zip((trace for trace, _, _ in rows), self._assembled_since(rows), strict=True)))
+        self._wait_for(list(zip((row.trace_id for row in rows), self._assembled_since(rows), strict=True)))
 
     def _wait_for(self, traces: list[tuple[str, int]]) -> int:
         """These stored traces (each with the received_at, µs, its spans are no older than) wait for a quiet period
@@ -748,26 +752,21 @@ class ConversationAssembler:
         """Each trace's conversation: the highest-precedence key on any of its spans (as the mapping does)."""
         return {trace: key for trace, (_, key) in self._strongest_keys(traces, since_us).items()}
 
-    def _assembled(self, traces: set[str]) -> list[tuple[str, str, int | None]]:
-        """(trace, conversation, its oldest span's received_at in µs or None) of these traces, assembled before."""
-        with id_table(self.con, traces) as ids:
-            return self._assembled_rows(f"trace_id IN (SELECT id FROM {ids})")
+    def _assembled(self, traces: set[str]) -> list[Assembled]:
+        """(trace, conversation, its oldest span's received_at in µs or None, ...) of these traces, assembled
+        before."""
+        return self.index.by_trace(traces)
 
-    def _assembled_into(self, keys: set[str]) -> list[tuple[str, str, int | None]]:
+    def _assembled_into(self, keys: set[str]) -> list[Assembled]:
         """The same, of every trace assembled before into one of these conversations: their earlier traces (a
         trace belongs to its strongest key's conversation; one that gets a stronger key waits again)."""
-        with id_table(self.con, keys) as ids:
-            return self._assembled_rows(f"conversation_id IN (SELECT id FROM {ids})")
-
-    def _assembled_rows(self, where: str) -> list[tuple[str, str, int | None]]:
-        return self.con.execute(f"SELECT trace_id, conversation_id, epoch_us(first_received_at) FROM "
-                                f"assembled_traces WHERE {where}").fetchall()
+        return self.index.by_conversation(keys)
 
     @staticmethod
-    def _assembled_since(rows: list[tuple[str, str, int | None]]) -> list[int]:
+    def _assembled_since(rows: list[Assembled]) -> list[int]:
         """The received_at bound (µs) these traces' spans need; 0 where it is not known (traces assembled by a
         version that did not keep it)."""
-        return [first if first is not None else 0 for _, _, first in rows]
+        return [row.first_us if row.first_us is not None else 0 for row in rows]
 
     def _batches(self, conversations: dict[str, set[str]], since_us: int, kept: dict[str, KeptTrace]) -> _Work:
         """The conversations in batches of a bounded number of spans to read back (the spans received from
@@ -831,7 +830,7 @@ class ConversationAssembler:
             self.abandon(poll)
         mapped: dict[str, KeptTrace] = {}
         failed = self._write_built(work.result, work.local, poll.conversations, poll.since_us, poll.kept, mapped,
-                                   poll.going_on, poll.unjudged, poll.stored)
+                                   poll.going_on, poll.unjudged)
         return failed, mapped
 
     def _read_and_submit(self, batch: list[str], conversations: dict[str, set[str]], since_us: int,
@@ -877,8 +876,7 @@ class ConversationAssembler:
 
     def _write_built(self, result: BatchResult, local: dict[str, list[KeptTrace]],
                      conversations: dict[str, set[str]], since_us: int, kept: dict[str, KeptTrace],
-                     mapped: dict[str, KeptTrace], going_on: set[str], unjudged: set[str],
-                     stored: frozenset[str] | None = None) -> set[str]:
+                     mapped: dict[str, KeptTrace], going_on: set[str], unjudged: set[str]) -> set[str]:
         """Write the conversations built (those `unjudged` without judged jobs), mark their traces assembled and
         attach context traces; the traces mapped here of those `going_on` go to `mapped`. The ids that failed."""
         for conversation_id, reason in result.failed.items():
@@ -898,7 +896,7 @@ class ConversationAssembler:
         latest = {c: max((p.newest for p in parts), default=datetime.now(UTC)) for c, parts in done.items()}
         marked = {c: conversations[c] - kept.keys() for c in done}  # a kept trace's row is newer than its spans
         self._mark_assembled(marked, {t: newest.get(t, latest[c]) for c, traces in marked.items() for t in traces},
-                             {p.trace_id: p.first for parts in done.values() for p in parts}, stored)
+                             {p.trace_id: p.first for parts in done.values() for p in parts})
         attach = {trace: owner for trace, owner in attach.items() if owner not in failed}
         self._attached_to = set(attach.values())
         if attach:
@@ -960,23 +958,23 @@ class ConversationAssembler:
         a context trace held from an earlier poll is older than this poll's spans (`since_us`)."""
         try:
             found = self._assembled(set(attach))
-            oldest = {trace: first for (trace, _, _), first in zip(found, self._assembled_since(found), strict=True)}
-        except duckdb.Error:  # not known: they wait from the start of the table
+            oldest = {row.trace_id: first for row, first in zip(found, self._assembled_since(found), strict=True)}
+        except (duckdb.Error, sqlite3.Error):  # not known: they wait from the start of the table
             oldest = {}
         since = [(trace, min(since_us, oldest.get(trace, 0))) for trace in attach]
         now = datetime.now(UTC)
         rows = pa.table({"trace_id": list(attach), "conversation_id": list(attach.values()),
                          "attached_at": pa.array([now] * len(attach), _UTC_US)})
-        with registered(self.con, rows) as name:
+        with registered(self.con, rows) as name, id_table(self.con, attach) as ids:
             def work() -> None:
                 self.con.execute(f"INSERT OR REPLACE INTO trace_attachments SELECT * FROM {name}")
-                self.con.execute(f"DELETE FROM assembled_traces WHERE trace_id IN (SELECT trace_id FROM {name})")
+                self.index.delete_earlier(self.con, ids, self.index.marks(attach))
                 for table in ("conversations", "conversation_summary", "call_summary"):
                     status = f" AND status = '{CONTEXT_ONLY}'" if table == "conversations" else ""
                     self.con.execute(f"DELETE FROM {table} WHERE conversation_id IN (SELECT trace_id FROM {name})"
                                      + status)
             try:
-                in_transaction(self.con, work)
+                self.index.write(self.con, work, remove=attach)
             except duckdb.Error as exc:  # they wait again: their next assembly tries once more
                 self.log.warning("context not attached", traces=len(attach), reason=str(exc))
                 self._attached.extend(since)
@@ -989,30 +987,34 @@ class ConversationAssembler:
         self.log.error("assembly failed", conversation_id=conversation_id, reason=reason)
 
     def _mark_assembled(self, conversations: dict[str, set[str]], newest: dict[str, datetime],
-                        first: dict[str, datetime], stored: frozenset[str] | None = None) -> None:
+                        first: dict[str, datetime]) -> None:
         """Each trace's conversation, its newest span assembled (a restart or `take_in` re-queues what came after)
         and its oldest (later reads of it start there; None: not read). One row a trace: `assembled_traces` has no key
         (its index made every checkpoint, and the exports waiting on it, longer as it grew), so a trace's earlier
-        row is deleted in the same transaction: of the traces in `stored`, those the poll found assembled before
-        (None: any), since the delete scans the whole table and most traces are new."""
+        row is deleted in the same transaction, found by when it was written (`AssembledIndex.delete_earlier`)."""
         if not conversations:
             return
         now = datetime.now(UTC)
+        marked_us = int((now - _EPOCH) / timedelta(microseconds=1))
         owner = {t: c for c, members in conversations.items() for t in members}  # a trace once (the last naming it)
         traces = list(owner)
+        firsts = [first.get(t) for t in traces]
         table = pa.table({
             "trace_id": traces,
             "conversation_id": [owner[t] for t in traces],
             "assembled_at": pa.array([newest.get(t, now) for t in traces], _UTC_US),
-            "first_received_at": pa.array([first.get(t) for t in traces], _UTC_US),
+            "first_received_at": pa.array(firsts, _UTC_US),
+            "marked_at": pa.array([marked_us] * len(traces), _UTC_US),
         })
-        again = [t for t in traces if stored is None or t in stored]
-        with registered(self.con, table) as name, id_table(self.con, again) as replaced:
+        rows = [Assembled(t, owner[t], None if f is None else int((f - _EPOCH) / timedelta(microseconds=1)),
+                          marked_us) for t, f in zip(traces, firsts, strict=True)]
+        with registered(self.con, table) as name, id_table(self.con, traces) as ids:
             def work() -> None:
-                if again:
-                    self.con.execute(f"DELETE FROM assembled_traces WHERE trace_id IN (SELECT id FROM {replaced})")
+                marks = self.index.marks(traces)  # most traces are new: no row, nothing to delete
+                if marks:
+                    self.index.delete_earlier(self.con, ids, marks)
                 self.con.execute(f"INSERT INTO assembled_traces BY NAME SELECT * FROM {name}")
-            in_transaction(self.con, work)
+            self.index.write(self.con, work, put=rows)
 
     def _dictionaries(self, scope_ids: set[int], resource_ids: set[int]) -> tuple[Scopes, Resources]:
         """The scopes (name, version) and resources (parsed attributes) these spans refer to, each read once."""

@@ -30,6 +30,7 @@ import duckdb
 import pyarrow as pa
 
 from tracejudge.collector.config import RetentionSettings
+from tracejudge.collector.store.assembled_index import AssembledIndex, index_bytes, index_path
 from tracejudge.collector.store.checkpoint_gate import CheckpointGate, WritesRefused
 from tracejudge.collector.store.durable_files import write_durably
 from tracejudge.collector.store.id_table import id_table
@@ -146,12 +147,16 @@ class Retention:
     def __init__(self, con: duckdb.DuckDBPyConnection, settings: RetentionSettings, log: Log, db_path: Path,
                  max_disk: int | None = None, on_report: Callable[[StorageReport], None] | None = None,
                  late_window_s: float = 240.0,
-                 prune_dictionaries: Callable[[], None] | None = None, gate: CheckpointGate | None = None) -> None:
+                 prune_dictionaries: Callable[[], None] | None = None, gate: CheckpointGate | None = None,
+                 index: AssembledIndex | None = None) -> None:
         """`late_window_s`: the disk budget never takes spans of a conversation assembled more recently.
         `prune_dictionaries`: delete the resources and scopes no span refers to any more, where the span writer
         runs it between commits (`SpanStore.run_in_writer`); None: on this connection (no writer runs).
-        `gate`: the store's, which the pipeline's writers hold (`SpanStore.gate`); None: no other writer."""
+        `gate`: the store's, which the pipeline's writers hold (`SpanStore.gate`); None: no other writer.
+        `index`: the assembler's index of assembled_traces (`AssembledIndex`); None: the file's, opened when spans
+        are first pruned."""
         self.con = con
+        self._index = index
         self.gate = gate or CheckpointGate()
         self.prune_dictionaries = prune_dictionaries or (lambda: prune_unreferenced(self.con))
         self._spans_pruned = False  # since the resources and scopes were last pruned
@@ -167,6 +172,12 @@ class Retention:
         self._checkpoint_due = False  # rows were deleted and the checkpoint that frees their blocks was skipped
         self._round = 0
         self._compact_after: dict[str, int] = {}  # table -> the round its rewrite may be tried again
+
+    @property
+    def index(self) -> AssembledIndex:
+        if self._index is None:
+            self._index = AssembledIndex(index_path(self.db_path), self.con.cursor(), self.log)
+        return self._index
 
     @property
     def enabled(self) -> bool:
@@ -308,9 +319,10 @@ class Retention:
         return {t: round(used * w / total) if total else 0 for t, w in weight.items()}
 
     def used_bytes(self) -> int:
-        """Bytes the database holds in use (not the free blocks DuckDB will reuse), plus its WAL."""
+        """Bytes the database holds in use (not the free blocks DuckDB will reuse), plus its WAL and the assembled
+        traces' index beside it."""
         report = self.report()
-        return report.db_bytes["used"] + report.db_bytes["wal"]
+        return report.db_bytes["used"] + report.db_bytes["wal"] + index_bytes(self.db_path)
 
     # --- spans -----------------------------------------------------------------------------------------
 
@@ -349,17 +361,18 @@ class Retention:
             archived = self._archive("spans", f"SELECT * FROM spans WHERE {where}", [snapshot],
                                      "CAST(coalesce(make_timestamp(start_ns // 1000), timezone('UTC', received_at)) "
                                      "AS DATE)", batch_id)
-            self.con.execute("BEGIN TRANSACTION")
-            try:
-                [(deleted,)] = self.con.execute(f"DELETE FROM span_records WHERE {where}", [snapshot]).fetchall()
+            counted: list[int] = []
+
+            def work() -> None:
+                counted.extend(self.con.execute(f"DELETE FROM span_records WHERE {where}", [snapshot]).fetchall()[0])
+                # the traces' rows from whenever they were written: a full scan, once a batch (not once a poll)
                 self.con.execute(f"DELETE FROM assembled_traces WHERE trace_id IN (SELECT id FROM {ids})")
                 self.con.execute(f"DELETE FROM trace_attachments WHERE trace_id IN (SELECT id FROM {ids})")
                 self.con.execute(f"INSERT OR REPLACE INTO pruned_conversations SELECT id, now() FROM {pruned}")
                 self.con.execute("DELETE FROM retention_batches WHERE batch_id = ?", [batch_id])
-                self.con.execute("COMMIT")
-            except Exception:
-                self.con.execute("ROLLBACK")
-                raise
+
+            self.index.write(self.con, work, remove=traces)
+            deleted = counted[0]
         self._spans_pruned = True
         self.stats.add("spans", deleted, archived)
         self.log("debug", "spans pruned", conversations=len(conversations), traces=len(traces), spans=deleted,

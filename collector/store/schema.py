@@ -317,7 +317,7 @@ def summary_tables_ddl(temporary: bool = False) -> str:
     """.replace("{create}", create)
 
 
-SCHEMA_VERSION = 27
+SCHEMA_VERSION = 28
 # SQL, or a function of the connection where the migration needs Python (ids computed as ingest computes them)
 MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     1: f"""
@@ -649,6 +649,14 @@ MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
         FROM assembled_traces;
     DROP TABLE assembled_traces;
     ALTER TABLE assembled_traces_unkeyed RENAME TO assembled_traces;
+    """,
+    # the assembled traces indexed in SQLite beside the file (`store/assembled_index.py`): the generation every change
+    # of assembled_traces bumps, so the index sees when it is behind, and when each row was written, so deleting a
+    # trace's earlier row reads only the row groups written then
+    28: """
+    CREATE TABLE assembled_index (generation BIGINT NOT NULL);
+    INSERT INTO assembled_index VALUES (0);
+    ALTER TABLE assembled_traces ADD COLUMN marked_at TIMESTAMPTZ;
     """,
 }
 

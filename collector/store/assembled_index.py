@@ -1,0 +1,306 @@
+"""`assembled_traces` indexed in SQLite beside the DuckDB file, so the assembler's lookups cost what a poll holds.
+
+Every poll asks which of its traces were assembled before and which traces its conversations already hold. DuckDB
+1.5 answers `IN (SELECT ...)` with a full scan, and an index on the table made every checkpoint rewrite it (schema
+27 dropped it), so those lookups grew with every trace ever assembled: 0.4 s each at 16M rows
+(`python bench/assembly.py --assembled-before 16000000`). SQLite's B-trees answer them in microseconds, with a
+bounded page cache.
+
+DuckDB stays the record and the index follows it. Every change to `assembled_traces` goes through
+`AssembledIndex.write`, which sets `assembled_index.generation` to a new random stamp in the same DuckDB transaction,
+then applies the change here under that stamp. Each lookup compares the two first: a crash between the commits, a
+SQLite write that failed, a database file restored from a backup (random, so no other history of the file has the
+same stamp) or a writer that bypassed this class leaves them apart, and the index is rebuilt from DuckDB before it
+answers. An index file SQLite cannot read is removed and made again the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import NamedTuple
+
+import duckdb
+
+from tracejudge.collector.store.transaction import in_transaction
+
+SUFFIX = ".assembled.sqlite"  # beside the DuckDB file: `tracejudge.duckdb.assembled.sqlite`
+AT_ONCE = 500  # ids per SQLite statement (its bound-parameter limit is higher; this keeps statements small)
+REBUILD_ROWS = 100_000  # rows copied from DuckDB per step of a rebuild
+# a delete of earlier rows reads the row groups marked since the newest mark less this in one statement, and each
+# older mark alone: DuckDB skips the row groups outside by their min/max of marked_at
+RECENT_US = 3_600_000_000
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_TRACES = """
+CREATE TABLE IF NOT EXISTS traces (
+    trace_id TEXT PRIMARY KEY,
+    conversation_id TEXT NOT NULL,
+    first_us INTEGER,
+    marked_us INTEGER
+) WITHOUT ROWID"""
+_STATE = "CREATE TABLE IF NOT EXISTS state (generation INTEGER NOT NULL)"
+_BY_CONVERSATION = "CREATE INDEX IF NOT EXISTS traces_by_conversation ON traces (conversation_id)"
+
+
+class Assembled(NamedTuple):
+    """A trace assembled before: its conversation, its oldest span's received_at and when its row was written
+    (µs; None where an older collector did not keep them)."""
+
+    trace_id: str
+    conversation_id: str
+    first_us: int | None
+    marked_us: int | None
+
+
+def _damage(exc: sqlite3.Error) -> bool:
+    """Whether SQLite found the file damaged or not a database at all (`SQLITE_CORRUPT`, `SQLITE_NOTADB`)."""
+    return (getattr(exc, "sqlite_errorcode", 0) & 0xFF) in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+
+
+def index_path(db_path: Path) -> Path:
+    return db_path.with_name(db_path.name + SUFFIX)
+
+
+def index_bytes(db_path: Path) -> int:
+    """The index's files on disk beside this database (for the disk budget)."""
+    path = index_path(db_path)
+    return sum(p.stat().st_size for p in (path, Path(f"{path}-wal")) if p.exists())
+
+
+class AssembledIndex:
+    """The index of one DuckDB file's `assembled_traces` (`path`; None: in memory, rebuilt at each start). One per
+    file and process: its lock puts the index's changes in the order of their DuckDB commits."""
+
+    def __init__(self, path: Path | None, con: duckdb.DuckDBPyConnection,
+                 log: Callable[..., None] | None = None) -> None:
+        self.path = path
+        self.con = con  # a cursor of its own, to compare generations (under `_duck_lock`; a rebuild takes another)
+        self.log = log or (lambda *args, **fields: None)
+        self.rebuilds = 0  # times the index was found behind DuckDB and rebuilt (a crash, a restored file)
+        self._order = threading.RLock()  # held across a change's DuckDB commit and its apply here
+        self._sql_lock = threading.Lock()  # the SQLite connection, one statement sequence at a time
+        self._duck_lock = threading.Lock()  # `con`: a DuckDB connection holds one result at a time
+        self._writing: int | None = None  # the generation a change in flight has committed in DuckDB
+        try:
+            self._sql = self._connect()
+            self._generation = self._stored_generation()  # compared with DuckDB's at the first lookup, not here: a
+            # rebuild at a start after a crash takes a while, and ingest need not wait for it
+        except sqlite3.DatabaseError as exc:
+            if not _damage(exc):
+                raise
+            self._sql = self._made_again(exc)
+
+    def _made_again(self, exc: sqlite3.DatabaseError) -> sqlite3.Connection:
+        """An index file SQLite cannot read (not one, or damaged) is removed and opened empty, to be rebuilt: it only
+        ever copies the table."""
+        self.log("warning", "the assembled-traces index cannot be read; it is made again from the database",
+                 path=str(self.path), reason=str(exc))
+        if self.path is not None:
+            for leftover in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
+                leftover.unlink(missing_ok=True)
+        self._generation = None
+        return self._connect()
+
+    def _damaged(self, exc: sqlite3.DatabaseError) -> None:
+        """After a statement SQLite refused as damaged (`_damage`; a full disk or a busy file is not): a fresh file,
+        rebuilt by the next lookup."""
+        if not _damage(exc):
+            return
+        with self._sql_lock:
+            with contextlib.suppress(sqlite3.Error):
+                self._sql.close()
+            self._sql = self._made_again(exc)
+
+    def _connect(self) -> sqlite3.Connection:
+        sql = sqlite3.connect(":memory:" if self.path is None else str(self.path), check_same_thread=False,
+                              isolation_level=None)
+        try:
+            sql.execute("PRAGMA journal_mode = WAL")
+            sql.execute("PRAGMA synchronous = NORMAL")  # a commit lost with the machine shows as a generation behind
+            for statement in (_TRACES, _STATE, _BY_CONVERSATION):
+                sql.execute(statement)
+        except sqlite3.Error:
+            sql.close()
+            raise
+        return sql
+
+    def close(self) -> None:
+        with self._sql_lock:
+            self._sql.close()
+
+    def follow(self) -> None:
+        """Make the index again now if it is behind the table (else its next lookup would)."""
+        self._check()
+
+    # --- lookups --------------------------------------------------------------------------------------------
+
+    def by_trace(self, traces: Iterable[str]) -> list[Assembled]:
+        """The rows of these traces that were assembled before."""
+        return self._select("trace_id", traces)
+
+    def by_conversation(self, conversations: Iterable[str]) -> list[Assembled]:
+        """The rows of every trace assembled into one of these conversations."""
+        return self._select("conversation_id", conversations)
+
+    def _select(self, column: str, values: Iterable[str]) -> list[Assembled]:
+        wanted = list(dict.fromkeys(values))
+        for attempt in range(2):
+            self._check()
+            out: list[Assembled] = []
+            try:
+                with self._sql_lock:
+                    for start in range(0, len(wanted), AT_ONCE):
+                        chunk = wanted[start:start + AT_ONCE]
+                        out.extend(Assembled(*row) for row in self._sql.execute(
+                            f"SELECT trace_id, conversation_id, first_us, marked_us FROM traces WHERE {column} IN "
+                            f"({','.join('?' * len(chunk))})", chunk))
+                return out
+            except sqlite3.DatabaseError as exc:  # damaged: made again, and asked once more
+                if attempt or not _damage(exc):
+                    raise
+                self._damaged(exc)
+        raise AssertionError("unreachable")
+
+    # --- changes --------------------------------------------------------------------------------------------
+
+    def write(self, con: duckdb.DuckDBPyConnection, work: Callable[[], object], put: Sequence[Assembled] = (),
+              remove: Iterable[str] = ()) -> None:
+        """Run `work` (which changes `assembled_traces` on `con`) in one DuckDB transaction with the generation's
+        bump, then make the same change here: `remove` these traces' rows, then `put` these rows (replacing a
+        trace's earlier one). Lookups made inside `work` see the index as it was before it."""
+        remove = list(remove)
+        stamp = random.getrandbits(63)  # no other history of the file can have it (a counter could repeat)
+        with self._order:
+            self._check()
+            in_transaction(con, lambda: (work(), con.execute("UPDATE assembled_index SET generation = ?", [stamp])))
+            self._writing = stamp
+            try:
+                with self._sql_transaction() as sql:
+                    for start in range(0, len(remove), AT_ONCE):
+                        chunk = remove[start:start + AT_ONCE]
+                        sql.execute(f"DELETE FROM traces WHERE trace_id IN ({','.join('?' * len(chunk))})", chunk)
+                    sql.executemany("INSERT OR REPLACE INTO traces VALUES (?, ?, ?, ?)", put)
+                    sql.execute("UPDATE state SET generation = ?", [stamp])
+                self._generation = stamp
+            except sqlite3.Error as exc:  # DuckDB holds the change: the next lookup finds the index behind, rebuilds
+                self.log("warning", "the assembled-traces index missed a change; it is rebuilt from the database",
+                         path=str(self.path), reason=str(exc))
+                if isinstance(exc, sqlite3.DatabaseError):
+                    self._damaged(exc)  # and if the file is damaged, a fresh one
+            finally:
+                self._writing = None
+
+    def marks(self, traces: Iterable[str]) -> dict[str, int | None]:
+        """When each of these traces' rows was written (those with a row), for `delete_earlier` inside `work`."""
+        return {row.trace_id: row.marked_us for row in self.by_trace(traces)}
+
+    def delete_earlier(self, con: duckdb.DuckDBPyConnection, ids: str, marks: dict[str, int | None]) -> None:
+        """Delete from `assembled_traces` the rows of the traces in the registered table `ids`, whose rows were
+        written at `marks` (`marks`): each statement bounded by marked_at, so DuckDB skips the row groups written
+        at other times instead of scanning every trace ever assembled."""
+        if any(mark is None for mark in marks.values()):  # rows of an older collector: its row groups only
+            con.execute(f"DELETE FROM assembled_traces WHERE marked_at IS NULL AND trace_id IN (SELECT id FROM {ids})")
+        known = sorted({mark for mark in marks.values() if mark is not None})
+        if not known:
+            return
+        recent = next(mark for mark in known if mark >= known[-1] - RECENT_US)
+        con.execute(f"DELETE FROM assembled_traces WHERE marked_at >= ? AND trace_id IN (SELECT id FROM {ids})",
+                    [_EPOCH + timedelta(microseconds=recent)])
+        for mark in known:
+            if mark >= recent:
+                break
+            con.execute(f"DELETE FROM assembled_traces WHERE marked_at = ? AND trace_id IN (SELECT id FROM {ids})",
+                        [_EPOCH + timedelta(microseconds=mark)])
+
+    @contextlib.contextmanager
+    def _sql_transaction(self) -> Iterator[sqlite3.Connection]:
+        """The SQLite connection in one transaction, committed whole or rolled back."""
+        with self._sql_lock:
+            self._sql.execute("BEGIN")
+            try:
+                yield self._sql
+                self._sql.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    self._sql.execute("ROLLBACK")
+                raise
+
+    # --- keeping up with DuckDB -----------------------------------------------------------------------------
+
+    def _duck_generation(self, con: duckdb.DuckDBPyConnection | None = None) -> int:
+        if con is not None:
+            return int(con.execute("SELECT generation FROM assembled_index").fetchall()[0][0])
+        with self._duck_lock:
+            return int(self.con.execute("SELECT generation FROM assembled_index").fetchall()[0][0])
+
+    def _stored_generation(self) -> int | None:
+        row = self._sql.execute("SELECT generation FROM state").fetchone()
+        return None if row is None else int(row[0])
+
+    def _check(self) -> None:
+        """Rebuild the index if DuckDB's generation is not the one it holds (or one a change in flight has just
+        committed there, which it applies next)."""
+        current = self._duck_generation()
+        if current == self._generation or current == self._writing:
+            return
+        with self._order:  # no change commits while the rows are copied
+            current = self._duck_generation()
+            if current != self._generation:
+                self._rebuild()
+
+    def _rebuild(self) -> None:
+        """Copy `assembled_traces` here; an index file found damaged on the way is made afresh and copied once more."""
+        for attempt in range(2):
+            try:
+                self._copy()
+                return
+            except sqlite3.DatabaseError as exc:
+                if attempt or not _damage(exc):
+                    raise
+                self._damaged(exc)
+
+    def _copy(self) -> None:
+        """The table's rows, sorted by trace (the B-tree fills in order), from one DuckDB snapshot read on a cursor of
+        its own (a lookup's generation check on `con` would end its result)."""
+        started = time.monotonic()
+        copied = 0
+        con = self.con.cursor()
+        con.execute("BEGIN TRANSACTION")
+        try:
+            generation = self._duck_generation(con)
+            [(total,)] = con.execute("SELECT count(*) FROM assembled_traces").fetchall()
+            said = total > 0 or self._generation is not None  # not said of a new index for a new file
+            if said:
+                self.log("info", "assembled-traces index behind the database: made again from it",
+                         path=str(self.path), traces=total,
+                         advice="about 6 s a million traces; assembly waits for it, ingest does not")
+            reader = con.execute(
+                "SELECT trace_id, conversation_id, epoch_us(first_received_at), epoch_us(marked_at) "
+                "FROM assembled_traces ORDER BY trace_id").to_arrow_reader(REBUILD_ROWS)
+            with self._sql_transaction() as sql:
+                sql.execute("DROP TABLE IF EXISTS traces")
+                sql.execute(_TRACES)
+                sql.execute("DELETE FROM state")
+                for batch in reader:  # by columns: a tuple per row from DuckDB cost half as much again
+                    sql.executemany("INSERT OR REPLACE INTO traces VALUES (?, ?, ?, ?)",
+                                    zip(*(column.to_pylist() for column in batch.columns), strict=True))
+                    copied += batch.num_rows
+                sql.execute(_BY_CONVERSATION)  # built once, after the rows: faster than row by row
+                sql.execute("INSERT INTO state VALUES (?)", [generation])
+            with self._sql_lock, contextlib.suppress(sqlite3.Error):  # the WAL held every row once: give it back
+                self._sql.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            with contextlib.suppress(duckdb.Error):
+                con.execute("ROLLBACK")
+            con.close()
+        self._generation = generation
+        if said:
+            self.rebuilds += 1
+            self.log("info", "assembled-traces index rebuilt from the database", path=str(self.path), traces=copied,
+                     seconds=round(time.monotonic() - started, 2))

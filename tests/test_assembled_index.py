@@ -1,0 +1,270 @@
+"""The index of assembled traces beside the DuckDB file: it answers as `assembled_traces` would, and is made again
+from the table whenever it is behind it (a crash between the two commits, a database restored from a backup, a
+broken index file)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import io
+import shutil
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from tests.test_assembler import _assembling_store, _write_turn
+from tracejudge.collector.log import Logger
+from tracejudge.collector.store.assembled_index import Assembled, AssembledIndex, index_path
+from tracejudge.collector.store.id_table import id_table
+from tracejudge.collector.store.schema import migrate
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def _table(con: duckdb.DuckDBPyConnection) -> set[tuple[object, ...]]:
+    return set(con.execute("SELECT trace_id, conversation_id, epoch_us(first_received_at), epoch_us(marked_at) "
+                           "FROM assembled_traces").fetchall())
+
+
+def _indexed(path: Path) -> set[tuple[object, ...]]:
+    import sqlite3
+
+    with sqlite3.connect(path) as sql:
+        return set(sql.execute("SELECT trace_id, conversation_id, first_us, marked_us FROM traces").fetchall())
+
+
+def _database(path: Path) -> tuple[duckdb.DuckDBPyConnection, AssembledIndex]:
+    """A migrated database file and its index beside it."""
+    con = duckdb.connect(str(path))
+    migrate(con)
+    return con, AssembledIndex(index_path(path), con.cursor())
+
+
+def _us(at: dt.datetime) -> int:
+    return (at - _EPOCH) // dt.timedelta(microseconds=1)
+
+
+def test_the_index_holds_what_the_assembler_wrote_and_one_row_a_trace_when_it_assembles_again(tmp_path) -> None:
+    async def scenario() -> None:
+        store, assembler = _assembling_store(tmp_path / "s.duckdb", quiet_period_s=0.05)
+        try:
+            now = dt.datetime.now(dt.UTC)
+            await _write_turn(store, 1, 1, "chat-a", "first", now)
+            await _write_turn(store, 2, 2, "chat-b", "other", now)
+            await asyncio.sleep(0.1)
+            assert assembler.assemble_due() == 2
+            later = dt.datetime.now(dt.UTC)
+            await _write_turn(store, 3, 3, "chat-a", "second", later)  # chat-a goes on: trace 1 is an earlier trace
+            await _write_turn(store, 2, 9, "chat-b", "late", later)  # a late span of trace 2
+            await asyncio.sleep(0.1)
+            assert assembler.assemble_due() == 2
+            con = store.cursor()
+            rows = _table(con)
+            assert len(rows) == 3 == len({r[0] for r in rows})  # a row a trace, the late span's trace once
+            assert {(r[0], r[1]) for r in rows} == {(f"{1:032x}", "chat-a"), (f"{2:032x}", "chat-b"),
+                                                    (f"{3:032x}", "chat-a")}
+            assert _indexed(index_path(tmp_path / "s.duckdb")) == rows
+            assert {r.trace_id for r in assembler.index.by_conversation(["chat-a"])} == {f"{1:032x}", f"{3:032x}"}
+            assert [r.conversation_id for r in assembler.index.by_trace([f"{2:032x}", "no-such-trace"])] == ["chat-b"]
+        finally:
+            store.close()
+
+    asyncio.run(scenario())
+
+
+def _rows_at(con: duckdb.DuckDBPyConnection, index: AssembledIndex, rows: dict[str, int | None]) -> None:
+    """Rows of these traces written at these marks (µs; None: by a collector before marks), each its own row."""
+    def work() -> None:
+        for trace, mark in rows.items():
+            con.execute("INSERT INTO assembled_traces VALUES (?, 'c', now(), NULL, ?)",
+                        [trace, None if mark is None else _EPOCH + dt.timedelta(microseconds=mark)])
+
+    index.write(con, work, put=[Assembled(t, "c", None, m) for t, m in rows.items()])
+
+
+def test_deleting_earlier_rows_finds_each_by_when_it_was_written_and_touches_no_other(tmp_path) -> None:
+    con, index = _database(tmp_path / "d.duckdb")
+    now = _us(dt.datetime.now(dt.UTC))
+    hours = 3_600_000_000
+    marks = {"older-collector": None, "three-hours": now - 3 * hours, "two-hours": now - 2 * hours,
+             "ten-minutes": now - 600_000_000, "a-minute": now - 60_000_000, "untouched-now": now,
+             "untouched-five-minutes": now - 300_000_000, "untouched-three-hours": now - 3 * hours,
+             "untouched-older-collector": None}
+    _rows_at(con, index, marks)
+    doomed = [t for t in marks if not t.startswith("untouched")]
+
+    def work() -> None:
+        with id_table(con, doomed) as ids:
+            index.delete_earlier(con, ids, index.marks(doomed))
+
+    index.write(con, work, remove=doomed)
+    left = {t for (t,) in con.execute("SELECT trace_id FROM assembled_traces").fetchall()}
+    assert left == {"untouched-now", "untouched-five-minutes", "untouched-three-hours", "untouched-older-collector"}
+    assert {r.trace_id for r in index.by_conversation(["c"])} == left
+    index.close()
+    con.close()
+
+
+def test_a_change_that_reached_the_database_and_not_the_index_is_found_and_the_index_made_again(tmp_path) -> None:
+    """As a kill between the two commits leaves them: the generation tells, at the next start and at the next lookup
+    of a running collector."""
+    db = tmp_path / "c.duckdb"
+    con = duckdb.connect(str(db))
+    migrate(con)
+    logged: list[str] = []
+    index = AssembledIndex(index_path(db), con.cursor(), lambda level, event, **fields: logged.append(event))
+    _rows_at(con, index, {"t1": 1, "t2": 2})
+    # what a process killed after DuckDB's commit leaves: the table changed, the generation with it, the index not
+    con.execute("BEGIN; DELETE FROM assembled_traces WHERE trace_id = 't1'; "
+                "INSERT INTO assembled_traces VALUES ('t3', 'd', now(), NULL, now()); "
+                "UPDATE assembled_index SET generation = generation + 1; COMMIT")
+    assert {r.trace_id for r in index.by_conversation(["c", "d"])} == {"t2", "t3"}  # the running one notices
+    index.close()
+    con.execute("BEGIN; DELETE FROM assembled_traces WHERE trace_id = 't2'; "
+                "UPDATE assembled_index SET generation = generation + 1; COMMIT")
+    reopened = AssembledIndex(index_path(db), con.cursor())  # the next start
+    assert reopened.by_trace(["t1", "t2", "t3"])[0].trace_id == "t3" and len(reopened.by_trace(["t1", "t2"])) == 0
+    assert reopened.rebuilds == 1
+    assert _indexed(index_path(db)) == _table(con)
+    assert logged.count("assembled-traces index rebuilt from the database") == 1  # by the running one
+    reopened.close()
+    con.close()
+
+
+def test_a_database_restored_from_a_backup_gets_its_own_index_not_the_newer_one(tmp_path) -> None:
+    db = tmp_path / "r.duckdb"
+    con, index = _database(db)
+    _rows_at(con, index, {"kept": 1})
+    con.close()
+    shutil.copy(db, tmp_path / "backup.duckdb")
+    con = duckdb.connect(str(db))
+    index.con = con.cursor()
+    _rows_at(con, index, {"after-the-backup": 2})
+    index.close()
+    con.close()
+    shutil.copy(tmp_path / "backup.duckdb", db)  # the index beside it is newer than the file now
+    con = duckdb.connect(str(db))
+    restored = AssembledIndex(index_path(db), con.cursor())
+    assert [r.trace_id for r in restored.by_conversation(["c"])] == ["kept"]
+    restored.close()
+    con.close()
+
+
+def test_an_index_file_that_cannot_be_read_is_made_again_with_a_warning(tmp_path) -> None:
+    db = tmp_path / "b.duckdb"
+    con, first = _database(db)
+    _rows_at(con, first, {"t": 5})
+    first.close()
+    index_path(db).write_bytes(b"not an index " * 1000)
+    for suffix in ("-wal", "-shm"):
+        Path(f"{index_path(db)}{suffix}").unlink(missing_ok=True)
+    out = io.StringIO()
+    again = AssembledIndex(index_path(db), con.cursor(), Logger(stream=out).log)
+    assert [r.trace_id for r in again.by_trace(["t"])] == ["t"]
+    assert "cannot be read" in out.getvalue()
+    again.close()
+    con.close()
+
+
+def test_a_change_the_database_refuses_leaves_the_index_as_it_was(tmp_path) -> None:
+    db = tmp_path / "f.duckdb"
+    con, index = _database(db)
+    _rows_at(con, index, {"t": 5})
+
+    def failing() -> None:
+        con.execute("DELETE FROM assembled_traces")
+        raise RuntimeError("the disk is full")
+
+    with pytest.raises(RuntimeError):
+        index.write(con, failing, remove=["t"])
+    assert [r.trace_id for r in index.by_trace(["t"])] == ["t"] and _table(con) == _indexed(index_path(db))
+    index.close()
+    con.close()
+
+
+def test_lookups_in_one_thread_while_another_writes_see_the_table_before_or_after_each_change(tmp_path) -> None:
+    """The assembler looks up while retention deletes, each from its own thread, through one index."""
+    import threading
+
+    db = tmp_path / "t.duckdb"
+    con, index = _database(db)
+    writer = con.cursor()
+    errors: list[BaseException] = []
+    seen: list[int] = []
+    done = threading.Event()
+
+    def write_pairs() -> None:
+        try:
+            for n in range(300):  # each change puts two traces of a conversation in
+                pair = [f"t{n}-a", f"t{n}-b"]
+
+                def work(pair: list[str] = pair, n: int = n) -> None:
+                    for trace in pair:
+                        writer.execute("INSERT INTO assembled_traces VALUES (?, ?, now(), NULL, NULL)",
+                                       [trace, f"c{n}"])
+
+                index.write(writer, work, put=[Assembled(t, f"c{n}", None, None) for t in pair])
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=write_pairs)
+    thread.start()
+    try:
+        while not done.is_set():
+            rows = index.by_conversation([f"c{n}" for n in range(300)])
+            seen.append(len(rows))
+            assert len(rows) % 2 == 0  # a change is seen whole or not at all
+    finally:
+        thread.join(60)
+    assert not errors, errors
+    assert len(seen) > 1 and index.rebuilds == 0  # the lookups ran beside the writes, and never found it behind
+    assert _indexed(index_path(db)) == _table(con)
+    index.close()
+    con.close()
+
+
+def test_an_index_file_damaged_inside_is_made_again_when_a_lookup_finds_it(tmp_path) -> None:
+    import random
+
+    db = tmp_path / "p.duckdb"
+    con, index = _database(db)
+    traces = [f"{n:032x}" for n in range(20_000)]
+
+    def work() -> None:
+        con.execute("INSERT INTO assembled_traces SELECT printf('%032x', i), 'c' || (i % 100), now(), NULL, now() "
+                    "FROM range(20000) t(i)")
+
+    index.write(con, work, put=[Assembled(t, f"c{n % 100}", None, None) for n, t in enumerate(traces)])
+    index.close()
+    path = index_path(db)
+    with path.open("r+b") as file:  # twenty pages in the middle overwritten, the header intact
+        rng = random.Random(7)
+        size = path.stat().st_size
+        for _ in range(20):
+            file.seek(rng.randrange(size // 4, 3 * size // 4) // 4096 * 4096)
+            file.write(rng.randbytes(4096))
+    out = io.StringIO()
+    again = AssembledIndex(path, con.cursor(), Logger(stream=out).log)
+    assert {r.trace_id for r in again.by_conversation(["c7"])} == {t for n, t in enumerate(traces) if n % 100 == 7}
+    assert len(again.by_trace(traces)) == 20_000
+    assert "cannot be read" in out.getvalue()
+    again.close()
+    con.close()
+
+
+def test_a_change_the_index_fails_to_take_is_kept_in_the_database_and_the_index_made_again(tmp_path) -> None:
+    import sqlite3
+
+    db = tmp_path / "m.duckdb"
+    con, index = _database(db)
+    _rows_at(con, index, {"t1": 1})
+    with sqlite3.connect(index_path(db)) as sql:  # SQLite refuses the next insert, as a full disk would
+        sql.execute("CREATE TRIGGER refuse BEFORE INSERT ON traces BEGIN SELECT RAISE(ABORT, 'refused'); END")
+    _rows_at(con, index, {"t2": 2})  # the change's DuckDB commit stands; the caller is not failed for the index
+    assert {r.trace_id for r in index.by_conversation(["c"])} == {"t1", "t2"}
+    assert index.rebuilds == 1 and _indexed(index_path(db)) == _table(con)
+    index.close()
+    con.close()
