@@ -66,6 +66,10 @@ class CollectorMetrics:
         self.read_seconds = Gauge("tracejudge_assembly_read_seconds_total", "Time those reads took: it follows "
                                   "what they scan, the spans received since the oldest of the poll's waiting "
                                   "conversations began", registry=self.registry)
+        self.index_rebuilds = Gauge("tracejudge_assembled_index_rebuilds_total", "Times the index of assembled "
+                                    "traces beside the database was found behind it and made again from it (a kill "
+                                    "between their commits, a restored file, a damaged index file): about 6 s a "
+                                    "million traces, assembly waiting", registry=self.registry)
         self.traces_left_out = Gauge("tracejudge_traces_left_out_total", "Traces stored while the waiting index "
                                      "was full ([conversations] max_waiting_traces), and commits the assembler "
                                      "failed on, taken in and assembled later",

@@ -133,6 +133,8 @@ class Collector:
         self.metrics.traces_left_out.set_function(lambda: self.assembler.left_out)
         self.metrics.read_spans.set_function(lambda: self.assembler.read_spans)
         self.metrics.read_seconds.set_function(lambda: self.assembler.read_seconds)
+        index = self.index
+        self.metrics.index_rebuilds.set_function(lambda: index.rebuilds)
         cache = self.assembler.cache
         self.metrics.trace_cache_bytes.set_function(lambda: cache.size)
         self.metrics.trace_cache_lookups.labels("hit").set_function(lambda: cache.hits)
