@@ -7,7 +7,8 @@ conversation, 256 per call as it does in `tracejudge serve` (`--per-call`): read
 the best of `--repeat` runs. `--stored-spans N` first stores N spans of other conversations, received a day before
 (`--stored-ago 30m`: half an hour) and not waiting: what a conversation costs should not grow with them.
 `--assembled-before N` first writes N rows of traces assembled before (`assembled_traces`, as days of traffic leave
-it, written over the day before; none of them the bench's), and times making the index beside the file from them.
+it, written over the day before; none of them the bench's) and a version of each of their conversations (8 traces
+each), and times making the index beside the file from them.
 `--going-on`: each conversation has an earlier trace, assembled ten minutes before (its row is looked up by
 conversation and replaced). `--sdk-resource`: each request's resource is what an SDK in a container sends (about
 1 KB of JSON; `bench/ingest.py`'s SDK_RESOURCE). `--assembly-workers 0 --call-validity` measures all of a
@@ -87,9 +88,15 @@ def once(requests: list[bytes], stored: list[bytes], per_call: int, profile: cPr
                 "AS conversation_id, now() - INTERVAL 1 DAY AS assembled_at, now() - INTERVAL 1 DAY AS "
                 f"first_received_at, now() - INTERVAL 1 DAY + to_microseconds(i * 86400000000 // {assembled_before}) "
                 f"AS marked_at FROM range({assembled_before}) t(i)")
+            con.execute("INSERT INTO conversations (conversation_id, version, content_hash, status, assembled_at, "
+                        "inclusion) SELECT 'bench-conv-' || i, 1, md5('bench-conv-' || i), 'complete', now() - "
+                        f"INTERVAL 1 DAY, '{{}}' FROM range({assembled_before // 8}) t(i)")
         store.listeners.append(assembler.observe)
         asyncio.run(fill(requests, dt.timedelta()))
-        if going_on:  # an earlier trace of each conversation, assembled ten minutes ago (no spans left of it)
+        if going_on:  # an earlier trace and version of each conversation, assembled ten minutes ago (no spans left)
+            con.execute("INSERT INTO conversations (conversation_id, version, content_hash, status, assembled_at) "
+                        "SELECT DISTINCT conversation_key, 1, 'earlier', 'complete', now() - INTERVAL 10 MINUTE "
+                        "FROM span_records WHERE conversation_key IS NOT NULL")
             con.execute("INSERT INTO assembled_traces BY NAME SELECT md5('earlier-' || key) AS trace_id, key AS "
                         "conversation_id, now() - INTERVAL 10 MINUTE AS assembled_at, now() - INTERVAL 11 MINUTE AS "
                         "first_received_at, now() - INTERVAL 10 MINUTE AS marked_at FROM (SELECT DISTINCT "

@@ -15,7 +15,7 @@ import pytest
 
 from tests.test_assembler import _assembling_store, _write_turn
 from tracejudge.collector.log import Logger
-from tracejudge.collector.store.assembled_index import Assembled, AssembledIndex, index_path
+from tracejudge.collector.store.assembled_index import LATEST_VERSIONS, Assembled, AssembledIndex, Change, index_path
 from tracejudge.collector.store.id_table import id_table
 from tracejudge.collector.store.schema import migrate
 
@@ -27,11 +27,16 @@ def _table(con: duckdb.DuckDBPyConnection) -> set[tuple[object, ...]]:
                            "FROM assembled_traces").fetchall())
 
 
-def _indexed(path: Path) -> set[tuple[object, ...]]:
+def _indexed(path: Path, table: str = "traces") -> set[tuple[object, ...]]:
     import sqlite3
 
     with sqlite3.connect(path) as sql:
-        return set(sql.execute("SELECT trace_id, conversation_id, first_us, marked_us FROM traces").fetchall())
+        return set(sql.execute(f"SELECT * FROM {table}").fetchall())
+
+
+def _newest(con: duckdb.DuckDBPyConnection) -> set[tuple[object, ...]]:
+    """Each conversation's newest version, as the index keeps it."""
+    return set(con.execute(f"{LATEST_VERSIONS} GROUP BY conversation_id").fetchall())
 
 
 def _database(path: Path) -> tuple[duckdb.DuckDBPyConnection, AssembledIndex]:
@@ -64,9 +69,19 @@ def test_the_index_holds_what_the_assembler_wrote_and_one_row_a_trace_when_it_as
             assert len(rows) == 3 == len({r[0] for r in rows})  # a row a trace, the late span's trace once
             assert {(r[0], r[1]) for r in rows} == {(f"{1:032x}", "chat-a"), (f"{2:032x}", "chat-b"),
                                                     (f"{3:032x}", "chat-a")}
-            assert _indexed(index_path(tmp_path / "s.duckdb")) == rows
+            path = index_path(tmp_path / "s.duckdb")
+            assert _indexed(path) == rows
             assert {r.trace_id for r in assembler.index.by_conversation(["chat-a"])} == {f"{1:032x}", f"{3:032x}"}
             assert [r.conversation_id for r in assembler.index.by_trace([f"{2:032x}", "no-such-trace"])] == ["chat-b"]
+            # each conversation's newest version, the one the next version's number and content hash follow
+            assert {(v.conversation_id, v.version) for v in assembler.index.latest(["chat-a", "chat-b", "chat-c"])} \
+                == {("chat-a", 2), ("chat-b", 2)}
+            assert _indexed(path, "versions") == _newest(con) and len(_newest(con)) == 2
+            # as a kill between the two commits leaves them: both tables made again from the database
+            con.execute("UPDATE assembled_index SET generation = generation + 1")
+            assembler.index.follow()
+            assert assembler.index.rebuilds == 1
+            assert _indexed(path) == rows and _indexed(path, "versions") == _newest(con)
         finally:
             store.close()
 
@@ -80,7 +95,7 @@ def _rows_at(con: duckdb.DuckDBPyConnection, index: AssembledIndex, rows: dict[s
             con.execute("INSERT INTO assembled_traces VALUES (?, 'c', now(), NULL, ?)",
                         [trace, None if mark is None else _EPOCH + dt.timedelta(microseconds=mark)])
 
-    index.write(con, work, put=[Assembled(t, "c", None, m) for t, m in rows.items()])
+    index.write(con, work, Change(put=[Assembled(t, "c", None, m) for t, m in rows.items()]))
 
 
 def test_deleting_earlier_rows_finds_each_by_when_it_was_written_and_touches_no_other(tmp_path) -> None:
@@ -98,7 +113,7 @@ def test_deleting_earlier_rows_finds_each_by_when_it_was_written_and_touches_no_
         with id_table(con, doomed) as ids:
             index.delete_earlier(con, ids, index.marks(doomed))
 
-    index.write(con, work, remove=doomed)
+    index.write(con, work, Change(remove=doomed))
     left = {t for (t,) in con.execute("SELECT trace_id FROM assembled_traces").fetchall()}
     assert left == {"untouched-now", "untouched-five-minutes", "untouched-three-hours", "untouched-older-collector"}
     assert {r.trace_id for r in index.by_conversation(["c"])} == left
@@ -177,7 +192,7 @@ def test_a_change_the_database_refuses_leaves_the_index_as_it_was(tmp_path) -> N
         raise RuntimeError("the disk is full")
 
     with pytest.raises(RuntimeError):
-        index.write(con, failing, remove=["t"])
+        index.write(con, failing, Change(remove=["t"]))
     assert [r.trace_id for r in index.by_trace(["t"])] == ["t"] and _table(con) == _indexed(index_path(db))
     index.close()
     con.close()
@@ -204,7 +219,7 @@ def test_lookups_in_one_thread_while_another_writes_see_the_table_before_or_afte
                         writer.execute("INSERT INTO assembled_traces VALUES (?, ?, now(), NULL, NULL)",
                                        [trace, f"c{n}"])
 
-                index.write(writer, work, put=[Assembled(t, f"c{n}", None, None) for t in pair])
+                index.write(writer, work, Change(put=[Assembled(t, f"c{n}", None, None) for t in pair]))
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             errors.append(exc)
         finally:
@@ -237,7 +252,7 @@ def test_an_index_file_damaged_inside_is_made_again_when_a_lookup_finds_it(tmp_p
         con.execute("INSERT INTO assembled_traces SELECT printf('%032x', i), 'c' || (i % 100), now(), NULL, now() "
                     "FROM range(20000) t(i)")
 
-    index.write(con, work, put=[Assembled(t, f"c{n % 100}", None, None) for n, t in enumerate(traces)])
+    index.write(con, work, Change(put=[Assembled(t, f"c{n % 100}", None, None) for n, t in enumerate(traces)]))
     index.close()
     path = index_path(db)
     with path.open("r+b") as file:  # twenty pages in the middle overwritten, the header intact
@@ -267,4 +282,29 @@ def test_a_change_the_index_fails_to_take_is_kept_in_the_database_and_the_index_
     assert {r.trace_id for r in index.by_conversation(["c"])} == {"t1", "t2"}
     assert index.rebuilds == 1 and _indexed(index_path(db)) == _table(con)
     index.close()
+    con.close()
+
+
+def test_an_index_of_an_earlier_format_is_made_again_though_its_generation_matches(tmp_path) -> None:
+    """The first format kept traces only: its generation can match the database's while it holds no versions."""
+    import sqlite3
+
+    db = tmp_path / "u.duckdb"
+    con, index = _database(db)
+    _rows_at(con, index, {"t": 5})
+    con.execute("INSERT INTO conversations (conversation_id, version, content_hash, status, assembled_at) "
+                "VALUES ('c', 3, 'h', 'complete', now())")
+    index.close()
+    [(generation,)] = con.execute("SELECT generation FROM assembled_index").fetchall()
+    index_path(db).unlink()
+    with sqlite3.connect(index_path(db)) as sql:  # as the first format wrote it, in step with the database
+        sql.execute("CREATE TABLE traces (trace_id TEXT PRIMARY KEY, conversation_id TEXT NOT NULL, first_us "
+                    "INTEGER, marked_us INTEGER) WITHOUT ROWID")
+        sql.execute("INSERT INTO traces VALUES ('t', 'c', NULL, 5)")
+        sql.execute("CREATE TABLE state (generation INTEGER NOT NULL)")
+        sql.execute("INSERT INTO state VALUES (?)", [generation])
+    upgraded = AssembledIndex(index_path(db), con.cursor())
+    assert [(v.conversation_id, v.version) for v in upgraded.latest(["c"])] == [("c", 3)]
+    assert upgraded.rebuilds == 1 and _indexed(index_path(db), "versions") == _newest(con)
+    upgraded.close()
     con.close()

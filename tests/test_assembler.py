@@ -371,6 +371,14 @@ def test_context_held_from_an_earlier_poll_joins_its_conversation_with_its_spans
             "SELECT trace_ids FROM conversations WHERE status IS DISTINCT FROM 'context_only' "
             "ORDER BY version DESC LIMIT 1").fetchone()
         assert latest is not None and context in latest[0], latest
+        # the context-only conversation went with its attachment, from the index of newest versions too
+        con = store.cursor()
+        stored = {r[0] for r in con.execute("SELECT DISTINCT conversation_id FROM conversations").fetchall()}
+        newest = {r.conversation_id: r for r in assembler.index.latest([context, *stored])}
+        assert context not in newest and newest.keys() == stored
+        assert {(r.conversation_id, r.version, r.content_hash) for r in newest.values()} == set(con.execute(
+            "SELECT conversation_id, max(version), arg_max(content_hash, version) FROM conversations GROUP BY 1"
+        ).fetchall())
     finally:
         store.close()
 

@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from tests.support.collector_process import CollectorProcess
 from tests.support.scripted_server import Reply, Request, completion
 from tests.test_pipeline import config, query, turn
-from tracejudge.collector.store.assembled_index import index_path
+from tracejudge.collector.store.assembled_index import LATEST_VERSIONS, index_path
 
 ROUNDS, SEED = 5, 20261202
 METRICS = 3
@@ -110,6 +110,8 @@ def test_repeated_kill_9_loses_no_span_no_job_and_duplicates_no_score(tmp_path: 
         # the index beside the file, rebuilt where a kill fell between its commit and DuckDB's, follows the table
         traces = con.execute("SELECT trace_id, conversation_id, epoch_us(first_received_at), epoch_us(marked_at) "
                              "FROM assembled_traces").fetchall()
+        newest = set(con.execute(f"{LATEST_VERSIONS} GROUP BY conversation_id").fetchall())
     assert len(traces) == len({t[0] for t in traces})  # a row a trace
     with sqlite3.connect(index_path(db)) as sql:
         assert set(sql.execute("SELECT trace_id, conversation_id, first_us, marked_us FROM traces")) == set(traces)
+        assert set(sql.execute("SELECT * FROM versions")) == newest

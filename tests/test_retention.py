@@ -25,7 +25,7 @@ from tests.support.collector_process import CollectorProcess
 from tests.test_pipeline import SCORES, UMBRELLA, config, conversations, export, judge_script, query, turn, wait_for
 from tracejudge.collector.config import RetentionSettings
 from tracejudge.collector.pipeline.retention import Retention
-from tracejudge.collector.store.assembled_index import index_path
+from tracejudge.collector.store.assembled_index import LATEST_VERSIONS, index_path
 
 
 @pytest.fixture
@@ -278,6 +278,7 @@ def test_a_real_collector_empties_every_table_and_a_span_after_the_markers_start
         # the assembler's index beside the file lost the pruned traces with the table, as retention deleted them
         with sqlite3.connect(index_path(db)) as sql:
             assert sql.execute("SELECT count(*) FROM traces").fetchone() == (0,)
+            assert sql.execute("SELECT count(*) FROM versions").fetchone() == (0,)
         assert "\ntracejudge_assembled_index_rebuilds_total 0.0\n" in httpx.get(f"{collector.admin_url}/metrics").text
 
         # the marker expired with the conversation: a late span is a conversation of what came late, not skipped
@@ -293,6 +294,8 @@ def test_a_real_collector_empties_every_table_and_a_span_after_the_markers_start
     assert con.execute("SELECT count(DISTINCT conversation_id) FROM conversations").fetchone() == (1,)
     traces = set(con.execute("SELECT trace_id, conversation_id, epoch_us(first_received_at), epoch_us(marked_at) "
                              "FROM assembled_traces").fetchall())
+    newest = set(con.execute(f"{LATEST_VERSIONS} GROUP BY conversation_id").fetchall())
     con.close()
     with sqlite3.connect(index_path(db)) as sql:
         assert set(sql.execute("SELECT trace_id, conversation_id, first_us, marked_us FROM traces")) == traces
+        assert set(sql.execute("SELECT * FROM versions")) == newest

@@ -53,7 +53,14 @@ from tracejudge.collector.pipeline.sampling import attribute_keys, decide, needs
 from tracejudge.collector.pipeline.scoring_stage import SCORE_SCHEMA, checked_score_row
 from tracejudge.collector.pipeline.session_index import SessionIndex
 from tracejudge.collector.receivers.span_rows import plain_strings
-from tracejudge.collector.store.assembled_index import Assembled, AssembledIndex
+from tracejudge.collector.store.assembled_index import (
+    LATEST_VERSIONS,
+    Assembled,
+    AssembledIndex,
+    Change,
+    Latest,
+    epoch_us,
+)
 from tracejudge.collector.store.id_table import id_table, registered
 from tracejudge.collector.store.memory_release import release_heap
 from tracejudge.mapping.conversation_key import KEY_PRECEDENCE, TRACE_KEY
@@ -184,6 +191,7 @@ class _Rows:
     def __init__(self, now: datetime) -> None:
         self.now = now  # when they were assembled
         self.versions: list[dict[str, object]] = []
+        self.latest: list[Latest] = []  # the same versions, as the index keeps each conversation's newest
         self.jobs: list[dict[str, object]] = []
         self.checked: list[CheckedScore] = []
         self.summaries: list[dict[str, object]] = []
@@ -965,6 +973,7 @@ class ConversationAssembler:
         now = datetime.now(UTC)
         rows = pa.table({"trace_id": list(attach), "conversation_id": list(attach.values()),
                          "attached_at": pa.array([now] * len(attach), _UTC_US)})
+        change = Change(remove=list(attach))
         with registered(self.con, rows) as name, id_table(self.con, attach) as ids:
             def work() -> None:
                 self.con.execute(f"INSERT OR REPLACE INTO trace_attachments SELECT * FROM {name}")
@@ -973,8 +982,14 @@ class ConversationAssembler:
                     status = f" AND status = '{CONTEXT_ONLY}'" if table == "conversations" else ""
                     self.con.execute(f"DELETE FROM {table} WHERE conversation_id IN (SELECT trace_id FROM {name})"
                                      + status)
+                # what versions those conversations have left (none, unless one was more than context once), in
+                # place of what the index held (dropped first: an upsert would keep the newer time of the deleted)
+                change.versions = [Latest(*row) for row in self.con.execute(
+                    f"{LATEST_VERSIONS} WHERE conversation_id IN (SELECT id FROM {ids}) GROUP BY conversation_id"
+                ).fetchall()]
+                change.drop_versions = list(attach)
             try:
-                self.index.write(self.con, work, remove=attach)
+                self.index.write(self.con, work, change)
             except duckdb.Error as exc:  # they wait again: their next assembly tries once more
                 self.log.warning("context not attached", traces=len(attach), reason=str(exc))
                 self._attached.extend(since)
@@ -995,7 +1010,7 @@ class ConversationAssembler:
         if not conversations:
             return
         now = datetime.now(UTC)
-        marked_us = int((now - _EPOCH) / timedelta(microseconds=1))
+        marked_us = epoch_us(now)
         owner = {t: c for c, members in conversations.items() for t in members}  # a trace once (the last naming it)
         traces = list(owner)
         firsts = [first.get(t) for t in traces]
@@ -1006,7 +1021,7 @@ class ConversationAssembler:
             "first_received_at": pa.array(firsts, _UTC_US),
             "marked_at": pa.array([marked_us] * len(traces), _UTC_US),
         })
-        rows = [Assembled(t, owner[t], None if f is None else int((f - _EPOCH) / timedelta(microseconds=1)),
+        rows = [Assembled(t, owner[t], None if f is None else epoch_us(f),
                           marked_us) for t, f in zip(traces, firsts, strict=True)]
         with registered(self.con, table) as name, id_table(self.con, traces) as ids:
             def work() -> None:
@@ -1014,7 +1029,7 @@ class ConversationAssembler:
                 if marks:
                     self.index.delete_earlier(self.con, ids, marks)
                 self.con.execute(f"INSERT INTO assembled_traces BY NAME SELECT * FROM {name}")
-            self.index.write(self.con, work, put=rows)
+            self.index.write(self.con, work, Change(put=rows))
 
     def _dictionaries(self, scope_ids: set[int], resource_ids: set[int]) -> tuple[Scopes, Resources]:
         """The scopes (name, version) and resources (parsed attributes) these spans refer to, each read once."""
@@ -1064,13 +1079,11 @@ class ConversationAssembler:
             pruned = {cid for (cid,) in self.con.execute(
                 f"SELECT conversation_id FROM pruned_conversations WHERE conversation_id IN (SELECT id FROM {ids})"
             ).fetchall()}
-            latest: dict[str, tuple[int, str]] = {}
-            previous: dict[str, str | None] = {}  # each conversation's latest inclusion probabilities
-            for cid, version, digest, inclusion in self.con.execute(
-                    f"SELECT conversation_id, max(version), arg_max(content_hash, version), "
-                    f"arg_max(inclusion, version) FROM conversations WHERE conversation_id IN (SELECT id FROM {ids}) "
-                    f"GROUP BY conversation_id").fetchall():
-                latest[cid], previous[cid] = (version, digest), inclusion
+        latest: dict[str, tuple[int, str]] = {}
+        previous: dict[str, str | None] = {}  # each conversation's latest inclusion probabilities
+        for newest in self.index.latest(b.conversation_id for b in built):  # not a scan of every version ever
+            latest[newest.conversation_id] = (newest.version, newest.content_hash)
+            previous[newest.conversation_id] = newest.inclusion
         # pruned: nothing to write, logged once everything is written (a poll retried one by one counts them once)
         late = [b for b in built if b.conversation_id in pruned]
         versions: list[int | None] = []
@@ -1087,6 +1100,7 @@ class ConversationAssembler:
         """`write_versions` for some of its conversations, in one transaction; `latest` takes the versions they
         get."""
         now = datetime.now(UTC)
+        now_us = epoch_us(now)
         metrics = self.settings.scoring.metrics
         versions: list[int | None] = []
         out = _Rows(now)
@@ -1120,13 +1134,15 @@ class ConversationAssembler:
             if b.context_only or cid in (unjudged or ()):
                 sampled = dict.fromkeys(sampled, False)
             attributes = json.dumps({k: sorted(v) for k, v in sorted(b.attributes.items())})
+            chances = json.dumps(inclusion)
+            out.latest.append(Latest(cid, version, b.content_hash, chances, now_us))
             out.versions.append({
                 "conversation_id": cid, "version": version, "content_hash": b.content_hash,
                 "status": CONTEXT_ONLY if b.context_only else "complete", "key_source": b.key,
                 "service_name": b.service_name, "agent_name": b.agent_name, "turns": b.turns, "mcp_calls": b.mcp_calls,
                 "trace_ids": list(b.trace_ids), "first_span_ns": b.first_span_ns, "last_span_ns": b.last_span_ns,
                 "test_case": b.test_case_json, "sample_value": value, "sampled": json.dumps(sampled),
-                "assembled_at": now, "attributes": attributes, "inclusion": json.dumps(inclusion),
+                "assembled_at": now, "attributes": attributes, "inclusion": chances,
                 "agent_usage": json.dumps({m: list(t) for m, t in b.usage.items()}) if b.usage else None})
             for metric, chosen in sampled.items():
                 if not chosen:
@@ -1190,8 +1206,7 @@ class ConversationAssembler:
     def _insert(self, out: _Rows, counted: dict[str, int] | dict[tuple[str, str], int] | None = None) -> None:
         """The versions, their jobs, summary rows and check scores, as Arrow appends in one transaction, with the
         cohort counts."""
-        self.con.execute("BEGIN TRANSACTION")
-        try:
+        def work() -> None:
             if counted:
                 self.con.executemany(
                     "INSERT INTO cohort_counts VALUES (?, ?, ?, now()) ON CONFLICT DO UPDATE SET "
@@ -1216,10 +1231,8 @@ class ConversationAssembler:
             if out.calls.versions:
                 with registered(self.con, out.calls.table(out.now)) as name:
                     self.con.execute(f"INSERT INTO call_summary BY NAME SELECT * FROM {name}")
-            self.con.execute("COMMIT")
-        except Exception:
-            self.con.execute("ROLLBACK")
-            raise
+
+        self.index.write(self.con, work, Change(versions=out.latest))
 
     def _append(self, table: str, rows: list[dict[str, object]], schema: pa.Schema, verb: str = "INSERT") -> None:
         if rows:

@@ -30,12 +30,13 @@ import duckdb
 import pyarrow as pa
 
 from tracejudge.collector.config import RetentionSettings
-from tracejudge.collector.store.assembled_index import AssembledIndex, index_bytes, index_path
+from tracejudge.collector.store.assembled_index import AssembledIndex, Change, epoch_us, index_bytes, index_path
 from tracejudge.collector.store.checkpoint_gate import CheckpointGate, WritesRefused
 from tracejudge.collector.store.durable_files import write_durably
 from tracejudge.collector.store.id_table import id_table
 from tracejudge.collector.store.span_tables import prune_unreferenced
 from tracejudge.collector.store.table_compaction import compact, garbage, keyed_tables
+from tracejudge.collector.store.transaction import in_transaction
 
 Log = Callable[..., None]
 DISK_HIGH, DISK_LOW = 0.9, 0.8  # share of max_disk where the budget starts pruning, and where it stops
@@ -371,7 +372,7 @@ class Retention:
                 self.con.execute(f"INSERT OR REPLACE INTO pruned_conversations SELECT id, now() FROM {pruned}")
                 self.con.execute("DELETE FROM retention_batches WHERE batch_id = ?", [batch_id])
 
-            self.index.write(self.con, work, remove=traces)
+            self.index.write(self.con, work, Change(remove=list(traces)))
             deleted = counted[0]
         self._spans_pruned = True
         self.stats.add("spans", deleted, archived)
@@ -392,17 +393,21 @@ class Retention:
             batch_id = f"{int(bound.timestamp() * 1e6)}"
             archived = self._archive(name, f"SELECT * FROM {aged.table} WHERE {where}", [bound],
                                      f"CAST(timezone('UTC', {aged.column}) AS DATE)", batch_id)
-            self.con.execute("BEGIN TRANSACTION")
-            try:
+            counted: list[int] = []
+
+            def work(aged: _AgedTable = aged, where: str = where, bound: datetime = bound,
+                     counted: list[int] = counted) -> None:
                 for statement in aged.dependents:
                     self.con.execute(statement, [bound])
-                [(deleted,)] = self.con.execute(f"DELETE FROM {aged.table} WHERE {where}", [bound]).fetchall()
+                counted.extend(self.con.execute(f"DELETE FROM {aged.table} WHERE {where}", [bound]).fetchall()[0])
                 for statement in aged.summaries:
                     self.con.execute(statement, [bound])
-                self.con.execute("COMMIT")
-            except Exception:
-                self.con.execute("ROLLBACK")
-                raise
+
+            if aged.table == "conversations":  # the assembler's index forgets the conversations with no version left
+                self.index.write(self.con, work, Change(versions_through_us=epoch_us(bound)))
+            else:
+                in_transaction(self.con, work)
+            deleted = counted[0]
             self.stats.add(name, deleted, archived)
             self.log("debug", f"{name} pruned", rows=deleted, archived=archived, up_to=bound.isoformat())
             if deleted < size:

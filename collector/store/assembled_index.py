@@ -1,17 +1,19 @@
-"""`assembled_traces` indexed in SQLite beside the DuckDB file, so the assembler's lookups cost what a poll holds.
+"""What was assembled, indexed in SQLite beside the DuckDB file, so the assembler's lookups cost what a poll holds.
 
-Every poll asks which of its traces were assembled before and which traces its conversations already hold. DuckDB
-1.5 answers `IN (SELECT ...)` with a full scan, and an index on the table made every checkpoint rewrite it (schema
-27 dropped it), so those lookups grew with every trace ever assembled: 0.4 s each at 16M rows
-(`python bench/assembly.py --assembled-before 16000000`). SQLite's B-trees answer them in microseconds, with a
-bounded page cache.
+Every poll asks which of its traces were assembled before, which traces its conversations already hold
+(`assembled_traces`) and each conversation's newest version (`conversations`: its number, content hash and
+inclusion probabilities). DuckDB 1.5 answers `IN (SELECT ...)` with a full scan, and an index on a table made every
+checkpoint rewrite it (schema 27 dropped `assembled_traces`' key), so those lookups grew with everything ever assembled:
+0.4 s each at 16M traces (`python bench/assembly.py --assembled-before 16000000`). SQLite's B-trees answer them in
+microseconds, with a bounded page cache.
 
-DuckDB stays the record and the index follows it. Every change to `assembled_traces` goes through
+DuckDB stays the record and the index follows it. Every change to `assembled_traces` or `conversations` goes through
 `AssembledIndex.write`, which sets `assembled_index.generation` to a new random stamp in the same DuckDB transaction,
 then applies the change here under that stamp. Each lookup compares the two first: a crash between the commits, a
 SQLite write that failed, a database file restored from a backup (random, so no other history of the file has the
-same stamp) or a writer that bypassed this class leaves them apart, and the index is rebuilt from DuckDB before it
-answers. An index file SQLite cannot read is removed and made again the same way.
+same stamp), an index of another format or an older collector's writes leave them apart, and the index is rebuilt
+from DuckDB before it answers. (A writer that changed the tables without `write` would leave no sign: there must be
+none.) An index file SQLite cannot read is removed and made again the same way.
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import duckdb
 
@@ -44,8 +47,33 @@ CREATE TABLE IF NOT EXISTS traces (
     first_us INTEGER,
     marked_us INTEGER
 ) WITHOUT ROWID"""
-_STATE = "CREATE TABLE IF NOT EXISTS state (generation INTEGER NOT NULL)"
+_VERSIONS = """
+CREATE TABLE IF NOT EXISTS versions (
+    conversation_id TEXT PRIMARY KEY,
+    version INTEGER NOT NULL,
+    content_hash TEXT NOT NULL,
+    inclusion TEXT,
+    assembled_us INTEGER NOT NULL
+) WITHOUT ROWID"""
+# the DuckDB generation the index holds, and the index's format: an index of another format (one without
+# `versions`, which an older collector went on stamping after a downgrade) is made again
+FORMAT = 2
+_STATE = "CREATE TABLE IF NOT EXISTS index_state (format INTEGER NOT NULL, generation INTEGER NOT NULL)"
 _BY_CONVERSATION = "CREATE INDEX IF NOT EXISTS traces_by_conversation ON traces (conversation_id)"
+_BY_AGE = "CREATE INDEX IF NOT EXISTS versions_by_age ON versions (assembled_us)"
+# each table of the index as copied from DuckDB (sorted: the B-tree fills in order): name, columns, query
+_COPIES = (
+    ("traces", 4, "SELECT trace_id, conversation_id, epoch_us(first_received_at), epoch_us(marked_at) "
+                  "FROM assembled_traces ORDER BY trace_id"),
+    ("versions", 5, "SELECT conversation_id, max(version), arg_max(content_hash, version), arg_max(inclusion, "
+                    "version), epoch_us(max(assembled_at)) FROM conversations GROUP BY conversation_id "
+                    "ORDER BY conversation_id"))  # LATEST_VERSIONS, all of them
+# each conversation's newest version as the index keeps it (add a WHERE, then GROUP BY conversation_id)
+LATEST_VERSIONS = ("SELECT conversation_id, max(version), arg_max(content_hash, version), arg_max(inclusion, version), "
+                   "epoch_us(max(assembled_at)) FROM conversations")
+_UPSERT_VERSION = ("INSERT INTO versions VALUES (?, ?, ?, ?, ?) ON CONFLICT (conversation_id) DO UPDATE SET "
+                   "version = excluded.version, content_hash = excluded.content_hash, inclusion = excluded.inclusion, "
+                   "assembled_us = max(assembled_us, excluded.assembled_us)")
 
 
 class Assembled(NamedTuple):
@@ -58,9 +86,37 @@ class Assembled(NamedTuple):
     marked_us: int | None
 
 
+class Latest(NamedTuple):
+    """A conversation's newest version: its number, content hash and inclusion probabilities (JSON), and when its
+    versions were last written (µs: once retention's cutoff passes it, the conversation has no version left)."""
+
+    conversation_id: str
+    version: int
+    content_hash: str
+    inclusion: str | None
+    assembled_us: int
+
+
+@dataclass
+class Change:
+    """What a DuckDB transaction changed, for the index to follow (`AssembledIndex.write`); `work` may fill in what it
+    learns as it runs."""
+
+    put: list[Assembled] = field(default_factory=list)  # traces' rows, each replacing the trace's earlier one
+    remove: list[str] = field(default_factory=list)  # traces whose rows went
+    versions: list[Latest] = field(default_factory=list)  # conversations' new newest versions (after the drops)
+    drop_versions: list[str] = field(default_factory=list)  # conversations whose versions went (some may be put back)
+    versions_through_us: int | None = None  # every conversation whose versions were all written by then went
+
+
 def _damage(exc: sqlite3.Error) -> bool:
     """Whether SQLite found the file damaged or not a database at all (`SQLITE_CORRUPT`, `SQLITE_NOTADB`)."""
     return (getattr(exc, "sqlite_errorcode", 0) & 0xFF) in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+
+
+def epoch_us(at: datetime) -> int:
+    """µs since the epoch, as DuckDB's `epoch_us` gives a TIMESTAMPTZ and the index keeps times."""
+    return (at - _EPOCH) // timedelta(microseconds=1)
 
 
 def index_path(db_path: Path) -> Path:
@@ -123,7 +179,7 @@ class AssembledIndex:
         try:
             sql.execute("PRAGMA journal_mode = WAL")
             sql.execute("PRAGMA synchronous = NORMAL")  # a commit lost with the machine shows as a generation behind
-            for statement in (_TRACES, _STATE, _BY_CONVERSATION):
+            for statement in (_TRACES, _VERSIONS, _STATE, _BY_CONVERSATION, _BY_AGE):
                 sql.execute(statement)
         except sqlite3.Error:
             sql.close()
@@ -148,18 +204,22 @@ class AssembledIndex:
         """The rows of every trace assembled into one of these conversations."""
         return self._select("conversation_id", conversations)
 
-    def _select(self, column: str, values: Iterable[str]) -> list[Assembled]:
+    def latest(self, conversations: Iterable[str]) -> list[Latest]:
+        """The newest version of each of these conversations that has one."""
+        return [Latest(*row) for row in self._select("conversation_id", conversations, "versions")]
+
+    def _select(self, column: str, values: Iterable[str], table: str = "traces") -> list[Any]:
         wanted = list(dict.fromkeys(values))
         for attempt in range(2):
             self._check()
-            out: list[Assembled] = []
+            out: list[Any] = []
             try:
                 with self._sql_lock:
                     for start in range(0, len(wanted), AT_ONCE):
                         chunk = wanted[start:start + AT_ONCE]
-                        out.extend(Assembled(*row) for row in self._sql.execute(
-                            f"SELECT trace_id, conversation_id, first_us, marked_us FROM traces WHERE {column} IN "
-                            f"({','.join('?' * len(chunk))})", chunk))
+                        rows = self._sql.execute(f"SELECT * FROM {table} WHERE {column} IN "
+                                                 f"({','.join('?' * len(chunk))})", chunk)
+                        out.extend(rows if table != "traces" else (Assembled(*row) for row in rows))
                 return out
             except sqlite3.DatabaseError as exc:  # damaged: made again, and asked once more
                 if attempt or not _damage(exc):
@@ -169,12 +229,10 @@ class AssembledIndex:
 
     # --- changes --------------------------------------------------------------------------------------------
 
-    def write(self, con: duckdb.DuckDBPyConnection, work: Callable[[], object], put: Sequence[Assembled] = (),
-              remove: Iterable[str] = ()) -> None:
-        """Run `work` (which changes `assembled_traces` on `con`) in one DuckDB transaction with the generation's
-        bump, then make the same change here: `remove` these traces' rows, then `put` these rows (replacing a
-        trace's earlier one). Lookups made inside `work` see the index as it was before it."""
-        remove = list(remove)
+    def write(self, con: duckdb.DuckDBPyConnection, work: Callable[[], object], change: Change) -> None:
+        """Run `work` (which changes `assembled_traces` or `conversations` on `con`) in one DuckDB transaction with
+        the generation's new stamp, then make `change` here. Lookups made inside `work` see the index as it was
+        before it."""
         stamp = random.getrandbits(63)  # no other history of the file can have it (a counter could repeat)
         with self._order:
             self._check()
@@ -182,11 +240,17 @@ class AssembledIndex:
             self._writing = stamp
             try:
                 with self._sql_transaction() as sql:
-                    for start in range(0, len(remove), AT_ONCE):
-                        chunk = remove[start:start + AT_ONCE]
-                        sql.execute(f"DELETE FROM traces WHERE trace_id IN ({','.join('?' * len(chunk))})", chunk)
-                    sql.executemany("INSERT OR REPLACE INTO traces VALUES (?, ?, ?, ?)", put)
-                    sql.execute("UPDATE state SET generation = ?", [stamp])
+                    for table, column, ids in (("traces", "trace_id", change.remove),
+                                               ("versions", "conversation_id", change.drop_versions)):
+                        for start in range(0, len(ids), AT_ONCE):
+                            chunk = ids[start:start + AT_ONCE]
+                            sql.execute(f"DELETE FROM {table} WHERE {column} IN ({','.join('?' * len(chunk))})",
+                                        chunk)
+                    if change.versions_through_us is not None:
+                        sql.execute("DELETE FROM versions WHERE assembled_us <= ?", [change.versions_through_us])
+                    sql.executemany("INSERT OR REPLACE INTO traces VALUES (?, ?, ?, ?)", change.put)
+                    sql.executemany(_UPSERT_VERSION, change.versions)
+                    sql.execute("UPDATE index_state SET generation = ?", [stamp])
                 self._generation = stamp
             except sqlite3.Error as exc:  # DuckDB holds the change: the next lookup finds the index behind, rebuilds
                 self.log("warning", "the assembled-traces index missed a change; it is rebuilt from the database",
@@ -240,8 +304,8 @@ class AssembledIndex:
             return int(self.con.execute("SELECT generation FROM assembled_index").fetchall()[0][0])
 
     def _stored_generation(self) -> int | None:
-        row = self._sql.execute("SELECT generation FROM state").fetchone()
-        return None if row is None else int(row[0])
+        row = self._sql.execute("SELECT format, generation FROM index_state").fetchone()
+        return None if row is None or row[0] != FORMAT else int(row[1])
 
     def _check(self) -> None:
         """Rebuild the index if DuckDB's generation is not the one it holds (or one a change in flight has just
@@ -255,7 +319,7 @@ class AssembledIndex:
                 self._rebuild()
 
     def _rebuild(self) -> None:
-        """Copy `assembled_traces` here; an index file found damaged on the way is made afresh and copied once more."""
+        """Copy the tables here; an index file found damaged on the way is made afresh and copied once more."""
         for attempt in range(2):
             try:
                 self._copy()
@@ -274,25 +338,30 @@ class AssembledIndex:
         con.execute("BEGIN TRANSACTION")
         try:
             generation = self._duck_generation(con)
-            [(total,)] = con.execute("SELECT count(*) FROM assembled_traces").fetchall()
+            [(total,)] = con.execute("SELECT (SELECT count(*) FROM assembled_traces) + (SELECT count(*) FROM "
+                                     "conversations)").fetchall()
             said = total > 0 or self._generation is not None  # not said of a new index for a new file
             if said:
                 self.log("info", "assembled-traces index behind the database: made again from it",
-                         path=str(self.path), traces=total,
+                         path=str(self.path), rows=total,
                          advice="about 6 s a million traces; assembly waits for it, ingest does not")
-            reader = con.execute(
-                "SELECT trace_id, conversation_id, epoch_us(first_received_at), epoch_us(marked_at) "
-                "FROM assembled_traces ORDER BY trace_id").to_arrow_reader(REBUILD_ROWS)
             with self._sql_transaction() as sql:
                 sql.execute("DROP TABLE IF EXISTS traces")
+                sql.execute("DROP TABLE IF EXISTS versions")
                 sql.execute(_TRACES)
-                sql.execute("DELETE FROM state")
-                for batch in reader:  # by columns: a tuple per row from DuckDB cost half as much again
-                    sql.executemany("INSERT OR REPLACE INTO traces VALUES (?, ?, ?, ?)",
-                                    zip(*(column.to_pylist() for column in batch.columns), strict=True))
-                    copied += batch.num_rows
+                sql.execute(_VERSIONS)
+                sql.execute("DROP TABLE IF EXISTS state")  # the generation as the first format kept it
+                sql.execute("DELETE FROM index_state")
+                for table, columns, select in _COPIES:
+                    marks = ", ".join("?" * columns)
+                    # by columns: a tuple per row from DuckDB cost half as much again
+                    for batch in con.execute(select).to_arrow_reader(REBUILD_ROWS):
+                        sql.executemany(f"INSERT OR REPLACE INTO {table} VALUES ({marks})",
+                                        zip(*(column.to_pylist() for column in batch.columns), strict=True))
+                        copied += batch.num_rows
                 sql.execute(_BY_CONVERSATION)  # built once, after the rows: faster than row by row
-                sql.execute("INSERT INTO state VALUES (?)", [generation])
+                sql.execute(_BY_AGE)
+                sql.execute("INSERT INTO index_state VALUES (?, ?)", [FORMAT, generation])
             with self._sql_lock, contextlib.suppress(sqlite3.Error):  # the WAL held every row once: give it back
                 self._sql.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:
@@ -302,5 +371,5 @@ class AssembledIndex:
         self._generation = generation
         if said:
             self.rebuilds += 1
-            self.log("info", "assembled-traces index rebuilt from the database", path=str(self.path), traces=copied,
+            self.log("info", "assembled-traces index rebuilt from the database", path=str(self.path), rows=copied,
                      seconds=round(time.monotonic() - started, 2))

@@ -3,8 +3,9 @@
 Tables: `span_records` (ingest) with `span_resources` and `span_scopes` (each resource and scope once), joined
 back as the view `spans`; `conversations` (one row per version of a rebuilt conversation), `eval_jobs`
 (durable scoring work) and `scores`; views `latest_scores` and `daily_scores` for history queries;
-`assembled_traces` remembers when each trace was last assembled, so a restart re-queues exactly the rest (change it
-only through `store/assembled_index.AssembledIndex.write`, which keeps the index beside the file in step).
+`assembled_traces` remembers when each trace was last assembled, so a restart re-queues exactly the rest (change it,
+and `conversations`, only through `store/assembled_index.AssembledIndex.write`, which keeps the index beside the file
+in step).
 """
 
 from __future__ import annotations
