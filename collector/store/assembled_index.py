@@ -12,8 +12,9 @@ DuckDB stays the record and the index follows it. Every change to `assembled_tra
 then applies the change here under that stamp. Each lookup compares the two first: a crash between the commits, a
 SQLite write that failed, a database file restored from a backup (random, so no other history of the file has the
 same stamp), an index of another format or an older collector's writes leave them apart, and the index is rebuilt
-from DuckDB before it answers. (A writer that changed the tables without `write` would leave no sign: there must be
-none.) An index file SQLite cannot read is removed and made again the same way.
+from DuckDB before it answers. (A writer that changed the tables without `write` and without a new stamp would
+leave no sign: there must be none; `results_file`, which writes test results as conversations, sets a new stamp.)
+An index file SQLite cannot read is removed and made again the same way.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +57,8 @@ def write_results(path: Path, scored: Sequence[ScoredCase], service: str, config
                              m.threshold, m.strict_mode, m.reason, m.evaluation_model, m.evaluation_cost,
                              m.input_tokens, m.output_tokens, _json(m.score_breakdown), m.error, service, item.agent,
                              now])
+        # a new stamp: a collector's index of this file (if it is one) sees a change it did not make, and is made again
+        con.execute("UPDATE assembled_index SET generation = ?", [secrets.randbits(63)])
         con.execute("COMMIT")
 
 
