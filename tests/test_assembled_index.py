@@ -82,6 +82,14 @@ def test_the_index_holds_what_the_assembler_wrote_and_one_row_a_trace_when_it_as
             assembler.index.follow()
             assert assembler.index.rebuilds == 1
             assert _indexed(path) == rows and _indexed(path, "versions") == _newest(con)
+            # the next versions follow the index made again: chat-b's number goes on, chat-a's content is not new
+            await _write_turn(store, 2, 10, "chat-b", "later", dt.datetime.now(dt.UTC))
+            await _write_turn(store, 1, 1, "chat-a", "first", later)  # a copy of a span stored already
+            await asyncio.sleep(0.1)
+            assembler.assemble_due()
+            assert con.execute("SELECT conversation_id, max(version) FROM conversations GROUP BY 1 ORDER BY 1"
+                               ).fetchall() == [("chat-a", 2), ("chat-b", 3)]
+            assert _indexed(path, "versions") == _newest(con)
         finally:
             store.close()
 

@@ -646,7 +646,7 @@ class ConversationAssembler:
                         if hit.mapped is not None:  # a trace with no key of its own belongs where it was attached
                             unkeyed = hit.mapped.key == TRACE_KEY
                             owners.setdefault(trace, into if unkeyed else hit.mapped.conversation_id)
-            unread = [row for row in earlier if row[0] not in kept]
+            unread = [row for row in earlier if row.trace_id not in kept]
             since = min([since, *self._assembled_since(unread)])
             owners.update(self._trace_keys({row.trace_id for row in unread} - set(owners), since))
             for trace, key, _, _ in earlier:
