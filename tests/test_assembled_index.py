@@ -316,3 +316,14 @@ def test_an_index_of_an_earlier_format_is_made_again_though_its_generation_match
     assert upgraded.rebuilds == 1 and _indexed(index_path(db), "versions") == _newest(con)
     upgraded.close()
     con.close()
+
+
+def test_an_index_that_cannot_be_opened_says_where_and_what_to_do(tmp_path) -> None:
+    from tracejudge.collector.store.span_store import StoreOpenError
+
+    con = duckdb.connect(str(tmp_path / "o.duckdb"))
+    migrate(con)
+    index_path(tmp_path / "o.duckdb").mkdir()  # a folder where the index file goes
+    with pytest.raises(StoreOpenError, match="o.duckdb.assembled.sqlite.*folder must be writable"):
+        AssembledIndex(index_path(tmp_path / "o.duckdb"), con.cursor())
+    con.close()

@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 
 import duckdb
 
+from tracejudge.collector.store.span_store import StoreOpenError
 from tracejudge.collector.store.transaction import in_transaction
 
 SUFFIX = ".assembled.sqlite"  # beside the DuckDB file: `tracejudge.duckdb.assembled.sqlite`
@@ -150,7 +151,9 @@ class AssembledIndex:
             # rebuild at a start after a crash takes a while, and ingest need not wait for it
         except sqlite3.DatabaseError as exc:
             if not _damage(exc):
-                raise
+                raise StoreOpenError(f"cannot open the index of assembled traces {path}: {exc}; it lives beside the "
+                                     "database file, so that folder must be writable (the index can be deleted: "
+                                     "it is made again from the database)") from exc
             self._sql = self._made_again(exc)
 
     def _made_again(self, exc: sqlite3.DatabaseError) -> sqlite3.Connection:
