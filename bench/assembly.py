@@ -40,7 +40,7 @@ from tracejudge.collector.durations import parse_duration  # noqa: E402
 from tracejudge.collector.log import Logger  # noqa: E402
 from tracejudge.collector.pipeline.conversation_assembler import MAX_PER_POLL, ConversationAssembler  # noqa: E402
 from tracejudge.collector.receivers.span_rows import spans_to_arrow  # noqa: E402
-from tracejudge.collector.store.assembled_index import AssembledIndex, index_path  # noqa: E402
+from tracejudge.collector.store.assembled_index import AssembledIndex, index_bytes, index_path  # noqa: E402
 from tracejudge.collector.store.span_store import SpanStore, mark_pandas_absent  # noqa: E402
 from tracejudge.mapping import decode_otlp  # noqa: E402
 
@@ -105,6 +105,9 @@ def once(requests: list[bytes], stored: list[bytes], per_call: int, profile: cPr
         started = time.perf_counter()
         index.follow()
         indexed = time.perf_counter() - started
+        if assembled_before:
+            print(f"the index made from {assembled_before:,} traces in {indexed:.1f} s: "
+                  f"{index_bytes(Path(tmp) / 'bench.duckdb') / assembled_before:.0f} bytes a trace on disk")
         cpu, wall, total = time.process_time(), time.perf_counter(), 0
         if profile is not None:
             profile.enable()

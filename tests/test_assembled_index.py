@@ -7,7 +7,10 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import io
+import random
 import shutil
+import sqlite3
+import threading
 from pathlib import Path
 
 import duckdb
@@ -18,6 +21,7 @@ from tracejudge.collector.log import Logger
 from tracejudge.collector.store.assembled_index import LATEST_VERSIONS, Assembled, AssembledIndex, Change, index_path
 from tracejudge.collector.store.id_table import id_table
 from tracejudge.collector.store.schema import migrate
+from tracejudge.collector.store.span_store import StoreOpenError
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
@@ -28,8 +32,6 @@ def _table(con: duckdb.DuckDBPyConnection) -> set[tuple[object, ...]]:
 
 
 def _indexed(path: Path, table: str = "traces") -> set[tuple[object, ...]]:
-    import sqlite3
-
     with sqlite3.connect(path) as sql:
         return set(sql.execute(f"SELECT * FROM {table}").fetchall())
 
@@ -208,8 +210,6 @@ def test_a_change_the_database_refuses_leaves_the_index_as_it_was(tmp_path) -> N
 
 def test_lookups_in_one_thread_while_another_writes_see_the_table_before_or_after_each_change(tmp_path) -> None:
     """The assembler looks up while retention deletes, each from its own thread, through one index."""
-    import threading
-
     db = tmp_path / "t.duckdb"
     con, index = _database(db)
     writer = con.cursor()
@@ -250,8 +250,6 @@ def test_lookups_in_one_thread_while_another_writes_see_the_table_before_or_afte
 
 
 def test_an_index_file_damaged_inside_is_made_again_when_a_lookup_finds_it(tmp_path) -> None:
-    import random
-
     db = tmp_path / "p.duckdb"
     con, index = _database(db)
     traces = [f"{n:032x}" for n in range(20_000)]
@@ -279,8 +277,6 @@ def test_an_index_file_damaged_inside_is_made_again_when_a_lookup_finds_it(tmp_p
 
 
 def test_a_change_the_index_fails_to_take_is_kept_in_the_database_and_the_index_made_again(tmp_path) -> None:
-    import sqlite3
-
     db = tmp_path / "m.duckdb"
     con, index = _database(db)
     _rows_at(con, index, {"t1": 1})
@@ -295,8 +291,6 @@ def test_a_change_the_index_fails_to_take_is_kept_in_the_database_and_the_index_
 
 def test_an_index_of_an_earlier_format_is_made_again_though_its_generation_matches(tmp_path) -> None:
     """The first format kept traces only: its generation can match the database's while it holds no versions."""
-    import sqlite3
-
     db = tmp_path / "u.duckdb"
     con, index = _database(db)
     _rows_at(con, index, {"t": 5})
@@ -319,8 +313,6 @@ def test_an_index_of_an_earlier_format_is_made_again_though_its_generation_match
 
 
 def test_an_index_that_cannot_be_opened_says_where_and_what_to_do(tmp_path) -> None:
-    from tracejudge.collector.store.span_store import StoreOpenError
-
     con = duckdb.connect(str(tmp_path / "o.duckdb"))
     migrate(con)
     index_path(tmp_path / "o.duckdb").mkdir()  # a folder where the index file goes

@@ -25,7 +25,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import NamedTuple
 
 import duckdb
@@ -59,6 +59,7 @@ from tracejudge.collector.store.assembled_index import (
     AssembledIndex,
     Change,
     Latest,
+    at_epoch_us,
     epoch_us,
 )
 from tracejudge.collector.store.id_table import id_table, registered
@@ -98,7 +99,6 @@ _CALL_SUMMARY_SCHEMA = pa.schema([
     ("conversation_id", pa.string()), ("version", pa.int32()), ("turn", pa.int32()), ("call_index", pa.int32()),
     ("kind", pa.string()), ("server", pa.string()), ("name", pa.string()), ("is_error", pa.bool_()),
     ("assembled_at", _UTC_US), ("duration_ms", pa.float64())])
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class _Due(NamedTuple):
@@ -201,11 +201,6 @@ class _Rows:
 def _only(table: pa.Table, traces: list[str]) -> pa.Table:
     """The rows of these traces."""
     return table.filter(pc.is_in(table.column("trace_id"), pa.array(traces, pa.string())))
-
-
-def _at(since_us: int) -> datetime:
-    """A read's lower bound on received_at."""
-    return _EPOCH + timedelta(microseconds=since_us)
 
 
 def _commit_keys(table: pa.Table) -> dict[str, tuple[int, str]]:
@@ -465,7 +460,7 @@ class ConversationAssembler:
             "SELECT s.trace_id, epoch_us(s.first) FROM (SELECT trace_id, min(received_at) AS first, "
             "max(received_at) AS last FROM span_records WHERE received_at >= ? GROUP BY trace_id) s "
             "LEFT JOIN assembled_traces a USING (trace_id) WHERE a.assembled_at IS NULL OR s.last > a.assembled_at "
-            "ORDER BY s.first, s.trace_id LIMIT ?", [_at(since), room + 1]).fetchall()
+            "ORDER BY s.first, s.trace_id LIMIT ?", [at_epoch_us(since), room + 1]).fetchall()
         taken = self._wait_for([(trace, since) for trace, _ in rows[:room]])
         with self._lock:
             if self.left_out == left_out:  # what is left starts at the first trace not taken
@@ -753,7 +748,7 @@ class ConversationAssembler:
                 f"conversation_key AS key FROM span_records WHERE received_at >= ? AND trace_id IN "
                 f"(SELECT id FROM {ids}) AND conversation_key IS NOT NULL UNION ALL SELECT trace_id, {_ATTACHED}, "
                 f"conversation_id FROM trace_attachments WHERE trace_id IN (SELECT id FROM {ids})) GROUP BY trace_id",
-                [_at(since_us)]).fetchall()
+                [at_epoch_us(since_us)]).fetchall()
         return {trace: (rank if rank is not None else _UNKEYED, key) for trace, rank, key in rows}
 
     def _trace_keys(self, traces: set[str], since_us: int) -> dict[str, str]:
@@ -784,7 +779,7 @@ class ConversationAssembler:
         with id_table(self.con, unread) as ids:
             counts = dict(self.con.execute(
                 f"SELECT trace_id, count(*) FROM span_records WHERE received_at >= ? AND trace_id IN "
-                f"(SELECT id FROM {ids}) GROUP BY trace_id", [_at(since_us)]).fetchall())
+                f"(SELECT id FROM {ids}) GROUP BY trace_id", [at_epoch_us(since_us)]).fetchall())
         counts.update((t, k.spans) for t, k in kept.items())
         limit = self.settings.conversations.max_spans
         sizes: dict[str, int] = {}  # conversation -> its spans to read
@@ -853,7 +848,7 @@ class ConversationAssembler:
                 # every stored copy of a span: the last received counts, once (`conversation_builder.latest_copies`)
                 table = self.con.execute(
                     f"SELECT {SPAN_SELECT} FROM span_records WHERE received_at >= ? AND trace_id IN "
-                    f"(SELECT id FROM {ids})", [_at(since_us)]).to_arrow_table()
+                    f"(SELECT id FROM {ids})", [at_epoch_us(since_us)]).to_arrow_table()
             scopes, resources = self._dictionaries(set(pc.unique(table.column("scope_id")).to_pylist()),
                                                    set(pc.unique(table.column("resource_id")).to_pylist()))
         finally:

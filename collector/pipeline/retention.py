@@ -88,6 +88,7 @@ class _AgedTable:
     # tables that exist for these (a score's export mark and reuse entry, a conversation version's jobs)
     dependents: tuple[str, ...] = ()
     summaries: tuple[str, ...] = ()  # the web UI's summary rows that go with the pruned rows (after them)
+    versions: bool = False  # the assembler's index keeps each conversation's newest row (`AssembledIndex`)
 
 
 _SCORE_KEY = ("s.conversation_id = d.conversation_id AND s.conversation_version = d.conversation_version "
@@ -103,7 +104,7 @@ AGED = {
         "DELETE FROM conversation_summary WHERE assembled_at <= ? AND conversation_id NOT IN "
         "(SELECT conversation_id FROM conversations)",
         "DELETE FROM call_summary WHERE assembled_at <= ? AND conversation_id NOT IN "
-        "(SELECT conversation_id FROM conversations)")),
+        "(SELECT conversation_id FROM conversations)"), versions=True),
     "scores": _AgedTable("scores", "scored_at", dependents=tuple(
         f"DELETE FROM {table} d WHERE EXISTS (SELECT 1 FROM scores s WHERE s.scored_at <= ? AND {_SCORE_KEY})"
         for table in ("score_exports", "judged_content", "judge_calls")),
@@ -403,7 +404,7 @@ class Retention:
                 for statement in aged.summaries:
                     self.con.execute(statement, [bound])
 
-            if aged.table == "conversations":  # the assembler's index forgets the conversations with no version left
+            if aged.versions:  # the assembler's index forgets the conversations with no version left
                 self.index.write(self.con, work, Change(versions_through_us=epoch_us(bound)))
             else:
                 in_transaction(self.con, work)

@@ -28,13 +28,14 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import duckdb
 
 from tracejudge.collector.store.span_store import StoreOpenError
 from tracejudge.collector.store.transaction import in_transaction
 
+_T = TypeVar("_T")
 SUFFIX = ".assembled.sqlite"  # beside the DuckDB file: `tracejudge.duckdb.assembled.sqlite`
 AT_ONCE = 500  # ids per SQLite statement (its bound-parameter limit is higher; this keeps statements small)
 REBUILD_ROWS = 100_000  # rows copied from DuckDB per step of a rebuild
@@ -63,16 +64,14 @@ FORMAT = 2
 _STATE = "CREATE TABLE IF NOT EXISTS index_state (format INTEGER NOT NULL, generation INTEGER NOT NULL)"
 _BY_CONVERSATION = "CREATE INDEX IF NOT EXISTS traces_by_conversation ON traces (conversation_id)"
 _BY_AGE = "CREATE INDEX IF NOT EXISTS versions_by_age ON versions (assembled_us)"
+# each conversation's newest version as the index keeps it (add a WHERE, then GROUP BY conversation_id)
+LATEST_VERSIONS = ("SELECT conversation_id, max(version), arg_max(content_hash, version), arg_max(inclusion, version), "
+                   "epoch_us(max(assembled_at)) FROM conversations")
 # each table of the index as copied from DuckDB (sorted: the B-tree fills in order): name, columns, query
 _COPIES = (
     ("traces", 4, "SELECT trace_id, conversation_id, epoch_us(first_received_at), epoch_us(marked_at) "
                   "FROM assembled_traces ORDER BY trace_id"),
-    ("versions", 5, "SELECT conversation_id, max(version), arg_max(content_hash, version), arg_max(inclusion, "
-                    "version), epoch_us(max(assembled_at)) FROM conversations GROUP BY conversation_id "
-                    "ORDER BY conversation_id"))  # LATEST_VERSIONS, all of them
-# each conversation's newest version as the index keeps it (add a WHERE, then GROUP BY conversation_id)
-LATEST_VERSIONS = ("SELECT conversation_id, max(version), arg_max(content_hash, version), arg_max(inclusion, version), "
-                   "epoch_us(max(assembled_at)) FROM conversations")
+    ("versions", 5, f"{LATEST_VERSIONS} GROUP BY conversation_id ORDER BY conversation_id"))
 _UPSERT_VERSION = ("INSERT INTO versions VALUES (?, ?, ?, ?, ?) ON CONFLICT (conversation_id) DO UPDATE SET "
                    "version = excluded.version, content_hash = excluded.content_hash, inclusion = excluded.inclusion, "
                    "assembled_us = max(assembled_us, excluded.assembled_us)")
@@ -121,6 +120,11 @@ def epoch_us(at: datetime) -> int:
     return (at - _EPOCH) // timedelta(microseconds=1)
 
 
+def at_epoch_us(us: int) -> datetime:
+    """The time `epoch_us` gave these µs for, to bind as a TIMESTAMPTZ."""
+    return _EPOCH + timedelta(microseconds=us)
+
+
 def index_path(db_path: Path) -> Path:
     return db_path.with_name(db_path.name + SUFFIX)
 
@@ -132,8 +136,8 @@ def index_bytes(db_path: Path) -> int:
 
 
 class AssembledIndex:
-    """The index of one DuckDB file's `assembled_traces` (`path`; None: in memory, rebuilt at each start). One per
-    file and process: its lock puts the index's changes in the order of their DuckDB commits."""
+    """The index of one DuckDB file's `assembled_traces` and newest versions (`path`; None: in memory, rebuilt at
+    each start). One per file and process: its lock puts the index's changes in the order of their DuckDB commits."""
 
     def __init__(self, path: Path | None, con: duckdb.DuckDBPyConnection,
                  log: Callable[..., None] | None = None) -> None:
@@ -158,7 +162,7 @@ class AssembledIndex:
 
     def _made_again(self, exc: sqlite3.DatabaseError) -> sqlite3.Connection:
         """An index file SQLite cannot read (not one, or damaged) is removed and opened empty, to be rebuilt: it only
-        ever copies the table."""
+        ever copies the tables."""
         self.log("warning", "the assembled-traces index cannot be read; it is made again from the database",
                  path=str(self.path), reason=str(exc))
         if self.path is not None:
@@ -202,34 +206,40 @@ class AssembledIndex:
 
     def by_trace(self, traces: Iterable[str]) -> list[Assembled]:
         """The rows of these traces that were assembled before."""
-        return self._select("trace_id", traces)
+        return [Assembled(*row) for row in self._select("traces", "trace_id", traces)]
 
     def by_conversation(self, conversations: Iterable[str]) -> list[Assembled]:
         """The rows of every trace assembled into one of these conversations."""
-        return self._select("conversation_id", conversations)
+        return [Assembled(*row) for row in self._select("traces", "conversation_id", conversations)]
 
     def latest(self, conversations: Iterable[str]) -> list[Latest]:
         """The newest version of each of these conversations that has one."""
-        return [Latest(*row) for row in self._select("conversation_id", conversations, "versions")]
+        return [Latest(*row) for row in self._select("versions", "conversation_id", conversations)]
 
-    def _select(self, column: str, values: Iterable[str], table: str = "traces") -> list[Any]:
+    def _select(self, table: str, column: str, values: Iterable[str]) -> list[tuple[Any, ...]]:
         wanted = list(dict.fromkeys(values))
-        for attempt in range(2):
+
+        def select() -> list[tuple[Any, ...]]:
             self._check()
-            out: list[Any] = []
-            try:
-                with self._sql_lock:
-                    for start in range(0, len(wanted), AT_ONCE):
-                        chunk = wanted[start:start + AT_ONCE]
-                        rows = self._sql.execute(f"SELECT * FROM {table} WHERE {column} IN "
-                                                 f"({','.join('?' * len(chunk))})", chunk)
-                        out.extend(rows if table != "traces" else (Assembled(*row) for row in rows))
-                return out
-            except sqlite3.DatabaseError as exc:  # damaged: made again, and asked once more
-                if attempt or not _damage(exc):
-                    raise
-                self._damaged(exc)
-        raise AssertionError("unreachable")
+            out: list[tuple[Any, ...]] = []
+            with self._sql_lock:
+                for start in range(0, len(wanted), AT_ONCE):
+                    chunk = wanted[start:start + AT_ONCE]
+                    out.extend(self._sql.execute(f"SELECT * FROM {table} WHERE {column} IN "
+                                                 f"({','.join('?' * len(chunk))})", chunk))
+            return out
+
+        return self._once_more_if_damaged(select)
+
+    def _once_more_if_damaged(self, action: Callable[[], _T]) -> _T:
+        """`action`, and once more on a fresh index file if SQLite found this one damaged."""
+        try:
+            return action()
+        except sqlite3.DatabaseError as exc:
+            if not _damage(exc):
+                raise
+            self._damaged(exc)
+            return action()
 
     # --- changes --------------------------------------------------------------------------------------------
 
@@ -279,12 +289,12 @@ class AssembledIndex:
             return
         recent = next(mark for mark in known if mark >= known[-1] - RECENT_US)
         con.execute(f"DELETE FROM assembled_traces WHERE marked_at >= ? AND trace_id IN (SELECT id FROM {ids})",
-                    [_EPOCH + timedelta(microseconds=recent)])
+                    [at_epoch_us(recent)])
         for mark in known:
             if mark >= recent:
                 break
             con.execute(f"DELETE FROM assembled_traces WHERE marked_at = ? AND trace_id IN (SELECT id FROM {ids})",
-                        [_EPOCH + timedelta(microseconds=mark)])
+                        [at_epoch_us(mark)])
 
     @contextlib.contextmanager
     def _sql_transaction(self) -> Iterator[sqlite3.Connection]:
@@ -302,10 +312,10 @@ class AssembledIndex:
     # --- keeping up with DuckDB -----------------------------------------------------------------------------
 
     def _duck_generation(self, con: duckdb.DuckDBPyConnection | None = None) -> int:
-        if con is not None:
-            return int(con.execute("SELECT generation FROM assembled_index").fetchall()[0][0])
-        with self._duck_lock:
-            return int(self.con.execute("SELECT generation FROM assembled_index").fetchall()[0][0])
+        if con is None:
+            with self._duck_lock:
+                return self._duck_generation(self.con)
+        return int(con.execute("SELECT generation FROM assembled_index").fetchall()[0][0])
 
     def _stored_generation(self) -> int | None:
         row = self._sql.execute("SELECT format, generation FROM index_state").fetchone()
@@ -324,18 +334,11 @@ class AssembledIndex:
 
     def _rebuild(self) -> None:
         """Copy the tables here; an index file found damaged on the way is made afresh and copied once more."""
-        for attempt in range(2):
-            try:
-                self._copy()
-                return
-            except sqlite3.DatabaseError as exc:
-                if attempt or not _damage(exc):
-                    raise
-                self._damaged(exc)
+        self._once_more_if_damaged(self._copy)
 
     def _copy(self) -> None:
-        """The table's rows, sorted by trace (the B-tree fills in order), from one DuckDB snapshot read on a cursor of
-        its own (a lookup's generation check on `con` would end its result)."""
+        """The tables' rows (`_COPIES`) from one DuckDB snapshot, read on a cursor of its own (a lookup's generation
+        check on `con` would end its result)."""
         started = time.monotonic()
         copied = 0
         con = self.con.cursor()
