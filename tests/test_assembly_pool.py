@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from tracejudge.collector.pipeline.conversation_builder import (
     build_batch,
     map_trace,
 )
+from tracejudge.collector.worker_process import BELOW_INGEST, lower_this_thread
 from tracejudge.mapping.stored_spans import STORED_COLUMNS
 
 SCHEMA = pa.schema([("trace_id", pa.string()), ("span_id", pa.string()), ("parent_span_id", pa.string()),
@@ -203,6 +205,64 @@ def test_call_validity_is_scored_as_the_conversation_is_built_never_leased(tmp_p
         assert calls == [["conv-a", "get-weather", False], ["conv-a", "get-weather", False],
                          ["conv-b", "book-umbrella", True]]
         collector.stop()
+
+
+def _niceness(pid: int, thread: int | None = None) -> int | None:
+    """A process's (or one of its threads') niceness, as the kernel schedules it (/proc's stat, field 19); None once
+    it is gone (a pool's thread may end between the listing and the read)."""
+    try:
+        stat = Path(f"/proc/{pid}/task/{thread}/stat" if thread else f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[16])
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="niceness is a thread's own on Linux only")
+@pytest.mark.skipif(os.getpriority(os.PRIO_PROCESS, 0) + BELOW_INGEST > 19,
+                    reason="the tests run so low that nothing can be lower")
+def test_assembly_gives_way_to_ingest_in_the_server_and_in_its_workers(tmp_path: Path) -> None:
+    """A real collector: the thread that reads and writes the conversations in the server, and the workers that
+    build them (started from it), run at a lower priority than the server's receivers and span writer
+    (`BELOW_INGEST`), so while both want the cores, ingest gets them; the server itself keeps its priority."""
+    base = os.getpriority(os.PRIO_PROCESS, 0)  # the collector starts at the tests' own niceness
+    settings = tmp_path / "tracejudge.toml"  # one worker even on one core; no decode workers (started elsewhere)
+    settings.write_text('[server]\ndecode_workers = 0\n[conversations]\nquiet_period_s = 1\npoll_s = 0.1\n'
+                        'assembly_workers = 1\n[scoring]\nmetrics = ["mcp_call_validity"]\n')
+    with CollectorProcess(tmp_path / "t.duckdb", config=settings) as collector:
+        export(collector, conversations(end=True))
+        assert len(wait_for(collector, "SELECT conversation_id FROM scores", 2)) == 2
+        server = collector.proc.pid
+        threads = {int(t.name): _niceness(server, int(t.name)) for t in Path(f"/proc/{server}/task").iterdir()}
+        lowered = [t for t, nice in threads.items() if nice == base + BELOW_INGEST]
+        # the assembly thread and those it started (the pool's result and queue threads); the main thread (the
+        # receivers' event loop), the span writer and the decode threads keep the server's priority
+        assert lowered and threads[server] == base and sum(1 for n in threads.values() if n == base) >= 3, threads
+        children = [int(p) for t in lowered for p in Path(f"/proc/{server}/task/{t}/children").read_text().split()]
+        workers = [c for c in children if "resource_tracker" not in Path(f"/proc/{c}/cmdline").read_text()]
+        assert len(workers) == 1
+        assert {_niceness(workers[0], int(t.name)) for t in Path(f"/proc/{workers[0]}/task").iterdir()} \
+            <= {base + BELOW_INGEST, None}  # every thread of the worker, those its libraries start too
+        collector.stop()
+
+
+def test_lowering_a_thread_leaves_the_rest_of_its_process_as_it_was() -> None:
+    """Only the calling thread gives way (lowering the process would slow ingest with it), and never fails: a
+    thread pool whose initializer raised would never run anything."""
+    seen: dict[str, int] = {}
+
+    def lowered() -> None:
+        seen["did"] = lower_this_thread()
+        seen["nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    thread = threading.Thread(target=lowered)
+    thread.start()
+    thread.join()
+    assert os.getpriority(os.PRIO_PROCESS, 0) == base
+    if sys.platform == "linux" and seen["did"]:
+        assert seen["nice"] == min(19, base + BELOW_INGEST)
+    else:  # elsewhere, or a sandbox that refuses it: nothing changes
+        assert seen["nice"] == base
 
 
 def test_a_check_that_waits_is_left_to_the_scoring_stage(monkeypatch: pytest.MonkeyPatch) -> None:
