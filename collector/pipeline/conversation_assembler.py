@@ -474,19 +474,28 @@ class ConversationAssembler:
     async def run(self, stop: asyncio.Event) -> None:
         """Assemble round after round until `stop`, on a thread of its own below ingest's priority: its reads and
         writes (DuckDB's, without the GIL) then wait while the receivers, the decode threads and the span writer want
-        the cores, as the workers do (at half load, fewer exports over 100 ms in 17 of 21 runs against the same code
-        on the default executor: BENCHMARKS.md, tenth session)."""
+        the cores, as the workers do (at half load, fewer exports over 100 ms in 10 of 12 paired runs against the
+        same code on the default executor: BENCHMARKS.md, tenth session)."""
         thread = ThreadPoolExecutor(1, thread_name_prefix="tracejudge-assembly", initializer=lower_this_thread)
         loop = asyncio.get_running_loop()
 
+        worked = [0.0]  # the assembly thread's CPU seconds so far (its time waiting for a core not counted)
+
+        def timed(work: Callable[..., _T], *args: object) -> _T:
+            started = time.thread_time()
+            try:
+                return work(*args)
+            finally:
+                worked[0] += time.thread_time() - started
+
         def on_thread(work: Callable[..., _T], *args: object) -> asyncio.Future[_T]:
-            return loop.run_in_executor(thread, functools.partial(work, *args))
+            return loop.run_in_executor(thread, functools.partial(timed, work, *args))
 
         pending: _Poll | None = None  # sent to the workers, written in the next round (`assemble_next`)
         try:
             while not stop.is_set():
                 done, deferred = 0, False
-                started, busy, waited = time.monotonic(), self._writer_busy(), self.pool_wait_s
+                started, busy, waited, cpu = time.monotonic(), self._writer_busy(), self.pool_wait_s, worked[0]
                 try:
                     await on_thread(self.take_in)
                     writable = self.store_writable()  # a failing disk: a commit now would fail, and DuckDB can abort
@@ -507,7 +516,8 @@ class ConversationAssembler:
                 # a backlog: go on at once (looking again for end-marked conversations first), unless ingest
                 # presses; the time the workers built (on other cores) is not time taken from ingest
                 spent = time.monotonic() - started - (self.pool_wait_s - waited)
-                paused = await self.pause(self.pause_for_ingest(spent, self._writer_busy() - busy), stop)
+                paused = await self.pause(self.pause_for_ingest(spent, self._writer_busy() - busy, worked[0] - cpu),
+                                          stop)
                 backlog = done >= MAX_PER_POLL or pending is not None or deferred
                 wait = 0.0 if backlog else self.settings.conversations.poll_s - paused
                 if wait > 0:
@@ -553,15 +563,17 @@ class ConversationAssembler:
     def _writer_busy(self) -> float:
         return self.writer_busy_s() if self.writer_busy_s is not None else 0.0
 
-    def pause_for_ingest(self, spent_s: float, writer_busy_s: float) -> float:
+    def pause_for_ingest(self, spent_s: float, writer_busy_s: float, worked_s: float | None = None) -> float:
         """How long to pause after a full batch that took `spent_s`, during which the span writer was committing
-        for `writer_busy_s`. Both share two cores and one database: when the writer was busy half the time or
-        more, the assembler keeps to `[conversations] share_under_load` so exports stay fast (its backlog waits,
-        stored); otherwise it goes on at once."""
+        for `writer_busy_s` and the assembly thread used `worked_s` of CPU (default: all of `spent_s`). Both share
+        two cores and one database: when the writer was busy half the time or more, the assembler keeps its CPU to
+        `[conversations] share_under_load` of the time so exports stay fast (its backlog waits, stored); otherwise
+        it goes on at once. Billed by its CPU, not its time: below ingest's priority, its time includes waiting for
+        a core behind ingest, which the kernel already gave way with."""
         share = self.settings.conversations.share_under_load
         if spent_s <= 0 or writer_busy_s < spent_s / 2 or share >= 1:
             return 0.0
-        return spent_s * (1 - share) / share
+        return (spent_s if worked_s is None else min(worked_s, spent_s)) * (1 - share) / share
 
     def _due(self, force: bool, limit: int | None, busy: _Poll | None = None) -> dict[str, _Due]:
         """End-marked conversations first, then those quiet for the quiet period, oldest first; none of those the
@@ -723,14 +735,14 @@ class ConversationAssembler:
         """These stored traces (each with the received_at, µs, its spans are no older than) wait for a quiet period
         under their strongest key, unless they wait already; how many were taken in."""
         keys = self._strongest_keys([trace for trace, _ in traces], min((s for _, s in traces), default=0))
-        now = time.monotonic()
         taken = 0
         # the lock a thousand traces at a time: the span writer notes each commit under it, and take_in after a full
         # index takes up to max_waiting_traces (100,000 noted in one hold took 0.23 s of CPU, more in wall time on
-        # the assembly thread's lower priority); each trace is noted on its own, so a commit noted in between is
-        # noted as it would be before or after them
+        # the assembly thread's lower priority). Each trace is noted on its own, at the time of its hold (a time
+        # read before a commit noted in between would make its conversation's last span older than that commit's)
         for start in range(0, len(traces), WAIT_FOR_AT_ONCE):
             with self._lock:
+                now = time.monotonic()
                 for trace, since in traces[start:start + WAIT_FOR_AT_ONCE]:
                     group = self._group_of.get(trace)
                     if group is None:
@@ -1261,7 +1273,7 @@ class ConversationAssembler:
         return len(self._group_of)
 
     def pending_conversations(self) -> int:
-        """Conversations waiting for their quiet period; never more than the traces they wait with (no lock, as
-        `pending_traces`)."""
+        """Conversations waiting for their quiet period (no lock, as `pending_traces`: read while a conversation is
+        being dropped, the two sizes may be one apart)."""
         return len(self._last)
 
