@@ -30,8 +30,11 @@ def usable_cpus() -> int:
 
 def below_ingest() -> int:
     """The niceness of work that gives way to ingest: `BELOW_INGEST` more than the server's main thread's (at most
-    19, the lowest)."""
-    return min(19, os.getpriority(os.PRIO_PROCESS, os.getpid()) + BELOW_INGEST)
+    19, the lowest; `BELOW_INGEST` where the system has no priorities to read)."""
+    try:
+        return min(19, os.getpriority(os.PRIO_PROCESS, os.getpid()) + BELOW_INGEST)
+    except (AttributeError, OSError):
+        return BELOW_INGEST
 
 
 def lower_this_thread(niceness: int | None = None) -> bool:
@@ -73,6 +76,6 @@ def start_below_ingest(niceness: int) -> None:
     """A worker that gives way to ingest (`niceness`: the server's `below_ingest()`): its priority set before any
     thread starts (the parent's watch, a library's), since a thread runs at its creator's, then `worker_init`.
     A spawned worker is a process of its own, so outside Linux its niceness is set as a process's."""
-    with contextlib.suppress(OSError):  # a sandbox that forbids it: the worker runs as the thread that spawned it
+    with contextlib.suppress(AttributeError, OSError):  # refused, or no priorities: it runs as it was spawned
         os.setpriority(os.PRIO_PROCESS, 0, max(niceness, os.getpriority(os.PRIO_PROCESS, 0)))
     worker_init()
