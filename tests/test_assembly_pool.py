@@ -11,9 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
@@ -29,7 +27,6 @@ from tracejudge.collector.pipeline.conversation_builder import (
     build_batch,
     map_trace,
 )
-from tracejudge.collector.worker_process import BELOW_INGEST, lower_this_thread
 from tracejudge.mapping.stored_spans import STORED_COLUMNS
 
 SCHEMA = pa.schema([("trace_id", pa.string()), ("span_id", pa.string()), ("parent_span_id", pa.string()),
@@ -206,111 +203,6 @@ def test_call_validity_is_scored_as_the_conversation_is_built_never_leased(tmp_p
         assert calls == [["conv-a", "get-weather", False], ["conv-a", "get-weather", False],
                          ["conv-b", "book-umbrella", True]]
         collector.stop()
-
-
-def _niceness(pid: int, thread: int | None = None) -> int | None:
-    """A process's (or one of its threads') niceness, as the kernel schedules it (/proc's stat, field 19); None once
-    it is gone (a pool's thread may end between the listing and the read)."""
-    try:
-        stat = Path(f"/proc/{pid}/task/{thread}/stat" if thread else f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[16])
-
-
-def _can_lower_a_thread() -> bool:
-    """Whether this machine lets a thread lower its priority by `BELOW_INGEST` (Linux, not already near the lowest,
-    no sandbox refusing it)."""
-    if sys.platform != "linux" or os.getpriority(os.PRIO_PROCESS, 0) + BELOW_INGEST > 19:
-        return False
-    done: list[bool] = []
-    thread = threading.Thread(target=lambda: done.append(lower_this_thread()))
-    thread.start()
-    thread.join()
-    return done == [True]
-
-
-needs_lowering = pytest.mark.skipif(not _can_lower_a_thread(), reason="threads cannot be lowered here (Linux only, "
-                                    "not under a sandbox that refuses it, not when the tests already run lowest)")
-
-
-def _thread_niceness(pid: int) -> set[int | None]:
-    return {_niceness(pid, int(t.name)) for t in Path(f"/proc/{pid}/task").iterdir()}
-
-
-@needs_lowering
-def test_assembly_gives_way_to_ingest_in_the_server_and_in_its_workers(tmp_path: Path) -> None:
-    """A real collector: the thread that reads and writes the conversations in the server, and the workers that
-    build them (started from it), run at a lower priority than the server's receivers and span writer
-    (`BELOW_INGEST`), so while both want the cores, ingest gets them; the server itself keeps its priority."""
-    base = os.getpriority(os.PRIO_PROCESS, 0)  # the collector starts at the tests' own niceness
-    settings = tmp_path / "tracejudge.toml"  # one worker even on one core; no decode workers (started elsewhere)
-    settings.write_text('[server]\ndecode_workers = 0\n[conversations]\nquiet_period_s = 1\npoll_s = 0.1\n'
-                        'assembly_workers = 1\n[scoring]\nmetrics = ["mcp_call_validity"]\n')
-    with CollectorProcess(tmp_path / "t.duckdb", config=settings) as collector:
-        export(collector, conversations(end=True))
-        assert len(wait_for(collector, "SELECT conversation_id FROM scores", 2)) == 2
-        server = collector.proc.pid
-        threads = {int(t.name): _niceness(server, int(t.name)) for t in Path(f"/proc/{server}/task").iterdir()}
-        lowered = [t for t, nice in threads.items() if nice == base + BELOW_INGEST]
-        # the assembly thread and those it started (the pool's result and queue threads); the main thread (the
-        # receivers' event loop), the span writer and the decode threads keep the server's priority
-        assert lowered and threads[server] == base and sum(1 for n in threads.values() if n == base) >= 3, threads
-        if not Path(f"/proc/{server}/task/{server}/children").exists():
-            pytest.skip("this kernel lists no /proc children")
-        children = [int(p) for t in lowered for p in Path(f"/proc/{server}/task/{t}/children").read_text().split()]
-        workers = [c for c in children if "resource_tracker" not in Path(f"/proc/{c}/cmdline").read_text()]
-        assert len(workers) == 1  # spawned by the assembly thread
-        assert _thread_niceness(workers[0]) <= {base + BELOW_INGEST, None}  # every thread, its libraries' too
-        collector.stop()
-
-
-@needs_lowering
-def test_a_worker_gives_way_to_ingest_whichever_thread_started_it() -> None:
-    """A pool started from a thread at the server's priority: each worker lowers itself before any thread starts in
-    it (the parent watch, pyarrow's allocator thread), so none of its threads runs at the server's priority."""
-    base = os.getpriority(os.PRIO_PROCESS, 0)
-    pool = AssemblyPool(1, CONFIG)
-    try:
-        table, conversations = _rows(2)
-        assert not pool.result(pool.submit(table, conversations, SCOPES, RESOURCES), list(conversations)).failed
-        (worker,) = pool._pool()._processes
-        assert _thread_niceness(worker) <= {base + BELOW_INGEST, None}
-    finally:
-        pool.stop()
-
-
-def test_a_thread_that_may_not_be_lowered_still_runs_its_pool(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Lowering is best effort: a sandbox that refuses it leaves the thread as it was, and a pool whose threads
-    it starts still runs (an initializer that raised would leave the pool broken, and nothing assembled)."""
-    def refused(*args: object) -> None:
-        raise PermissionError("setpriority refused")
-
-    monkeypatch.setattr(os, "setpriority", refused)
-    monkeypatch.setattr(os, "getpriority", refused)
-    with ThreadPoolExecutor(1, initializer=lower_this_thread) as pool:
-        assert pool.submit(lambda: 42).result(10) == 42
-    assert lower_this_thread() is False
-
-
-def test_lowering_a_thread_leaves_the_rest_of_its_process_as_it_was() -> None:
-    """Only the calling thread gives way (lowering the process would slow ingest with it), and never fails: a
-    thread pool whose initializer raised would never run anything."""
-    seen: dict[str, int] = {}
-
-    def lowered() -> None:
-        seen["did"] = lower_this_thread()  # off Linux a thread's id is no process's: its process's niceness then
-        seen["nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id() if sys.platform == "linux" else 0)
-
-    base = os.getpriority(os.PRIO_PROCESS, 0)
-    thread = threading.Thread(target=lowered)
-    thread.start()
-    thread.join()
-    assert os.getpriority(os.PRIO_PROCESS, 0) == base
-    if sys.platform == "linux" and seen["did"]:
-        assert seen["nice"] == min(19, base + BELOW_INGEST)
-    else:  # elsewhere, or a sandbox that refuses it: nothing changes
-        assert seen["nice"] == base
 
 
 def test_a_check_that_waits_is_left_to_the_scoring_stage(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -30,10 +30,11 @@ from tracejudge.collector.pipeline.conversation_builder import (
     Scopes,
     build_batch,
 )
-from tracejudge.collector.worker_process import below_ingest, ready, start_below_ingest, usable_cpus
+from tracejudge.collector.worker_process import ready, usable_cpus, worker_init
 from tracejudge.errors import TracejudgeError
 
 BATCH_TIMEOUT_S = 600.0  # a batch not back by then is treated as lost with its worker (a batch takes seconds)
+NICENESS = 10  # below the server: while both want a core, the receivers and the span writer get it
 
 
 class AssemblyWorkerLost(TracejudgeError):
@@ -76,6 +77,11 @@ def build_from_file(path: str, conversations: dict[str, list[str]], scopes: Scop
             os.unlink(path)
 
 
+def _worker_start() -> None:
+    worker_init()
+    os.nice(NICENESS)
+
+
 class AssemblyPool:
     """Started by the first batch (a collector that only ingests, or sees few conversations, runs none: each
     worker holds about 70 MB once started)."""
@@ -98,8 +104,7 @@ class AssemblyPool:
                 # no max_tasks_per_child: on Python 3.11-3.13 a worker retiring with tasks queued may never be
                 # replaced (CPython gh-115634), and the assembler always has a batch queued
                 executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                               initializer=start_below_ingest,
-                                               initargs=(below_ingest(),))
+                                               initializer=_worker_start)
                 try:
                     for future in [executor.submit(ready) for _ in range(self.workers)]:
                         future.result(BATCH_TIMEOUT_S)  # every worker started now, not inside the first batches

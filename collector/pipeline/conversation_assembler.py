@@ -23,10 +23,10 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple
 
 import duckdb
 import pyarrow as pa
@@ -64,15 +64,12 @@ from tracejudge.collector.store.assembled_index import (
 )
 from tracejudge.collector.store.id_table import id_table, registered
 from tracejudge.collector.store.memory_release import release_heap
-from tracejudge.collector.worker_process import lower_this_thread
 from tracejudge.mapping.conversation_key import KEY_PRECEDENCE, TRACE_KEY
 
-_T = TypeVar("_T")
 PAUSE_STEP_S = 0.25  # how often a pause for ingest looks whether ingest stopped
 WRITER_IDLE = 0.1  # a step in which the span writer was busy less than this share of it ends the pause
 MAX_PER_POLL = 512  # conversations assembled per poll: a backlog never hides a newly end-marked one for long
 WRITE_AT_ONCE = 128  # conversations written per transaction while exports come in (`write_versions`)
-WAIT_FOR_AT_ONCE = 1000  # traces taken into the waiting index per hold of its lock (`_wait_for`)
 SPANS_PER_READ = 16_000  # spans read back in one query while assembling; with the batches in flight (workers + 1)
 # it bounds the assembler's memory
 END_MARKER = '"tracejudge.conversation.end":true'
@@ -472,32 +469,13 @@ class ConversationAssembler:
         return taken
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Assemble round after round until `stop`, on a thread of its own below ingest's priority: its reads and
-        writes (DuckDB's, without the GIL) then wait while the receivers, the decode threads and the span writer want
-        the cores, as the workers do (at half load, fewer exports over 100 ms in 10 of 12 paired runs against the
-        same code on the default executor: BENCHMARKS.md, tenth session)."""
-        thread = ThreadPoolExecutor(1, thread_name_prefix="tracejudge-assembly", initializer=lower_this_thread)
-        loop = asyncio.get_running_loop()
-
-        worked = [0.0]  # the assembly thread's CPU seconds so far (its time waiting for a core not counted)
-
-        def timed(work: Callable[..., _T], *args: object) -> _T:
-            started = time.thread_time()
-            try:
-                return work(*args)
-            finally:
-                worked[0] += time.thread_time() - started
-
-        def on_thread(work: Callable[..., _T], *args: object) -> asyncio.Future[_T]:
-            return loop.run_in_executor(thread, functools.partial(timed, work, *args))
-
         pending: _Poll | None = None  # sent to the workers, written in the next round (`assemble_next`)
         try:
             while not stop.is_set():
                 done, deferred = 0, False
-                started, busy, waited, cpu = time.monotonic(), self._writer_busy(), self.pool_wait_s, worked[0]
+                started, busy, waited = time.monotonic(), self._writer_busy(), self.pool_wait_s
                 try:
-                    await on_thread(self.take_in)
+                    await asyncio.to_thread(self.take_in)
                     writable = self.store_writable()  # a failing disk: a commit now would fail, and DuckDB can abort
                     if writable != self._writable:  # the process reverting it; said once each way
                         self._writable = writable
@@ -506,18 +484,17 @@ class ConversationAssembler:
                                      "the pipeline waits: the store takes no writes now (GET /readyz says why)")
                     poll, pending = pending, None  # the thread owns it now: written or dropped there
                     if writable:
-                        deferred_before = self.deferred
-                        done, pending = await on_thread(self.assemble_next, poll, MAX_PER_POLL)
-                        deferred = self.deferred > deferred_before
+                        deferred = self.deferred
+                        done, pending = await asyncio.to_thread(self.assemble_next, poll, MAX_PER_POLL)
+                        deferred = self.deferred > deferred
                     elif poll is not None:
-                        await on_thread(self.abandon, poll)
+                        await asyncio.to_thread(self.abandon, poll)
                 except Exception as exc:  # a bad conversation must not stop the loop; it is logged and retried
                     self.log.error("assembly failed", reason=f"{type(exc).__name__}: {exc}")
                 # a backlog: go on at once (looking again for end-marked conversations first), unless ingest
                 # presses; the time the workers built (on other cores) is not time taken from ingest
                 spent = time.monotonic() - started - (self.pool_wait_s - waited)
-                paused = await self.pause(self.pause_for_ingest(spent, self._writer_busy() - busy, worked[0] - cpu),
-                                          stop)
+                paused = await self.pause(self.pause_for_ingest(spent, self._writer_busy() - busy), stop)
                 backlog = done >= MAX_PER_POLL or pending is not None or deferred
                 wait = 0.0 if backlog else self.settings.conversations.poll_s - paused
                 if wait > 0:
@@ -527,11 +504,8 @@ class ConversationAssembler:
             pending = None  # the grace ran out and the store closes: it is assembled again after the restart
             raise
         finally:
-            try:
-                if pending is not None:  # built already: written now, not built again after the restart
-                    await on_thread(self._last_poll, pending)
-            finally:
-                thread.shutdown(wait=False)  # a round still running (the grace ran out) ends on its own
+            if pending is not None:  # built already: written now, not built again after the restart
+                await asyncio.to_thread(self._last_poll, pending)
 
     def _last_poll(self, poll: _Poll) -> None:
         """The poll pending at a stop: written if the store takes writes, else dropped (its conversations are
@@ -563,17 +537,15 @@ class ConversationAssembler:
     def _writer_busy(self) -> float:
         return self.writer_busy_s() if self.writer_busy_s is not None else 0.0
 
-    def pause_for_ingest(self, spent_s: float, writer_busy_s: float, worked_s: float | None = None) -> float:
+    def pause_for_ingest(self, spent_s: float, writer_busy_s: float) -> float:
         """How long to pause after a full batch that took `spent_s`, during which the span writer was committing
-        for `writer_busy_s` and the assembly thread used `worked_s` of CPU (default: all of `spent_s`). Both share
-        two cores and one database: when the writer was busy half the time or more, the assembler keeps its CPU to
-        `[conversations] share_under_load` of the time so exports stay fast (its backlog waits, stored); otherwise
-        it goes on at once. Billed by its CPU, not its time: below ingest's priority, its time includes waiting for
-        a core behind ingest, which the kernel already gave way with."""
+        for `writer_busy_s`. Both share two cores and one database: when the writer was busy half the time or
+        more, the assembler keeps to `[conversations] share_under_load` so exports stay fast (its backlog waits,
+        stored); otherwise it goes on at once."""
         share = self.settings.conversations.share_under_load
         if spent_s <= 0 or writer_busy_s < spent_s / 2 or share >= 1:
             return 0.0
-        return (spent_s if worked_s is None else min(worked_s, spent_s)) * (1 - share) / share
+        return spent_s * (1 - share) / share
 
     def _due(self, force: bool, limit: int | None, busy: _Poll | None = None) -> dict[str, _Due]:
         """End-marked conversations first, then those quiet for the quiet period, oldest first; none of those the
@@ -735,21 +707,16 @@ class ConversationAssembler:
         """These stored traces (each with the received_at, µs, its spans are no older than) wait for a quiet period
         under their strongest key, unless they wait already; how many were taken in."""
         keys = self._strongest_keys([trace for trace, _ in traces], min((s for _, s in traces), default=0))
+        now = time.monotonic()
         taken = 0
-        # the lock a thousand traces at a time: the span writer notes each commit under it, and take_in after a full
-        # index takes up to max_waiting_traces (100,000 noted in one hold took 0.23 s of CPU, more in wall time on
-        # the assembly thread's lower priority). Each trace is noted on its own, at the time of its hold (a time
-        # read before a commit noted in between would make its conversation's last span older than that commit's)
-        for start in range(0, len(traces), WAIT_FOR_AT_ONCE):
-            with self._lock:
-                now = time.monotonic()
-                for trace, since in traces[start:start + WAIT_FOR_AT_ONCE]:
-                    group = self._group_of.get(trace)
-                    if group is None:
-                        self._note(trace, keys.get(trace), now, since)
-                        taken += 1
-                    elif since < self._first.get(group, since):  # waiting since a later commit: read from here
-                        self._first[group] = since
+        with self._lock:
+            for trace, since in traces:
+                group = self._group_of.get(trace)
+                if group is None:
+                    self._note(trace, keys.get(trace), now, since)
+                    taken += 1
+                elif since < self._first.get(group, since):  # waiting already, since a later commit: read from here
+                    self._first[group] = since
         return taken
 
     def _wait_with_active(self, due: dict[str, _Due], owners: dict[str, str],
@@ -1268,12 +1235,11 @@ class ConversationAssembler:
                 self.con.execute(f"{verb} INTO {table} BY NAME SELECT * FROM {name}")
 
     def pending_traces(self) -> int:
-        """Traces waiting for their quiet period. Read without the lock (a dict's size is read whole): /metrics runs
-        on the receivers' event loop, which must not wait for the assembly thread, below its priority, to let go."""
-        return len(self._group_of)
+        with self._lock:
+            return len(self._group_of)
 
     def pending_conversations(self) -> int:
-        """Conversations waiting for their quiet period (no lock, as `pending_traces`: read while a conversation is
-        being dropped, the two sizes may be one apart)."""
-        return len(self._last)
+        """Conversations waiting for their quiet period; never more than the traces they wait with."""
+        with self._lock:
+            return len(self._last)
 
