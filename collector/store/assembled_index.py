@@ -125,6 +125,15 @@ def at_epoch_us(us: int) -> datetime:
     return _EPOCH + timedelta(microseconds=us)
 
 
+def restamp(con: duckdb.DuckDBPyConnection) -> int:
+    """Give the database a new generation (inside the caller's transaction): random, so no other history of the file
+    can have it (a counter could repeat), and any index of the file that did not make the change sees it is behind.
+    The stamp written."""
+    stamp = random.getrandbits(63)
+    con.execute("UPDATE assembled_index SET generation = ?", [stamp])
+    return stamp
+
+
 def index_path(db_path: Path) -> Path:
     return db_path.with_name(db_path.name + SUFFIX)
 
@@ -247,11 +256,11 @@ class AssembledIndex:
         """Run `work` (which changes `assembled_traces` or `conversations` on `con`) in one DuckDB transaction with
         the generation's new stamp, then make `change` here. Lookups made inside `work` see the index as it was
         before it."""
-        stamp = random.getrandbits(63)  # no other history of the file can have it (a counter could repeat)
+        stamps: list[int] = []
         with self._order:
             self._check()
-            in_transaction(con, lambda: (work(), con.execute("UPDATE assembled_index SET generation = ?", [stamp])))
-            self._writing = stamp
+            in_transaction(con, lambda: (work(), stamps.append(restamp(con))))
+            self._writing = stamp = stamps[0]
             try:
                 with self._sql_transaction() as sql:
                     for table, column, ids in (("traces", "trace_id", change.remove),

@@ -7,11 +7,12 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from tracejudge.collector.store.assembled_index import restamp
 
 if TYPE_CHECKING:
     from tracejudge.evaluation import TestResult
@@ -57,8 +58,7 @@ def write_results(path: Path, scored: Sequence[ScoredCase], service: str, config
                              m.threshold, m.strict_mode, m.reason, m.evaluation_model, m.evaluation_cost,
                              m.input_tokens, m.output_tokens, _json(m.score_breakdown), m.error, service, item.agent,
                              now])
-        # a new stamp: a collector's index of this file (if it is one) sees a change it did not make, and is made again
-        con.execute("UPDATE assembled_index SET generation = ?", [secrets.randbits(63)])
+        restamp(con)  # a collector's index of this file (if it is one) sees a change it did not make: made again
         con.execute("COMMIT")
 
 
