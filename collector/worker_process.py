@@ -33,8 +33,19 @@ def ready() -> None:
 
 
 def worker_init() -> None:
+    """Every worker's start: fewer collections of its short-lived objects, and an exit when its collector dies."""
     gc.set_threshold(100_000, 50, 100)
     parent = multiprocessing.parent_process()
     if parent is not None:
         threading.Thread(target=exit_with_parent, args=(parent,), name="tracejudge-parent-watch",
                          daemon=True).start()
+
+
+def start_below(niceness: int) -> None:
+    """A worker's start `niceness` below its collector (an assembly pool's initializer): niced first, so the
+    threads it starts and the modules its first task imports (pyarrow, pydantic, the mapping: about half a second of
+    a core each) run at its priority. The initializer lives here, in a module that imports nothing heavy: a spawned
+    worker imports its initializer's module before running it, so one beside the job's code had made those imports
+    at the server's priority while ingest ran, and left the threads started before it at that priority."""
+    os.nice(niceness)
+    worker_init()

@@ -20,7 +20,13 @@ import pytest
 from tests.support.collector_process import CollectorProcess
 from tests.test_pipeline import config, conversations, export, query, wait_for
 from tracejudge.collector.pipeline import conversation_builder
-from tracejudge.collector.pipeline.assembly_pool import SPILL_PREFIX, AssemblyPool, AssemblyWorkerLost, _spill_root
+from tracejudge.collector.pipeline.assembly_pool import (
+    NICENESS,
+    SPILL_PREFIX,
+    AssemblyPool,
+    AssemblyWorkerLost,
+    _spill_root,
+)
 from tracejudge.collector.pipeline.conversation_builder import (
     BuildConfig,
     build,
@@ -130,6 +136,31 @@ def test_a_worker_builds_a_batch_without_the_modules_only_the_server_needs(tmp_p
                                    ).result(60) == []
     finally:
         pool.stop()
+
+
+def _niceness(pid: int) -> dict[str, int]:
+    """Each thread of a process -> its niceness (Linux: a thread's own, field 19 of its stat)."""
+    return {task.name: int((task / "stat").read_text().rsplit(")", 1)[1].split()[16])
+            for task in Path(f"/proc/{pid}/task").iterdir()}
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads each thread's priority from /proc (Linux)")
+def test_every_thread_of_an_assembly_worker_runs_below_the_collector() -> None:
+    """The workers build at a lower priority than the server, so the receivers and the span writer get a core
+    first: every thread of a worker, those started while it starts (the parent watch) and while it imports its
+    modules with the first batch (pyarrow's) too; those had kept the server's priority."""
+    base = os.getpriority(os.PRIO_PROCESS, 0)  # this thread's niceness, which the pool's processes start from
+    if base + NICENESS > 19:
+        pytest.skip("the suite runs niced already: a worker cannot go 10 lower")
+    table, conversations = _rows(2)
+    pool = AssemblyPool(1, CONFIG)
+    try:
+        assert not pool.result(pool.submit(table, conversations, SCOPES, RESOURCES), list(conversations)).failed
+        (worker,) = pool._pool()._processes  # the pool's one worker process, by pid
+        threads = _niceness(worker)
+    finally:
+        pool.stop()
+    assert len(threads) >= 2 and set(threads.values()) == {base + NICENESS}, threads
 
 
 def test_a_worker_killed_mid_batch_fails_that_batch_only_and_is_replaced() -> None:

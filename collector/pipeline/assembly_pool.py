@@ -11,6 +11,7 @@ stored spans, so nothing is lost. With `workers = 0` the batch is built in the c
 from __future__ import annotations
 
 import contextlib
+import functools
 import multiprocessing
 import os
 import shutil
@@ -30,7 +31,7 @@ from tracejudge.collector.pipeline.conversation_builder import (
     Scopes,
     build_batch,
 )
-from tracejudge.collector.worker_process import ready, usable_cpus, worker_init
+from tracejudge.collector.worker_process import ready, start_below, usable_cpus
 from tracejudge.errors import TracejudgeError
 
 BATCH_TIMEOUT_S = 600.0  # a batch not back by then is treated as lost with its worker (a batch takes seconds)
@@ -77,14 +78,9 @@ def build_from_file(path: str, conversations: dict[str, list[str]], scopes: Scop
             os.unlink(path)
 
 
-def _worker_start() -> None:
-    worker_init()
-    os.nice(NICENESS)
-
-
 class AssemblyPool:
     """Started by the first batch (a collector that only ingests, or sees few conversations, runs none: each
-    worker holds about 70 MB once started)."""
+    worker holds about 70 MB once it has built a batch)."""
 
     def __init__(self, workers: int, config: BuildConfig, on_start: Callable[[int], None] | None = None) -> None:
         self.workers = workers
@@ -104,10 +100,10 @@ class AssemblyPool:
                 # no max_tasks_per_child: on Python 3.11-3.13 a worker retiring with tasks queued may never be
                 # replaced (CPython gh-115634), and the assembler always has a batch queued
                 executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                               initializer=_worker_start)
+                                               initializer=functools.partial(start_below, NICENESS))
                 try:
                     for future in [executor.submit(ready) for _ in range(self.workers)]:
-                        future.result(BATCH_TIMEOUT_S)  # every worker started now, not inside the first batches
+                        future.result(BATCH_TIMEOUT_S)  # every worker started now; its job imports with a batch
                 except BaseException:
                     executor.shutdown(wait=False, cancel_futures=True)
                     raise
