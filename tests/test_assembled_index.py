@@ -20,8 +20,11 @@ from tests.test_assembler import _assembling_store, _write_turn
 from tracejudge.collector.log import Logger
 from tracejudge.collector.store.assembled_index import LATEST_VERSIONS, Assembled, AssembledIndex, Change, index_path
 from tracejudge.collector.store.id_table import id_table
+from tracejudge.collector.store.results_file import ScoredCase, write_results
 from tracejudge.collector.store.schema import migrate
 from tracejudge.collector.store.span_store import StoreOpenError
+from tracejudge.evaluation import MetricResult, TestResult
+from tracejudge.test_case import ConversationalTestCase, Turn
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
@@ -319,3 +322,31 @@ def test_an_index_that_cannot_be_opened_says_where_and_what_to_do(tmp_path) -> N
     with pytest.raises(StoreOpenError, match="o.duckdb.assembled.sqlite.*folder must be writable"):
         AssembledIndex(index_path(tmp_path / "o.duckdb"), con.cursor())
     con.close()
+
+
+def test_results_written_into_a_collectors_file_are_in_its_index_when_it_starts_again(tmp_path) -> None:
+    """A pytest run's `assert_test` results (the pytest plugin) written into the file a collector stopped on: its
+    index, beside the file, did not make that change, so it is made again at the next start and holds the results'
+    versions (left as it was, it listed none of them, and the file's generation alone told it nothing)."""
+    db = tmp_path / "h.duckdb"
+    con, index = _database(db)
+    index.follow()  # current with the file, as a collector leaves it when it stops
+    assert index.latest(["ci:1:test_weather#1"]) == []
+    index.close()
+    con.close()
+    case = ConversationalTestCase(turns=[Turn(role="user", content="weather in Paris?"),
+                                         Turn(role="assistant", content="rainy, 14C")])
+    result = TestResult(index=0, name="test_weather", metrics=[MetricResult(
+        metric="mcp_use", name="MCP Use", score=0.9, success=True, threshold=0.5, reason="fine",
+        evaluation_cost=0.0, error=None)])
+    write_results(db, [ScoredCase("ci:1:test_weather#1", "test_weather", case, result)], "ci", "ci")
+    con = duckdb.connect(str(db))
+    reopened = AssembledIndex(index_path(db), con.cursor())
+    try:
+        (latest,) = reopened.latest(["ci:1:test_weather#1"])
+        stored = con.execute("SELECT version, content_hash FROM conversations").fetchall()
+        assert (latest.version, latest.content_hash) == stored[0] and len(stored) == 1
+        assert reopened.rebuilds == 1
+    finally:
+        reopened.close()
+        con.close()
