@@ -920,3 +920,20 @@ def test_mcp_calls_made_outside_any_run_are_kept_marked_and_never_scored(tmp_pat
             store.close()
 
     asyncio.run(go())
+
+
+def test_the_waiting_gauges_answer_while_the_assembler_holds_its_lock(tmp_path) -> None:
+    """/metrics runs on the receivers' event loop: how many traces and conversations wait is read without waiting
+    for the assembler (a poll or a take_in holding its lock), or exports would wait behind it."""
+    async def scenario() -> None:
+        store, assembler = _assembling_store(tmp_path / "g.duckdb", quiet_period_s=60)
+        try:
+            await _write_turn(store, 1, 1, "chat-a", "first", dt.datetime.now(dt.UTC))
+            await _write_turn(store, 2, 2, "chat-a", "second", dt.datetime.now(dt.UTC))
+            with assembler._lock:
+                read = asyncio.to_thread(lambda: (assembler.pending_traces(), assembler.pending_conversations()))
+                assert await asyncio.wait_for(read, 10) == (2, 1)
+        finally:
+            store.close()
+
+    asyncio.run(scenario())
