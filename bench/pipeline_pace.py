@@ -5,11 +5,12 @@ the whole pipeline's (until the last conversation's call validity score is writt
 
 Traffic: bench/ingest.py's agent spans, 8 spans per trace and 64 per conversation (`gen_ai.conversation.id`), 512
 per export, 8 exports in flight; the judged metrics have no judge (their jobs wait), call validity scores every
-conversation. Prints both wall times, the pace, CPU seconds per process (server, decode workers, query children)
-and per conversation, peak RSS (each process's own peak, summed: what the issue bounds) and peak PSS (sampled; shared
-libraries counted once), export latency percentiles (and, paced, how many exports took over 50 and 100 ms:
-the tail counted, steadier than its p99), and the spans assembly read back with the time its reads took
-(`tracejudge_assembly_read_*`). A third run paces the same exports at half of ingest
+conversation. Prints both wall times, the pace, CPU seconds per process (server, decode workers, query children) and
+per conversation, assembly's CPU per conversation by stage (`tracejudge_assembly_cpu_seconds_total`: plan, read,
+build, write, observe: the budget issue 41 asks for), peak RSS (each process's own peak, summed: what the issue
+bounds) and peak PSS (sampled; shared libraries counted once), export latency percentiles (and, paced, how many
+exports took over 50 and 100 ms: the tail counted, steadier than its p99), and the spans assembly read back with the
+time its reads took (`tracejudge_assembly_read_*`). A third run paces the same exports at half of ingest
 alone's rate (the issue's half load: its p99 is the latency bound; a paced export's latency counts from when it was
 due, so exports held back behind a stalled one count their wait) and prints how far the last score lags behind the
 last export; `--rates` runs the whole pipeline at chosen rates in place of that half-load run, to find the rate it
@@ -53,6 +54,7 @@ from tests.support.collector_process import CollectorProcess  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 QUIET_S = 2.0  # the whole pipeline's quiet period
+STAGES = ("plan", "read", "build", "write", "observe")  # tracejudge_assembly_cpu_seconds_total's
 PY_SPY = shutil.which("py-spy", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}") \
     or "py-spy"
 
@@ -184,6 +186,8 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
                     time.sleep(0.5)
             timeline.stop()
             read_s = collector.metric("tracejudge_assembly_read_seconds_total")
+            stages = {stage: collector.metric(f'tracejudge_assembly_cpu_seconds_total{{stage="{stage}"}}')
+                      for stage in STAGES}
             read_spans = collector.metric("tracejudge_assembly_read_spans_total")
             if args.timeline and quiet != "1h" and rate is None:
                 timeline.print()
@@ -202,6 +206,7 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
             "cpu_s_total": round(sum(cpu.values()) - before, 1), "peak_rss_mb": round(rss),
             "peak_pss_mb": round(timeline.peak_pss),
             "peak_rss_each_mb": rss_each, "read_back_s": round(read_s, 2), "read_back_spans": int(read_spans),
+            "assembly_cpu_s": {stage: round(seconds, 2) for stage, seconds in stages.items()},
             "p50_ms": round(percentile(latencies, 50) * 1000, 1), "p99_ms": round(percentile(latencies, 99) * 1000, 1),
             # the tail counted, steadier from run to run than its 99th percentile (a handful of exports either way)
             "over_50_ms": sum(1 for v in latencies if v > 0.05), "over_100_ms": sum(1 for v in latencies if v > 0.1)}
@@ -256,6 +261,11 @@ def main() -> None:
               f"conversation beyond ingest; peak RSS {whole['peak_rss_mb']} MB (PSS {whole['peak_pss_mb']} MB); "
               f"export p99 {whole['p99_ms']} ms; spans read back for assembly: {whole['read_back_spans']:,} in "
               f"{whole['read_back_s']} s")
+        budget = ", ".join(f"{stage} {seconds * 1000 / conversations:.2f}"
+                           for stage, seconds in whole["assembly_cpu_s"].items())
+        print(f"assembly's CPU per conversation, by stage (ms): {budget}; the workers' CPU beyond building: "
+              f"{(whole['cpu_s_children'] - whole['assembly_cpu_s']['build']) * 1000 / conversations:.2f} (their "
+              f"start, the results sent back)")
         whole["pace"] = round(pace, 3)
         whole["pace_without_quiet_period"] = round(pace_without_quiet, 3)
     rates = [spans / alone["ingest_wall_s"] / 2] if args.rates is None else args.rates

@@ -66,6 +66,11 @@ class CollectorMetrics:
         self.read_seconds = Gauge("tracejudge_assembly_read_seconds_total", "Time those reads took: it follows "
                                   "what they scan, the spans received since the oldest of the poll's waiting "
                                   "conversations began", registry=self.registry)
+        self.assembly_cpu = Gauge("tracejudge_assembly_cpu_seconds_total", "CPU seconds assembly spent, by stage: "
+                                  "plan (choosing due conversations, their keys and batches), read (spans read back), "
+                                  "build (mapping, composing and the checks: the workers' CPU and the server's), "
+                                  "write (versions, jobs, scores, summaries), observe (noting each commit, on the "
+                                  "span writer's thread)", ["stage"], registry=self.registry)
         self.index_rebuilds = Gauge("tracejudge_assembled_index_rebuilds_total", "Times the index of assembled "
                                     "traces beside the database was found behind it and made again from it (a kill "
                                     "between their commits, a restored file, a damaged index file): about 6 s a "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import signal
 import time
@@ -20,7 +21,7 @@ from tracejudge.collector.history.lake import LakePublisher, publish_periodicall
 from tracejudge.collector.history.query_sandbox import DEFAULT_DISK, SandboxLimits
 from tracejudge.collector.log import Logger
 from tracejudge.collector.metrics import CollectorMetrics
-from tracejudge.collector.pipeline.conversation_assembler import ConversationAssembler
+from tracejudge.collector.pipeline.conversation_assembler import CPU_STAGES, ConversationAssembler
 from tracejudge.collector.pipeline.retention import Retention, StorageReport
 from tracejudge.collector.pipeline.scoring_stage import ScoringStage, StageConfig
 from tracejudge.collector.pipeline.summary_tables import REFRESH_EVERY_S
@@ -133,6 +134,9 @@ class Collector:
         self.metrics.traces_left_out.set_function(lambda: self.assembler.left_out)
         self.metrics.read_spans.set_function(lambda: self.assembler.read_spans)
         self.metrics.read_seconds.set_function(lambda: self.assembler.read_seconds)
+        spent = self.assembler.cpu_seconds
+        for stage in CPU_STAGES:
+            self.metrics.assembly_cpu.labels(stage).set_function(functools.partial(spent.__getitem__, stage))
         index = self.index
         self.metrics.index_rebuilds.set_function(lambda: index.rebuilds)
         cache = self.assembler.cache

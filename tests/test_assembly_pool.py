@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 
 from tests.support.collector_process import CollectorProcess
-from tests.test_pipeline import config, conversations, export, query, wait_for
+from tests.test_pipeline import config, conversations, cpu_s, export, query, wait_for
 from tracejudge.collector.pipeline import conversation_builder
 from tracejudge.collector.pipeline.assembly_pool import (
     NICENESS,
@@ -64,11 +64,6 @@ def _rows(conversations: int, traces: int = 1) -> tuple[pa.Table, dict[str, list
     return table, {f"conv-{c}": [f"{c * traces + t:032x}" for t in range(traces)] for c in range(conversations)}
 
 
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 SCOPES = {1: ("test", "1")}
 RESOURCES = {1: {"service.name": "shop"}}
 
@@ -87,6 +82,11 @@ def test_a_conversation_built_in_a_worker_is_the_one_built_in_the_server() -> No
         assert built.turns == 2 and built.service_name == "shop"
         assert "question" in built.test_case_json and built.checks["mcp_call_validity"] is not None
     assert [p.trace_id for p in there.parts["conv-0"]] == [f"{0:032x}"]
+    # with the CPU it took, which the server counts as assembly's build stage: a worker's, or the server's own
+    assert there.cpu_s > 0 and not there.here
+    without_workers = AssemblyPool(0, CONFIG)
+    local = without_workers.result(without_workers.submit(table, conversations, SCOPES, RESOURCES), list(conversations))
+    assert local.built == there.built and local.here and local.cpu_s > 0
 
 
 def test_a_batch_builds_the_same_in_whatever_order_its_rows_come(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -171,10 +171,10 @@ def test_a_worker_killed_mid_batch_fails_that_batch_only_and_is_replaced() -> No
         executor = pool._executor
         assert executor is not None
         [pid] = list(executor._processes)  # the worker process, as the OS sees it
-        started = _cpu_s(pid)
+        started = cpu_s([pid])
         future = pool.submit(table, conversations, SCOPES, RESOURCES)
         deadline = time.monotonic() + 30
-        while _cpu_s(pid) < started + 0.1 and time.monotonic() < deadline:  # until it is building the batch
+        while cpu_s([pid]) < started + 0.1 and time.monotonic() < deadline:  # until it is building the batch
             time.sleep(0.01)
         assert not future.done(), "the batch ended before the worker could be killed in it"
         os.kill(pid, signal.SIGKILL)

@@ -25,6 +25,7 @@ from opentelemetry.trace import Status, StatusCode
 from tests.support.collector_process import CollectorProcess
 from tests.support.scripted_server import Reply, Request, completion, error, system_one_answers
 from tracejudge.collector.config import SamplingSettings
+from tracejudge.collector.pipeline.conversation_assembler import CPU_STAGES
 from tracejudge.collector.pipeline.sampling import decide, sample_value
 
 PARIS, ROME, UMBRELLA = "What's the weather in Paris?", "And in Rome?", "Book an umbrella for me."
@@ -84,6 +85,24 @@ def config(tmp_path: Path, extra: str = "") -> Path:
     path.write_text("[conversations]\nquiet_period_s = 1\npoll_s = 0.1\n[scoring]\nmodel = \"gpt-4o-mini\"\n"
                     "retry_backoff_s = 0.2\n" + extra)
     return path
+
+
+TICK_S = 1 / os.sysconf("SC_CLK_TCK")  # /proc's CPU times are whole ticks
+
+
+def _process_tree(pid: int) -> list[int]:
+    """The process and its children, whichever of its threads started them."""
+    return [pid, *(int(child) for task in Path(f"/proc/{pid}/task").iterdir()
+                   for child in (task / "children").read_text().split())]
+
+
+def cpu_s(pids: list[int]) -> float:
+    """User and system CPU seconds of these processes, all their threads."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total * TICK_S
 
 
 def query(collector: CollectorProcess, sql: str, token: str | None = None) -> list[list[Any]]:
@@ -188,6 +207,12 @@ def test_a_late_span_makes_a_new_version_that_supersedes_the_old(tmp_path, judge
         [[stored]] = query(collector, "SELECT count(*) FROM span_records")
         assert collector.metric("tracejudge_assembly_read_spans_total") >= stored > 0
         assert collector.metric("tracejudge_assembly_read_seconds_total") > 0
+        # and where assembly's CPU went, stage by stage (the late version built in the server, the first ones in
+        # the workers): every stage counted, none twice, so together no more than the collector's processes used
+        stages = {s: collector.metric(f'tracejudge_assembly_cpu_seconds_total{{stage="{s}"}}') for s in CPU_STAGES}
+        assert all(seconds > 0 for seconds in stages.values()), stages
+        processes = _process_tree(collector.proc.pid)
+        assert sum(stages.values()) <= cpu_s(processes) + TICK_S * 2 * len(processes), stages
         collector.stop()
 
 

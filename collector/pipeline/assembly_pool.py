@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -68,11 +69,15 @@ def _spill_root() -> str | None:
 
 def build_from_file(path: str, conversations: dict[str, list[str]], scopes: Scopes, resources: Resources,
                     config: BuildConfig) -> BatchResult:
-    """In a worker: the batch's rows mapped from their file (removed once read), then built."""
+    """In a worker: the batch's rows mapped from their file (removed once read), then built, with the worker's CPU
+    for it (the server counts it as assembly's build stage)."""
+    started = time.process_time()
     try:
         with pa.memory_map(path) as source:
             table = pa.ipc.open_file(source).read_all()
-            return build_batch(table, conversations, scopes, resources, config)
+            result = build_batch(table, conversations, scopes, resources, config)
+        result.cpu_s = time.process_time() - started
+        return result
     finally:
         with contextlib.suppress(OSError):
             os.unlink(path)
@@ -120,16 +125,11 @@ class AssemblyPool:
                resources: Resources) -> Future[BatchResult]:
         """Build these conversations from the span rows in `table` (blocking to submit; `result` waits)."""
         if not conversations or self.workers == 0:
-            done: Future[BatchResult] = Future()
-            done.set_result(build_batch(table, conversations, scopes, resources, self.config)
-                            if conversations else BatchResult())
-            return done
+            return self._built_here(table, conversations, scopes, resources)
         try:
             path = self._spill(table)
         except OSError:  # no room where batches go (a small /dev/shm): built here instead, slower but built
-            done = Future()
-            done.set_result(build_batch(table, conversations, scopes, resources, self.config))
-            return done
+            return self._built_here(table, conversations, scopes, resources)
         executor = self._pool()
         try:
             future = executor.submit(build_from_file, str(path), conversations, scopes, resources, self.config)
@@ -139,6 +139,16 @@ class AssemblyPool:
             future = executor.submit(build_from_file, str(path), conversations, scopes, resources, self.config)
         self._sent_to[id(future)] = (executor, path)
         return future
+
+    def _built_here(self, table: pa.Table, conversations: dict[str, list[str]], scopes: Scopes,
+                    resources: Resources) -> Future[BatchResult]:
+        """The batch built in the calling thread now, with that thread's CPU for it."""
+        started = time.thread_time()
+        done: Future[BatchResult] = Future()
+        result = build_batch(table, conversations, scopes, resources, self.config) if conversations else BatchResult()
+        result.cpu_s, result.here = time.thread_time() - started, True
+        done.set_result(result)
+        return done
 
     def _spill(self, table: pa.Table) -> Path:
         """The rows as an Arrow IPC file the worker maps without a copy: sent through the pool's pipe, each batch

@@ -70,6 +70,10 @@ PAUSE_STEP_S = 0.25  # how often a pause for ingest looks whether ingest stopped
 WRITER_IDLE = 0.1  # a step in which the span writer was busy less than this share of it ends the pause
 MAX_PER_POLL = 512  # conversations assembled per poll: a backlog never hides a newly end-marked one for long
 WRITE_AT_ONCE = 128  # conversations written per transaction while exports come in (`write_versions`)
+# where the assembly's CPU goes (tracejudge_assembly_cpu_seconds_total): choosing and planning polls, reading spans
+# back, building conversations (the workers' and this process's), writing them, and noting each commit of the span
+# writer (on its thread); `python bench/pipeline_pace.py` prints it per conversation
+CPU_STAGES = ("plan", "read", "build", "write", "observe")
 WAIT_FOR_AT_ONCE = 1000  # traces taken into the waiting index per hold of its lock (`_wait_for`)
 SPANS_PER_READ = 16_000  # spans read back in one query while assembling; with the batches in flight (workers + 1)
 # it bounds the assembler's memory
@@ -204,6 +208,14 @@ def _only(table: pa.Table, traces: list[str]) -> pa.Table:
     return table.filter(pc.is_in(table.column("trace_id"), pa.array(traces, pa.string())))
 
 
+def _built_here_cpu(future: Future[BatchResult]) -> float:
+    """The CPU of a batch the pool built in the calling thread at submit; 0 for one sent to a worker."""
+    if not future.done() or future.exception() is not None:
+        return 0.0
+    result = future.result()
+    return result.cpu_s if result.here else 0.0
+
+
 def _commit_keys(table: pa.Table) -> dict[str, tuple[int, str]]:
     """Each trace's strongest conversation key among the committed rows, computed on the Arrow columns."""
     keyed = table.select(["trace_id", "conversation_key", "conversation_key_source"]).filter(
@@ -253,6 +265,8 @@ class ConversationAssembler:
         # (tracejudge_assembly_read_*)
         self.read_spans = 0
         self.read_seconds = 0.0
+        self.cpu_seconds = dict.fromkeys(CPU_STAGES, 0.0)  # stage -> CPU seconds (its threads', the workers')
+        self._inner_cpu = 0.0  # the assembly thread's CPU in reading, building and writing (what plan's is not)
         self._new_cohorts = [rule for rule in settings.sampling.rules if rule.when == "new_cohort"]
         # the batch being written's counts of the new_cohort rules' values (read per batch: retention forgets values
         # not seen for the conversations' window, and a client sending endless values grows no memory here)
@@ -289,6 +303,7 @@ class ConversationAssembler:
     def observe(self, table: pa.Table) -> None:
         """Called by the span writer after each commit (its thread). A commit it fails on is treated as left out of
         the index, so `take_in` finds its traces by their stored spans."""
+        started = time.thread_time()
         try:
             self._observe(table)
         except Exception:
@@ -312,6 +327,8 @@ class ConversationAssembler:
                     if trace in self._group_of:
                         self._note(trace, None, now, first_us)
             raise
+        finally:
+            self._spent("observe", started)
 
     def _observe(self, table: pa.Table) -> None:
         keys = _commit_keys(table)
@@ -577,6 +594,13 @@ class ConversationAssembler:
         build the one while the server writes the other, where one poll after another left them idle for a fifth
         of the time (`python bench/pipeline_pace.py --timeline`). How many conversations `pending` assembled, and
         the poll now pending (None: nothing was due)."""
+        started, inner = time.thread_time(), self._inner_cpu
+        try:
+            return self._assemble_next(pending, limit)
+        finally:  # this thread's CPU that reading, building and writing did not take: choosing and planning
+            self.cpu_seconds["plan"] += time.thread_time() - started - (self._inner_cpu - inner)
+
+    def _assemble_next(self, pending: _Poll | None, limit: int) -> tuple[int, _Poll | None]:
         try:
             following = self.plan(False, limit, busy=pending)
         except Exception:
@@ -838,14 +862,30 @@ class ConversationAssembler:
         finally:  # a read that failed: what was sent is waited for (its files removed), and the poll retried
             self.abandon(poll)
         mapped: dict[str, KeptTrace] = {}
-        failed = self._write_built(work.result, work.local, poll.conversations, poll.since_us, poll.kept, mapped,
-                                   poll.going_on, poll.unjudged)
+        cpu = time.thread_time()
+        try:
+            failed = self._write_built(work.result, work.local, poll.conversations, poll.since_us, poll.kept, mapped,
+                                       poll.going_on, poll.unjudged)
+        finally:
+            self._inner_cpu += self._spent("write", cpu)
         return failed, mapped
 
     def _read_and_submit(self, batch: list[str], conversations: dict[str, set[str]], since_us: int,
                          kept: dict[str, KeptTrace], going_on: set[str]) -> _Batch:
         """Read these conversations' spans and send those seen for the first time (nearly all) to the workers;
         those that went on are built here, where the traces kept from their earlier versions are."""
+        cpu = time.thread_time()
+        read: _Batch | None = None
+        try:
+            read = self._read_batch(batch, conversations, since_us, kept, going_on)
+            return read
+        finally:  # without workers the pool built the batch at submit: that is the build stage's (`_collect`)
+            spent = time.thread_time() - cpu
+            self._inner_cpu += spent
+            self.cpu_seconds["read"] += spent - (_built_here_cpu(read.future) if read is not None else 0.0)
+
+    def _read_batch(self, batch: list[str], conversations: dict[str, set[str]], since_us: int,
+                    kept: dict[str, KeptTrace], going_on: set[str]) -> _Batch:
         unread = {t for c in batch for t in conversations[c]} - kept.keys()
         started = time.perf_counter()
         self.con.execute("BEGIN TRANSACTION")  # the spans and their resources from one snapshot: none pruned between
@@ -874,11 +914,14 @@ class ConversationAssembler:
                  result: BatchResult, local: dict[str, list[KeptTrace]]) -> None:
         """Build what stayed here and wait for the workers' part of a batch, into `result` (and `local`: the traces
         mapped here)."""
+        cpu = time.thread_time()
         local.update(self._build_here(read.here, conversations, read.local_rows, read.scopes, read.resources, kept,
                                       result))
+        self._inner_cpu += self._spent("build", cpu)
         started = time.monotonic()
         built_there = self.pool.result(read.future, read.there)
         self.pool_wait_s += time.monotonic() - started
+        self.cpu_seconds["build"] += built_there.cpu_s  # a worker's, or this thread's at submit (counted as inner)
         result.built.update(built_there.built)
         result.failed.update(built_there.failed)
         result.parts.update(built_there.parts)
@@ -1239,6 +1282,12 @@ class ConversationAssembler:
         if rows:
             with registered(self.con, pa.Table.from_pylist(rows, schema=schema)) as name:
                 self.con.execute(f"{verb} INTO {table} BY NAME SELECT * FROM {name}")
+
+    def _spent(self, stage: str, started: float) -> float:
+        """Add this thread's CPU since `started` to `stage`; the seconds added."""
+        spent = time.thread_time() - started
+        self.cpu_seconds[stage] += spent
+        return spent
 
     def pending_traces(self) -> int:
         """Traces waiting for their quiet period. Read without the lock (a dict's size is read whole): /metrics runs

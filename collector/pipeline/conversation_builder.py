@@ -137,6 +137,8 @@ class BatchResult:
     built: dict[str, Built | None] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
     parts: dict[str, list[TracePart]] = field(default_factory=dict)  # conversation -> the traces it was built from
+    cpu_s: float = 0.0  # CPU seconds the batch took to read and build, in the process that built it
+    here: bool = False  # built in the server, at submit (no worker to send it to): `cpu_s` is the caller's thread's
 
 
 ROWS_AT_ONCE = 2048  # span rows made Python objects together while a batch is built
