@@ -67,10 +67,12 @@ class CollectorMetrics:
                                   "what they scan, the spans received since the oldest of the poll's waiting "
                                   "conversations began", registry=self.registry)
         self.assembly_cpu = Gauge("tracejudge_assembly_cpu_seconds_total", "CPU seconds assembly spent, by stage: "
-                                  "plan (choosing due conversations, their keys and batches), read (spans read back), "
-                                  "build (mapping, composing and the checks: the workers' CPU and the server's), "
-                                  "write (versions, jobs, scores, summaries), observe (noting each commit, on the "
-                                  "span writer's thread)", ["stage"], registry=self.registry)
+                                  "plan (the rest of its rounds: choosing due conversations, their keys and batches, "
+                                  "the waiting set's upkeep), read (spans read back), build (mapping, composing and "
+                                  "the checks: the workers' CPU and the server's), write (versions, jobs, scores, "
+                                  "summaries), observe (noting each commit, on the span writer's thread); each "
+                                  "thread's own CPU, not DuckDB's worker threads ([store] threads above 1)",
+                                  ["stage"], registry=self.registry)
         self.index_rebuilds = Gauge("tracejudge_assembled_index_rebuilds_total", "Times the index of assembled "
                                     "traces beside the database was found behind it and made again from it (a kill "
                                     "between their commits, a restored file, a damaged index file): about 6 s a "

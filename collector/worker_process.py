@@ -6,6 +6,7 @@ imports only its own job's modules (an assembly worker no protobuf, a decode wor
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import multiprocessing
 import os
@@ -46,6 +47,8 @@ def start_below(niceness: int) -> None:
     threads it starts and the modules its first task imports (pyarrow, pydantic, the mapping: about half a second of
     a core each) run at its priority. The initializer lives here, in a module that imports nothing heavy: a spawned
     worker imports its initializer's module before running it, so one beside the job's code had made those imports
-    at the server's priority while ingest ran, and left the threads started before it at that priority."""
-    os.nice(niceness)
+    at the server's priority while ingest ran, and left the threads started before it at that priority. Never
+    raises: a pool whose initializer raised would build nothing, for good."""
+    with contextlib.suppress(OSError, AttributeError):  # a sandbox refusing it, a system without it: as it is
+        os.nice(niceness)
     worker_init()

@@ -139,9 +139,15 @@ def test_a_worker_builds_a_batch_without_the_modules_only_the_server_needs(tmp_p
 
 
 def _niceness(pid: int) -> dict[str, int]:
-    """Each thread of a process -> its niceness (Linux: a thread's own, field 19 of its stat)."""
-    return {task.name: int((task / "stat").read_text().rsplit(")", 1)[1].split()[16])
-            for task in Path(f"/proc/{pid}/task").iterdir()}
+    """Each thread of a process -> its niceness (Linux: a thread's own, field 19 of its stat); a thread that ends
+    while they are read is left out."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out[task.name] = int((task / "stat").read_text().rsplit(")", 1)[1].split()[16])
+        except OSError:
+            continue
+    return out
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads each thread's priority from /proc (Linux)")

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import duckdb
 import pyarrow as pa
@@ -74,6 +74,7 @@ WRITE_AT_ONCE = 128  # conversations written per transaction while exports come 
 # back, building conversations (the workers' and this process's), writing them, and noting each commit of the span
 # writer (on its thread); `python bench/pipeline_pace.py` prints it per conversation
 CPU_STAGES = ("plan", "read", "build", "write", "observe")
+_T = TypeVar("_T")
 WAIT_FOR_AT_ONCE = 1000  # traces taken into the waiting index per hold of its lock (`_wait_for`)
 SPANS_PER_READ = 16_000  # spans read back in one query while assembling; with the batches in flight (workers + 1)
 # it bounds the assembler's memory
@@ -231,6 +232,31 @@ def _commit_keys(table: pa.Table) -> dict[str, tuple[int, str]]:
                         strict=True), strict=True))
 
 
+class _Counting(threading.local):
+    """Per thread: whether an entry point of assembly runs (`_plan_stage`), and the CPU its inner stages took."""
+
+    depth = 0
+    inner = 0.0
+
+
+def _plan_stage(method: Callable[..., _T]) -> Callable[..., _T]:
+    """An entry point of the assembly thread's work (a round's steps, a take-in, a poll dropped or written at a
+    stop): its CPU that reading, building and writing did not count goes to the `plan` stage: choosing due
+    conversations, their keys and batches, the waiting set's upkeep, giving memory back. Once, in the outermost."""
+    @functools.wraps(method)
+    def counted(self: ConversationAssembler, *args: Any, **kwargs: Any) -> _T:
+        counting = self._counting
+        counting.depth += 1
+        started, inner = time.thread_time(), counting.inner
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            counting.depth -= 1
+            if counting.depth == 0:
+                self.cpu_seconds["plan"] += time.thread_time() - started - (counting.inner - inner)
+    return counted
+
+
 class ConversationAssembler:
     """Keeps, in memory and updated from each commit, which traces wait and which conversation each belongs
     to, so a poll costs what changed and what is due, not the size of the quiet window."""
@@ -266,7 +292,7 @@ class ConversationAssembler:
         self.read_spans = 0
         self.read_seconds = 0.0
         self.cpu_seconds = dict.fromkeys(CPU_STAGES, 0.0)  # stage -> CPU seconds (its threads', the workers')
-        self._inner_cpu = 0.0  # the assembly thread's CPU in reading, building and writing (what plan's is not)
+        self._counting = _Counting()  # per thread: inside an entry point, and the CPU its inner stages took
         self._new_cohorts = [rule for rule in settings.sampling.rules if rule.when == "new_cohort"]
         # the batch being written's counts of the new_cohort rules' values (read per batch: retention forgets values
         # not seen for the conversations' window, and a client sending endless values grows no memory here)
@@ -465,6 +491,7 @@ class ConversationAssembler:
             self._left_out_since = 0  # its spans may be as old as the file
         self.take_in()
 
+    @_plan_stage
     def take_in(self) -> int:
         """Traces left out of the index while it was full (or before a restart) that wait for assembly, taken in
         oldest first once a tenth of it is free; how many. One query over the spans received since the first of
@@ -525,6 +552,7 @@ class ConversationAssembler:
             if pending is not None:  # built already: written now, not built again after the restart
                 await asyncio.to_thread(self._last_poll, pending)
 
+    @_plan_stage
     def _last_poll(self, poll: _Poll) -> None:
         """The poll pending at a stop: written if the store takes writes, else dropped (its conversations are
         assembled after the restart); a failure is logged."""
@@ -583,24 +611,19 @@ class ConversationAssembler:
                     chosen.append(group)
             return {g: _Due(self._last[g], self._first.get(g, 0), self._traces_of(g)) for g in chosen[:limit]}
 
+    @_plan_stage
     def assemble_due(self, force: bool = False, limit: int | None = None) -> int:
         """Assemble the conversations that are complete (all of them with `force`), end-marked ones first, at
         most `limit` in this call; how many were assembled."""
         poll = self.plan(force, limit)
         return self.finish(poll) if poll is not None else 0
 
+    @_plan_stage
     def assemble_next(self, pending: _Poll | None, limit: int) -> tuple[int, _Poll | None]:
         """Plan the next poll and send its conversations to the workers, then write the `pending` one: the workers
         build the one while the server writes the other, where one poll after another left them idle for a fifth
         of the time (`python bench/pipeline_pace.py --timeline`). How many conversations `pending` assembled, and
         the poll now pending (None: nothing was due)."""
-        started, inner = time.thread_time(), self._inner_cpu
-        try:
-            return self._assemble_next(pending, limit)
-        finally:  # this thread's CPU that reading, building and writing did not take: choosing and planning
-            self.cpu_seconds["plan"] += time.thread_time() - started - (self._inner_cpu - inner)
-
-    def _assemble_next(self, pending: _Poll | None, limit: int) -> tuple[int, _Poll | None]:
         try:
             following = self.plan(False, limit, busy=pending)
         except Exception:
@@ -714,6 +737,7 @@ class ConversationAssembler:
             self._wait_for(attached)
         return done
 
+    @_plan_stage
     def abandon(self, poll: _Poll) -> None:
         """Drop a poll unwritten (the store failed meanwhile): what was sent is waited for, so its files are removed;
         its conversations still wait, and a later poll builds them."""
@@ -867,7 +891,7 @@ class ConversationAssembler:
             failed = self._write_built(work.result, work.local, poll.conversations, poll.since_us, poll.kept, mapped,
                                        poll.going_on, poll.unjudged)
         finally:
-            self._inner_cpu += self._spent("write", cpu)
+            self._inner(self._spent("write", cpu))
         return failed, mapped
 
     def _read_and_submit(self, batch: list[str], conversations: dict[str, set[str]], since_us: int,
@@ -879,10 +903,12 @@ class ConversationAssembler:
         try:
             read = self._read_batch(batch, conversations, since_us, kept, going_on)
             return read
-        finally:  # without workers the pool built the batch at submit: that is the build stage's (`_collect`)
+        finally:  # without workers the pool built the batch at submit, in this thread: that is the build stage's
             spent = time.thread_time() - cpu
-            self._inner_cpu += spent
-            self.cpu_seconds["read"] += spent - (_built_here_cpu(read.future) if read is not None else 0.0)
+            built = _built_here_cpu(read.future) if read is not None else 0.0
+            self.cpu_seconds["read"] += spent - built
+            self.cpu_seconds["build"] += built
+            self._inner(spent)
 
     def _read_batch(self, batch: list[str], conversations: dict[str, set[str]], since_us: int,
                     kept: dict[str, KeptTrace], going_on: set[str]) -> _Batch:
@@ -915,13 +941,16 @@ class ConversationAssembler:
         """Build what stayed here and wait for the workers' part of a batch, into `result` (and `local`: the traces
         mapped here)."""
         cpu = time.thread_time()
-        local.update(self._build_here(read.here, conversations, read.local_rows, read.scopes, read.resources, kept,
-                                      result))
-        self._inner_cpu += self._spent("build", cpu)
+        try:
+            local.update(self._build_here(read.here, conversations, read.local_rows, read.scopes, read.resources,
+                                          kept, result))
+        finally:
+            self._inner(self._spent("build", cpu))
         started = time.monotonic()
         built_there = self.pool.result(read.future, read.there)
         self.pool_wait_s += time.monotonic() - started
-        self.cpu_seconds["build"] += built_there.cpu_s  # a worker's, or this thread's at submit (counted as inner)
+        if not built_there.here:  # a worker's CPU (one built here at submit was counted as it was read)
+            self.cpu_seconds["build"] += built_there.cpu_s
         result.built.update(built_there.built)
         result.failed.update(built_there.failed)
         result.parts.update(built_there.parts)
@@ -1289,13 +1318,17 @@ class ConversationAssembler:
         self.cpu_seconds[stage] += spent
         return spent
 
+    def _inner(self, seconds: float) -> None:
+        """CPU of this thread a stage inside an entry point counted (`_plan_stage` leaves it out of `plan`)."""
+        self._counting.inner += seconds
+
     def pending_traces(self) -> int:
         """Traces waiting for their quiet period. Read without the lock (a dict's size is read whole): /metrics runs
         on the receivers' event loop, which must not wait while the assembler holds it."""
         return len(self._group_of)
 
     def pending_conversations(self) -> int:
-        """Conversations waiting for their quiet period (no lock, as `pending_traces`: read while a conversation is
-        being dropped, the two sizes may be one apart)."""
+        """Conversations waiting for their quiet period (no lock, as `pending_traces`: each gauge is read on its own,
+        so the two may come from moments apart)."""
         return len(self._last)
 
