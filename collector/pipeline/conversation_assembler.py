@@ -66,6 +66,7 @@ from tracejudge.collector.store.id_table import id_table, registered
 from tracejudge.collector.store.memory_release import release_heap
 from tracejudge.mapping.conversation_key import KEY_PRECEDENCE, TRACE_KEY
 
+_T = TypeVar("_T")
 PAUSE_STEP_S = 0.25  # how often a pause for ingest looks whether ingest stopped
 WRITER_IDLE = 0.1  # a step in which the span writer was busy less than this share of it ends the pause
 MAX_PER_POLL = 512  # conversations assembled per poll: a backlog never hides a newly end-marked one for long
@@ -74,7 +75,6 @@ WRITE_AT_ONCE = 128  # conversations written per transaction while exports come 
 # back, building conversations (the workers' and this process's), writing them, and noting each commit of the span
 # writer (on its thread); `python bench/pipeline_pace.py` prints it per conversation
 CPU_STAGES = ("plan", "read", "build", "write", "observe")
-_T = TypeVar("_T")
 WAIT_FOR_AT_ONCE = 1000  # traces taken into the waiting index per hold of its lock (`_wait_for`)
 SPANS_PER_READ = 16_000  # spans read back in one query while assembling; with the batches in flight (workers + 1)
 # it bounds the assembler's memory
