@@ -18,7 +18,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -121,11 +120,10 @@ def peak_rss_mb(pid: int) -> float:
 
 
 def run(send, requests: list[bytes], in_flight: int, rate_spans_s: float | None, spans_per_request: int):
-    """Send every request with `in_flight` concurrent senders (optionally paced); (wall s, latencies s). Paced, a
-    latency counts from when the request was due, not from when a sender got to it: while the collector holds every
-    sender, the requests that fall due wait too, as an exporter's would."""
-    latencies: list[float] = []
-    lock = threading.Lock()
+    """Send every request with `in_flight` concurrent senders (optionally paced); (wall s, latencies s, in the
+    requests' order). Paced, a latency counts from when the request was due, not from when a sender got to it: while
+    the collector holds every sender, the requests that fall due wait too, as an exporter's would."""
+    latencies = [0.0] * len(requests)
     start = time.perf_counter()
 
     def one(index: int) -> None:
@@ -137,8 +135,7 @@ def run(send, requests: list[bytes], in_flight: int, rate_spans_s: float | None,
                 time.sleep(delay)
         began = due if due is not None else time.perf_counter()
         send(requests[index])
-        with lock:
-            latencies.append(time.perf_counter() - began)
+        latencies[index] = time.perf_counter() - began
 
     with ThreadPoolExecutor(in_flight) as pool:
         list(pool.map(one, range(len(requests))))

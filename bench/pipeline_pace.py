@@ -18,6 +18,7 @@ keeps up with.
 
     python bench/pipeline_pace.py [--requests 750]     # 384k spans, 6,000 conversations (the issue's traffic)
     python bench/pipeline_pace.py --timeline           # and the whole pipeline run second by second
+    python bench/pipeline_pace.py --tail               # and the half-load run's exports half a second at a time
     python bench/pipeline_pace.py --rates 10000,20000  # the whole pipeline paced at 10k, then 20k spans/s
     python bench/pipeline_pace.py --rates 10000 --checkpoint-threshold 4GB  # no checkpoint within the run
 """
@@ -88,6 +89,19 @@ def scored(url: str) -> int:
     text = httpx.get(f"{url}/metrics", timeout=60).text
     return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                    if line.startswith("tracejudge_score_count{") and 'metric="mcp_call_validity"' in line))
+
+
+TAIL_WINDOW_S = 0.5  # `--tail`: the paced exports in windows of this long, by when they were due
+
+
+def print_tail(latencies: list[float], per_window: int, window_s: float) -> None:
+    """The paced exports, in the order they were due, `per_window` at a time (`window_s` of the schedule)."""
+    print("  due (s)  slowest ms  median ms  over 100 ms")
+    for start in range(0, len(latencies), per_window):
+        window = sorted(latencies[start:start + per_window])
+        slowest, median = window[-1] * 1000, window[len(window) // 2] * 1000
+        print(f"  {start // per_window * window_s:7.1f}  {slowest:10.1f}  {median:9.1f}  "
+              f"{sum(1 for v in window if v > 0.1):11d}")
 
 
 def pss_mb(pids: list[int]) -> float:
@@ -191,6 +205,8 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
             read_spans = collector.metric("tracejudge_assembly_read_spans_total")
             if args.timeline and quiet != "1h" and rate is None:
                 timeline.print()
+            if args.tail and rate is not None:
+                print_tail(latencies, max(1, round(TAIL_WINDOW_S * rate / args.spans)), TAIL_WINDOW_S)
             cpu = cpu_seconds(pid)
             rss = peak_rss_mb(pid)
             rss_each = {_role(proc): round(status_mb(proc, "VmHWM")) for proc in process_tree(pid)}
@@ -232,6 +248,9 @@ def main() -> None:
                         "complete, and how far the last score lags behind the last export")
     parser.add_argument("--timeline", action="store_true", help="print the whole pipeline run second by second: "
                         "how idle the cores were, the server's and its children's RSS, the scores so far")
+    parser.add_argument("--tail", action="store_true", help="print each paced run's exports half a second at a time, "
+                        "by when they were due: the slowest, the median and how many took over 100 ms (whether the "
+                        "tail comes in bursts, and when)")
     args = parser.parse_args()
     requests = build_requests(args.requests, args.spans)
     spans = args.requests * args.spans

@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode
 
+from bench.ingest import process_tree
 from tests.support.collector_process import CollectorProcess
 from tests.support.scripted_server import Reply, Request, completion, error, system_one_answers
 from tracejudge.collector.config import SamplingSettings
@@ -88,12 +89,6 @@ def config(tmp_path: Path, extra: str = "") -> Path:
 
 
 TICK_S = 1 / os.sysconf("SC_CLK_TCK")  # /proc's CPU times are whole ticks
-
-
-def _process_tree(pid: int) -> list[int]:
-    """The process and its children, whichever of its threads started them."""
-    return [pid, *(int(child) for task in Path(f"/proc/{pid}/task").iterdir()
-                   for child in (task / "children").read_text().split())]
 
 
 def cpu_s(pids: list[int]) -> float:
@@ -211,7 +206,7 @@ def test_a_late_span_makes_a_new_version_that_supersedes_the_old(tmp_path, judge
         # the workers): every stage counted, none twice, so together no more than the collector's processes used
         stages = {s: collector.metric(f'tracejudge_assembly_cpu_seconds_total{{stage="{s}"}}') for s in CPU_STAGES}
         assert all(seconds > 0 for seconds in stages.values()), stages
-        processes = _process_tree(collector.proc.pid)
+        processes = process_tree(collector.proc.pid)
         assert sum(stages.values()) <= cpu_s(processes) + TICK_S * 2 * len(processes), stages
         collector.stop()
 
