@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import threading
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 
 
 def usable_cpus() -> int:
@@ -43,12 +44,14 @@ def worker_init() -> None:
 
 
 def start_below(niceness: int) -> None:
-    """A worker's start `niceness` below its collector (an assembly pool's initializer): niced first, so the
-    threads it starts and the modules its first task imports (pyarrow, pydantic, the mapping: about half a second of
-    a core each) run at its priority. The initializer lives here, in a module that imports nothing heavy: a spawned
-    worker imports its initializer's module before running it, so one beside the job's code had made those imports
-    at the server's priority while ingest ran, and left the threads started before it at that priority. Never
-    raises: a pool whose initializer raised would build nothing, for good."""
+    """A worker's start `niceness` below its collector: this thread, the threads its imports started before it
+    (pyarrow's jemalloc purger), and, lowered before it starts one, every thread it starts from then on (Linux:
+    niceness is a thread's own, and a new thread takes its starter's). Never raises: a pool whose initializer raised
+    would build nothing, for good."""
     with contextlib.suppress(OSError, AttributeError):  # a sandbox refusing it, a system without it: as it is
-        os.nice(niceness)
+        lowered = os.nice(niceness)
+        tasks = Path("/proc/self/task")
+        for thread in tasks.iterdir() if tasks.is_dir() else ():
+            with contextlib.suppress(OSError):  # one that ended meanwhile
+                os.setpriority(os.PRIO_PROCESS, int(thread.name), lowered)
     worker_init()

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 
 from tests.support.collector_process import CollectorProcess
-from tests.test_pipeline import config, conversations, cpu_s, export, query, wait_for
+from tests.test_pipeline import config, conversations, export, query, wait_for
 from tracejudge.collector.pipeline import conversation_builder
 from tracejudge.collector.pipeline.assembly_pool import (
     NICENESS,
@@ -62,6 +62,11 @@ def _rows(conversations: int, traces: int = 1) -> tuple[pa.Table, dict[str, list
                                       "gen_ai.output.messages": _messages("assistant", f"answer {i}")})})
     table = pa.Table.from_pylist(rows, schema=SCHEMA).select(list(STORED_COLUMNS))
     return table, {f"conv-{c}": [f"{c * traces + t:032x}" for t in range(traces)] for c in range(conversations)}
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 SCOPES = {1: ("test", "1")}
@@ -153,8 +158,8 @@ def _niceness(pid: int) -> dict[str, int]:
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads each thread's priority from /proc (Linux)")
 def test_every_thread_of_an_assembly_worker_runs_below_the_collector() -> None:
     """The workers build at a lower priority than the server, so the receivers and the span writer get a core
-    first: every thread of a worker, those started while it starts (the parent watch) and while it imports its
-    modules with the first batch (pyarrow's) too; those had kept the server's priority."""
+    first: every thread of a worker, the parent watch it starts and pyarrow's allocator thread its imports started
+    before it lowered itself too (both had kept the server's)."""
     base = os.getpriority(os.PRIO_PROCESS, 0)  # this thread's niceness, which the pool's processes start from
     if base + NICENESS > 19:
         pytest.skip("the suite runs niced already: a worker cannot go 10 lower")
@@ -177,10 +182,10 @@ def test_a_worker_killed_mid_batch_fails_that_batch_only_and_is_replaced() -> No
         executor = pool._executor
         assert executor is not None
         [pid] = list(executor._processes)  # the worker process, as the OS sees it
-        started = cpu_s([pid])
+        started = _cpu_s(pid)
         future = pool.submit(table, conversations, SCOPES, RESOURCES)
         deadline = time.monotonic() + 30
-        while cpu_s([pid]) < started + 0.1 and time.monotonic() < deadline:  # until it is building the batch
+        while _cpu_s(pid) < started + 0.1 and time.monotonic() < deadline:  # until it is building the batch
             time.sleep(0.01)
         assert not future.done(), "the batch ended before the worker could be killed in it"
         os.kill(pid, signal.SIGKILL)

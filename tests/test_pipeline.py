@@ -22,7 +22,6 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode
 
-from bench.ingest import process_tree
 from tests.support.collector_process import CollectorProcess
 from tests.support.scripted_server import Reply, Request, completion, error, system_one_answers
 from tracejudge.collector.config import SamplingSettings
@@ -86,18 +85,6 @@ def config(tmp_path: Path, extra: str = "") -> Path:
     path.write_text("[conversations]\nquiet_period_s = 1\npoll_s = 0.1\n[scoring]\nmodel = \"gpt-4o-mini\"\n"
                     "retry_backoff_s = 0.2\n" + extra)
     return path
-
-
-TICK_S = 1 / os.sysconf("SC_CLK_TCK")  # /proc's CPU times are whole ticks
-
-
-def cpu_s(pids: list[int]) -> float:
-    """User and system CPU seconds of these processes, all their threads."""
-    total = 0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total * TICK_S
 
 
 def query(collector: CollectorProcess, sql: str, token: str | None = None) -> list[list[Any]]:
@@ -203,11 +190,9 @@ def test_a_late_span_makes_a_new_version_that_supersedes_the_old(tmp_path, judge
         assert collector.metric("tracejudge_assembly_read_spans_total") >= stored > 0
         assert collector.metric("tracejudge_assembly_read_seconds_total") > 0
         # and where assembly's CPU went, stage by stage (the late version built in the server, the first ones in
-        # the workers): every stage counted, none twice, so together no more than the collector's processes used
+        # the workers): every stage counted (that they add up, none twice: tests/test_assembler.py)
         stages = {s: collector.metric(f'tracejudge_assembly_cpu_seconds_total{{stage="{s}"}}') for s in CPU_STAGES}
         assert all(seconds > 0 for seconds in stages.values()), stages
-        processes = process_tree(collector.proc.pid)
-        assert sum(stages.values()) <= cpu_s(processes) + TICK_S * 2 * len(processes), stages
         collector.stop()
 
 

@@ -11,7 +11,6 @@ stored spans, so nothing is lost. With `workers = 0` the batch is built in the c
 from __future__ import annotations
 
 import contextlib
-import functools
 import multiprocessing
 import os
 import shutil
@@ -83,9 +82,18 @@ def build_from_file(path: str, conversations: dict[str, list[str]], scopes: Scop
             os.unlink(path)
 
 
+def _worker_start() -> None:
+    """The pool's initializer, here beside the job's code: a spawned worker imports its initializer's module before
+    running it, so the worker's modules (pyarrow, pydantic, the mapping: 0.3-0.5 s of a core) are loaded while the
+    pool starts, at the server's priority, and its first batch is built at once. Imported lowered, with the first
+    batch, they took seconds beside a busy core, long enough for a test's 2 s span retention to prune the spans read
+    for that batch as never assembled (CI at 30a98a8)."""
+    start_below(NICENESS)
+
+
 class AssemblyPool:
     """Started by the first batch (a collector that only ingests, or sees few conversations, runs none: each
-    worker holds about 70 MB once it has built a batch)."""
+    worker holds about 70 MB once started)."""
 
     def __init__(self, workers: int, config: BuildConfig, on_start: Callable[[int], None] | None = None) -> None:
         self.workers = workers
@@ -105,10 +113,10 @@ class AssemblyPool:
                 # no max_tasks_per_child: on Python 3.11-3.13 a worker retiring with tasks queued may never be
                 # replaced (CPython gh-115634), and the assembler always has a batch queued
                 executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                               initializer=functools.partial(start_below, NICENESS))
+                                               initializer=_worker_start)
                 try:
                     for future in [executor.submit(ready) for _ in range(self.workers)]:
-                        future.result(BATCH_TIMEOUT_S)  # every worker started now; its job imports with a batch
+                        future.result(BATCH_TIMEOUT_S)  # every worker started now, not inside the first batches
                 except BaseException:
                     executor.shutdown(wait=False, cancel_futures=True)
                     raise
