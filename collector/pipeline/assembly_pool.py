@@ -86,8 +86,8 @@ def _worker_start() -> None:
     """The pool's initializer, here beside the job's code: a spawned worker imports its initializer's module before
     running it, so the worker's modules (pyarrow, pydantic, the mapping: 0.3-0.5 s of a core) are loaded while the
     pool starts, at the server's priority, and its first batch is built at once. Imported lowered, with the first
-    batch, they took seconds beside a busy core, long enough for a test's 2 s span retention to prune the spans read
-    for that batch as never assembled (CI at 30a98a8)."""
+    batch, they took seconds beside a busy core: the likely cause of a CI failure (30a98a8) where a test's 2 s span
+    retention pruned the spans read for that batch as never assembled."""
     start_below(NICENESS)
 
 
