@@ -154,7 +154,7 @@ class Collector:
                                    self.settings.store.max_disk, self._on_storage,
                                    late_window_s=2 * self.settings.conversations.quiet_period_s,
                                    prune_dictionaries=lambda: self.store.run_in_writer(prune_unreferenced).result(),
-                                   gate=self.store.gate, index=self.index)
+                                   gate=self.store.gate, index=self.index, waiting=self.assembler.waiting_traces)
         self.store.refusal = lambda: self.retention.stats.disk_full if self.retention else None
         self.assembler.store_writable = self.stage.store_writable = lambda: self.store.write_refusal() is None
         self.admin.ui.storage = self.retention.report

@@ -3,6 +3,7 @@ half-way that loses and duplicates nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sqlite3
 import subprocess
@@ -22,9 +23,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tests.support.collector_process import CollectorProcess
+from tests.test_assembler import _assembling_store, _spans
 from tests.test_pipeline import SCORES, UMBRELLA, config, conversations, export, judge_script, query, turn, wait_for
 from tracejudge.collector.config import RetentionSettings
 from tracejudge.collector.pipeline.retention import Retention
+from tracejudge.collector.receivers.span_rows import spans_to_arrow
 from tracejudge.collector.store.assembled_index import LATEST_VERSIONS, index_path
 
 
@@ -305,3 +308,32 @@ def test_a_real_collector_empties_every_table_and_a_span_after_the_markers_start
     with sqlite3.connect(index_path(db)) as sql:
         assert set(sql.execute("SELECT trace_id, conversation_id, first_us, marked_us FROM traces")) == traces
         assert set(sql.execute("SELECT * FROM versions")) == newest
+
+
+def test_spans_the_assembler_holds_are_not_pruned_as_never_assembled(tmp_path) -> None:
+    """Past the spans' window, retention prunes the spans of traces never assembled (no conversation); a trace the
+    assembler holds, waiting for its quiet period or read and being built, has no assembled row yet but is not one
+    of those: pruned as one, its conversation lost its spans with no marker left (a real collector's 2 s window on
+    a busy machine). Once assembled, its spans go as any conversation's do, with the marker."""
+    db = tmp_path / "w.duckdb"
+    store, assembler = _assembling_store(db, quiet_period_s=60, assembly_workers=0)
+    log = lambda *a, **k: None  # noqa: E731
+
+    async def write() -> None:
+        await store.write(spans_to_arrow(_spans(1, 1, session="chat-a", turn="question"), datetime.now(UTC)))
+
+    try:
+        asyncio.run(write())
+        con = store.cursor()
+        retention = Retention(con, RetentionSettings(spans=0.2), log, db, index=assembler.index,
+                              waiting=assembler.waiting_traces)
+        time.sleep(0.3)
+        retention.apply()
+        assert con.execute("SELECT count(*) FROM span_records").fetchone() == (1,)  # waiting: kept
+        assert assembler.assemble_due(force=True) == 1
+        time.sleep(0.3)
+        retention.apply()
+        assert con.execute("SELECT count(*) FROM span_records").fetchone() == (0,)
+        assert con.execute("SELECT conversation_id FROM pruned_conversations").fetchall() == [("chat-a",)]
+    finally:
+        store.close()

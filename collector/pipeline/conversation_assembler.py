@@ -1322,6 +1322,12 @@ class ConversationAssembler:
         """CPU of this thread a stage inside an entry point counted (`_plan_stage` leaves it out of `plan`)."""
         self._counting.inner += seconds
 
+    def waiting_traces(self) -> list[str]:
+        """The traces waiting for their quiet period, those of a poll read and being built among them (they leave
+        the waiting set once their versions are written): retention does not take them for never assembled."""
+        with self._lock:
+            return list(self._group_of)
+
     def pending_traces(self) -> int:
         """Traces waiting for their quiet period. Read without the lock (a dict's size is read whole): /metrics runs
         on the receivers' event loop, which must not wait while the assembler holds it."""

@@ -150,15 +150,17 @@ class Retention:
                  max_disk: int | None = None, on_report: Callable[[StorageReport], None] | None = None,
                  late_window_s: float = 240.0,
                  prune_dictionaries: Callable[[], None] | None = None, gate: CheckpointGate | None = None,
-                 index: AssembledIndex | None = None) -> None:
+                 index: AssembledIndex | None = None, waiting: Callable[[], list[str]] | None = None) -> None:
         """`late_window_s`: the disk budget never takes spans of a conversation assembled more recently.
         `prune_dictionaries`: delete the resources and scopes no span refers to any more, where the span writer
         runs it between commits (`SpanStore.run_in_writer`); None: on this connection (no writer runs).
         `gate`: the store's, which the pipeline's writers hold (`SpanStore.gate`); None: no other writer.
         `index`: the assembler's index of assembled_traces (`AssembledIndex`); None: the file's, opened when spans
-        are first pruned."""
+        are first pruned. `waiting`: the traces the assembler holds (waiting for their quiet period, or read and
+        being built), which are not "never assembled" yet whatever their age."""
         self.con = con
         self._index = index
+        self.waiting = waiting
         self.gate = gate or CheckpointGate()
         self.prune_dictionaries = prune_dictionaries or (lambda: prune_unreferenced(self.con))
         self._spans_pruned = False  # since the resources and scopes were last pruned
@@ -339,10 +341,7 @@ class Retention:
                 "SELECT conversation_id, list(trace_id ORDER BY trace_id) FROM assembled_traces GROUP BY 1 "
                 "HAVING max(assembled_at) < ? ORDER BY max(assembled_at), conversation_id LIMIT ?",
                 [cutoff, size]).fetchall()
-            lone = [] if picked or not orphans else [t for (t,) in self.con.execute(
-                "SELECT trace_id FROM span_records WHERE trace_id NOT IN (SELECT trace_id FROM assembled_traces) "
-                "GROUP BY 1 HAVING max(received_at) < ? ORDER BY trace_id LIMIT ?",
-                [cutoff, size * 10]).fetchall()]
+            lone = [] if picked or not orphans else self._never_assembled(cutoff, size * 10)
             if not picked and not lone:
                 return total
             conversations = [c for c, _ in picked]
@@ -352,6 +351,17 @@ class Retention:
             self._finish_span_batch(batch_id)
             total += len(conversations) or len(lone)
         return total
+
+    def _never_assembled(self, cutoff: datetime, limit: int) -> list[str]:
+        """Traces with no assembled_traces row and no span received since `cutoff`, except those the assembler
+        holds: one read and being built has no row until its version is written, and pruned as never assembled its
+        conversation would lose its spans with no marker left for a late span (a real collector's 2 s span window
+        on a busy machine)."""
+        with id_table(self.con, self.waiting() if self.waiting is not None else []) as held:
+            return [t for (t,) in self.con.execute(
+                "SELECT trace_id FROM span_records WHERE trace_id NOT IN (SELECT trace_id FROM assembled_traces) "
+                f"AND trace_id NOT IN (SELECT id FROM {held}) GROUP BY 1 HAVING max(received_at) < ? "
+                "ORDER BY trace_id LIMIT ?", [cutoff, limit]).fetchall()]
 
     def _finish_span_batch(self, batch_id: str) -> None:
         """Archive (idempotently) and delete the journaled batch's spans, in that order."""
