@@ -52,10 +52,10 @@ from bench.ingest import (  # noqa: E402
     status_mb,
 )
 from tests.support.collector_process import CollectorProcess  # noqa: E402
+from tracejudge.collector.pipeline.conversation_assembler import CPU_STAGES  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 QUIET_S = 2.0  # the whole pipeline's quiet period
-STAGES = ("plan", "read", "build", "write", "observe")  # tracejudge_assembly_cpu_seconds_total's
 PY_SPY = shutil.which("py-spy", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}") \
     or "py-spy"
 
@@ -201,7 +201,7 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
             timeline.stop()
             read_s = collector.metric("tracejudge_assembly_read_seconds_total")
             stages = {stage: collector.metric(f'tracejudge_assembly_cpu_seconds_total{{stage="{stage}"}}')
-                      for stage in STAGES}
+                      for stage in CPU_STAGES}
             read_spans = collector.metric("tracejudge_assembly_read_spans_total")
             if args.timeline and quiet != "1h" and rate is None:
                 timeline.print()

@@ -317,7 +317,6 @@ def test_spans_the_assembler_holds_are_not_pruned_as_never_assembled(tmp_path) -
     a busy machine). Once assembled, its spans go as any conversation's do, with the marker."""
     db = tmp_path / "w.duckdb"
     store, assembler = _assembling_store(db, quiet_period_s=60, assembly_workers=0)
-    log = lambda *a, **k: None  # noqa: E731
 
     async def write() -> None:
         await store.write(spans_to_arrow(_spans(1, 1, session="chat-a", turn="question"), datetime.now(UTC)))
@@ -325,7 +324,7 @@ def test_spans_the_assembler_holds_are_not_pruned_as_never_assembled(tmp_path) -
     try:
         asyncio.run(write())
         con = store.cursor()
-        retention = Retention(con, RetentionSettings(spans=0.2), log, db, index=assembler.index,
+        retention = Retention(con, RetentionSettings(spans=0.2), lambda *a, **k: None, db, index=assembler.index,
                               waiting=assembler.waiting_traces)
         time.sleep(0.3)
         retention.apply()

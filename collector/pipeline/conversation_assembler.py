@@ -22,7 +22,7 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -329,9 +329,9 @@ class ConversationAssembler:
     def observe(self, table: pa.Table) -> None:
         """Called by the span writer after each commit (its thread). A commit it fails on is treated as left out of
         the index, so `take_in` finds its traces by their stored spans."""
-        started = time.thread_time()
         try:
-            self._observe(table)
+            with self._stage("observe"):
+                self._observe(table)
         except Exception:
             try:
                 first_us = pc.min(table.column("received_at")).value or 0
@@ -353,8 +353,6 @@ class ConversationAssembler:
                     if trace in self._group_of:
                         self._note(trace, None, now, first_us)
             raise
-        finally:
-            self._spent("observe", started)
 
     def _observe(self, table: pa.Table) -> None:
         keys = _commit_keys(table)
@@ -886,29 +884,22 @@ class ConversationAssembler:
         finally:  # a read that failed: what was sent is waited for (its files removed), and the poll retried
             self.abandon(poll)
         mapped: dict[str, KeptTrace] = {}
-        cpu = time.thread_time()
-        try:
+        with self._stage("write"):
             failed = self._write_built(work.result, work.local, poll.conversations, poll.since_us, poll.kept, mapped,
                                        poll.going_on, poll.unjudged)
-        finally:
-            self._inner(self._spent("write", cpu))
         return failed, mapped
 
     def _read_and_submit(self, batch: list[str], conversations: dict[str, set[str]], since_us: int,
                          kept: dict[str, KeptTrace], going_on: set[str]) -> _Batch:
         """Read these conversations' spans and send those seen for the first time (nearly all) to the workers;
         those that went on are built here, where the traces kept from their earlier versions are."""
-        cpu = time.thread_time()
-        read: _Batch | None = None
-        try:
+        with self._stage("read"):
             read = self._read_batch(batch, conversations, since_us, kept, going_on)
-            return read
-        finally:  # without workers the pool built the batch at submit, in this thread: that is the build stage's
-            spent = time.thread_time() - cpu
-            built = _built_here_cpu(read.future) if read is not None else 0.0
-            self.cpu_seconds["read"] += spent - built
+            # without workers the pool built the batch at submit, in this thread: that is the build stage's
+            built = _built_here_cpu(read.future)
+            self.cpu_seconds["read"] -= built
             self.cpu_seconds["build"] += built
-            self._inner(spent)
+        return read
 
     def _read_batch(self, batch: list[str], conversations: dict[str, set[str]], since_us: int,
                     kept: dict[str, KeptTrace], going_on: set[str]) -> _Batch:
@@ -940,12 +931,9 @@ class ConversationAssembler:
                  result: BatchResult, local: dict[str, list[KeptTrace]]) -> None:
         """Build what stayed here and wait for the workers' part of a batch, into `result` (and `local`: the traces
         mapped here)."""
-        cpu = time.thread_time()
-        try:
+        with self._stage("build"):
             local.update(self._build_here(read.here, conversations, read.local_rows, read.scopes, read.resources,
                                           kept, result))
-        finally:
-            self._inner(self._spent("build", cpu))
         started = time.monotonic()
         built_there = self.pool.result(read.future, read.there)
         self.pool_wait_s += time.monotonic() - started
@@ -1312,15 +1300,16 @@ class ConversationAssembler:
             with registered(self.con, pa.Table.from_pylist(rows, schema=schema)) as name:
                 self.con.execute(f"{verb} INTO {table} BY NAME SELECT * FROM {name}")
 
-    def _spent(self, stage: str, started: float) -> float:
-        """Add this thread's CPU since `started` to `stage`; the seconds added."""
-        spent = time.thread_time() - started
-        self.cpu_seconds[stage] += spent
-        return spent
-
-    def _inner(self, seconds: float) -> None:
-        """CPU of this thread a stage inside an entry point counted (`_plan_stage` leaves it out of `plan`)."""
-        self._counting.inner += seconds
+    @contextlib.contextmanager
+    def _stage(self, stage: str) -> Iterator[None]:
+        """This thread's CPU in the block, counted to `stage` (and, inside an entry point, left out of its `plan`)."""
+        started = time.thread_time()
+        try:
+            yield
+        finally:
+            spent = time.thread_time() - started
+            self.cpu_seconds[stage] += spent
+            self._counting.inner += spent
 
     def waiting_traces(self) -> list[str]:
         """The traces waiting for their quiet period, those of a poll read and being built among them (they leave
