@@ -26,7 +26,7 @@ from tracejudge.test_case import CallToolResult, ConversationalTestCase, MCPServ
 MAX_SCHEMA_ERRORS = 3
 
 
-@dataclass
+@dataclass(slots=True)
 class _Call:
     turn: int
     unit: int
@@ -124,9 +124,8 @@ ANY_OBJECT = ({"type": "object"}, {})  # schemas every arguments object satisfie
 
 def _schema_violations(args: dict[str, Any], schema: dict[str, Any], call: _Call,
                        validators: dict[int, Any]) -> None:
-    """`validators`: this case's, by schema object: a tool called 30 times is looked up once, not 30 times."""
-    if schema in ANY_OBJECT:  # arguments are always an object: nothing to check, and no validator to build
-        return
+    """`validators`: this case's, by schema object: a tool called 30 times is looked up once, not 30 times. The
+    caller skips the schemas every arguments object satisfies (`ANY_OBJECT`)."""
     validator = validators.get(id(schema))
     if validator is None:
         validator = validators[id(schema)] = _validator(schema)
@@ -170,15 +169,17 @@ def check_calls(test_case: ConversationalTestCase) -> tuple[list[_Call], dict[st
     calls: list[_Call] = []
     seen: dict[tuple[int, str, str, str], int] = {}
     validators: dict[int, Any] = {}  # the case's schemas live as long as it does: their ids stay theirs
+    tools_known = inventory.known["tools"]
     for turn_index, (turn, unit) in enumerate(zip(test_case.turns, unit_indices(test_case.turns), strict=True)):
         for tool in turn.mcp_tools_called or []:
             call = _Call(turn_index, unit, "tool", tool.name, tool.args)
             advertised = inventory.tools.get(tool.name)
-            if inventory.known["tools"] and advertised is None:
-                call.violations.append("tool not advertised by any MCP server")
-            if advertised is not None:
+            if advertised is None:
+                if tools_known:
+                    call.violations.append("tool not advertised by any MCP server")
+            elif advertised.input_schema not in ANY_OBJECT:  # arguments are always an object: nothing to check
                 _schema_violations(tool.args, advertised.input_schema, call, validators)
-            if (problem := _tool_error(tool.result)) is not None:
+            if tool.result is not None and (problem := _tool_error(tool.result)) is not None:
                 call.violations.append(problem)
             calls.append(call)
         for resource in turn.mcp_resources_called or []:

@@ -243,21 +243,32 @@ def _calls(case: ConversationalTestCase) -> tuple[tuple[int, int, str, str | Non
         for tool in server.available_tools or []:
             if tool.name not in servers or server.server_name < servers[tool.name]:
                 servers[tool.name] = server.server_name
-    out = []
+    out: list[tuple[int, int, str, str | None, str, bool, float | None]] = []
     for index, turn in enumerate(case.turns):
+        tools, resources, prompts = turn.mcp_tools_called, turn.mcp_resources_called, turn.mcp_prompts_called
+        if not (tools or resources or prompts):
+            continue
         spans = (turn.metadata or {}).get("call_spans") or {}
-
-        def took(kind: str, i: int, spans: dict[str, Any] = spans) -> float | None:
-            recorded = spans.get(kind) or []
-            return recorded[i].get("duration_ms") if i < len(recorded) and isinstance(recorded[i], dict) else None
-
-        out.extend((index, i, "tool", servers.get(c.name), c.name, bool(c.result is not None and c.result.is_error),
-                    took("tool", i)) for i, c in enumerate(turn.mcp_tools_called or ()))
-        out.extend((index, i, "resource", None, c.uri, False, took("resource", i))
-                   for i, c in enumerate(turn.mcp_resources_called or ()))
-        out.extend((index, i, "prompt", None, c.name, False, took("prompt", i))
-                   for i, c in enumerate(turn.mcp_prompts_called or ()))
+        if tools:
+            took = _durations(spans, "tool", len(tools))
+            out.extend((index, i, "tool", servers.get(c.name), c.name, c.result is not None and c.result.is_error,
+                        took[i]) for i, c in enumerate(tools))
+        if resources:
+            took = _durations(spans, "resource", len(resources))
+            out.extend((index, i, "resource", None, c.uri, False, took[i]) for i, c in enumerate(resources))
+        if prompts:
+            took = _durations(spans, "prompt", len(prompts))
+            out.extend((index, i, "prompt", None, c.name, False, took[i]) for i, c in enumerate(prompts))
     return tuple(out)
+
+
+def _durations(spans: dict[str, Any], kind: str, count: int) -> list[float | None]:
+    """How long each of a turn's `count` calls of a kind took, by their spans (`call_spans`; None where not
+    recorded)."""
+    recorded = spans.get(kind)
+    took = [r.get("duration_ms") if isinstance(r, dict) else None for r in recorded[:count]] \
+        if isinstance(recorded, list) else []
+    return took + [None] * (count - len(took))
 
 
 async def measure_recorded(metric: BaseMetric, metric_id: str, case: ConversationalTestCase) -> None:
