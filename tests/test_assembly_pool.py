@@ -94,9 +94,10 @@ def test_a_conversation_built_in_a_worker_is_the_one_built_in_the_server() -> No
     assert local.built == there.built and local.here and local.cpu_s > 0
 
 
-def _span(index: int, name: str, start_ms: float, end_ms: float, attributes: dict[str, str]) -> dict[str, object]:
-    """A span of trace `a...a` under the agent span (index 1), over `start_ms`..`end_ms`."""
-    return {"trace_id": "a" * 32, "span_id": f"{index:016x}", "parent_span_id": None if index == 1 else f"{1:016x}",
+def _span(index: int, name: str, start_ms: float, end_ms: float, attributes: dict[str, str],
+          trace: str = "a") -> dict[str, object]:
+    """A span of trace `trace * 32` under its agent span (index 1), over `start_ms`..`end_ms`."""
+    return {"trace_id": trace * 32, "span_id": f"{index:016x}", "parent_span_id": None if index == 1 else f"{1:016x}",
             "name": name, "kind": 1 if index == 1 else 3, "start_ns": int(start_ms * 1e6), "end_ns": int(end_ms * 1e6),
             "status_code": 0, "status_message": "", "scope_id": 1, "resource_id": 1, "events": "[]", "links": "[]",
             "received_us": time.time_ns() // 1000,
@@ -104,14 +105,12 @@ def _span(index: int, name: str, start_ms: float, end_ms: float, attributes: dic
 
 
 def test_each_mcp_call_is_summarised_with_its_server_its_error_and_how_long_its_span_took() -> None:
-    """The UI's call summary (its tools page's p50/p95) comes from the built conversation: each tool call, resource
-    read and prompt get of a turn in order, with the server that listed the tool, whether the result was an error,
-    and the duration of the span that recorded it."""
+    """The UI's call summary (its tools page's p50/p95) comes from the built conversation: each turn's tool calls,
+    resource reads and prompt gets, turn by turn, with the server that lists the tool (the first by name, when two
+    do), whether the result was an error, and the duration of the span that recorded the call."""
     rows = [_span(1, "invoke_agent shop", 0, 100, {"gen_ai.operation.name": "invoke_agent",
                                                    "gen_ai.input.messages": _messages("user", "weather?"),
                                                    "gen_ai.output.messages": _messages("assistant", "done")}),
-            _span(2, "tools/list", 1, 2, {"mcp.method.name": "tools/list", "server.address": "weather",
-                                          "gen_ai.tool.call.result": '{"tools": [{"name": "get-weather"}]}'}),
             _span(3, "tools/call get-weather", 10, 12, {
                 "mcp.method.name": "tools/call", "gen_ai.tool.name": "get-weather", "server.address": "weather",
                 "gen_ai.tool.call.arguments": '{"city": "Atlantis"}',
@@ -122,15 +121,25 @@ def test_each_mcp_call_is_summarised_with_its_server_its_error_and_how_long_its_
                 "gen_ai.tool.call.result": '{"content": [{"type": "text", "text": "rain"}]}'}),
             _span(5, "resources/read file:///a.txt", 21, 24, {"mcp.method.name": "resources/read",
                                                               "mcp.resource.uri": "file:///a.txt"}),
-            _span(6, "prompts/get greet", 30, 34.5, {"mcp.method.name": "prompts/get", "gen_ai.prompt.name": "greet"})]
+            _span(6, "prompts/get greet", 30, 34.5, {"mcp.method.name": "prompts/get", "gen_ai.prompt.name": "greet"}),
+            _span(1, "invoke_agent shop", 200, 300, {"gen_ai.operation.name": "invoke_agent",
+                                                     "gen_ai.input.messages": _messages("user", "and Rome?"),
+                                                     "gen_ai.output.messages": _messages("assistant", "sun")}, "b"),
+            _span(3, "tools/call get-weather", 210, 211.25, {
+                "mcp.method.name": "tools/call", "gen_ai.tool.name": "get-weather", "server.address": "weather",
+                "gen_ai.tool.call.arguments": '{"city": "Rome"}',
+                "gen_ai.tool.call.result": '{"content": [{"type": "text", "text": "sun"}]}'}, "b")]
     table = pa.Table.from_pylist(rows, schema=SCHEMA).select(list(STORED_COLUMNS))
-    built = build_batch(table, {"c": ["a" * 32]}, SCOPES, RESOURCES, CONFIG).built["c"]
+    # the calls went to `weather`; [mapping] mcp_tools names the tool for `a-mirror` too, first by name
+    mirrored = BuildConfig(checks=CONFIG.checks, mcp_tools={"a-mirror": ("get-weather",)})
+    built = build_batch(table, {"c": ["a" * 32, "b" * 32]}, SCOPES, RESOURCES, mirrored).built["c"]
     assert built is not None
-    assert built.calls == ((1, 0, "tool", "weather", "get-weather", True, 2.0),
-                           (1, 1, "tool", "weather", "get-weather", False, 7.5),
+    assert built.calls == ((1, 0, "tool", "a-mirror", "get-weather", True, 2.0),
+                           (1, 1, "tool", "a-mirror", "get-weather", False, 7.5),
                            (1, 0, "resource", None, "file:///a.txt", False, 3.0),
-                           (1, 0, "prompt", None, "greet", False, 4.5))
-    assert (built.mcp_calls, built.mcp_errors) == (4, 1)
+                           (1, 0, "prompt", None, "greet", False, 4.5),
+                           (3, 0, "tool", "a-mirror", "get-weather", False, 1.25))
+    assert (built.turns, built.mcp_calls, built.mcp_errors) == (4, 5, 1)
 
 
 def test_a_batch_builds_the_same_in_whatever_order_its_rows_come(monkeypatch: pytest.MonkeyPatch) -> None:

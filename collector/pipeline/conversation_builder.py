@@ -251,8 +251,8 @@ def _calls(case: ConversationalTestCase) -> tuple[tuple[int, int, str, str | Non
         spans = (turn.metadata or {}).get("call_spans") or {}
         if tools:
             took = _durations(spans, "tool", len(tools))
-            out.extend((index, i, "tool", servers.get(c.name), c.name, c.result is not None and c.result.is_error,
-                        took[i]) for i, c in enumerate(tools))
+            out.extend((index, i, "tool", servers.get(c.name), c.name,
+                        bool(c.result is not None and c.result.is_error), took[i]) for i, c in enumerate(tools))
         if resources:
             took = _durations(spans, "resource", len(resources))
             out.extend((index, i, "resource", None, c.uri, False, took[i]) for i, c in enumerate(resources))
@@ -267,7 +267,7 @@ def _durations(spans: dict[str, Any], kind: str, count: int) -> list[float | Non
     recorded)."""
     recorded = spans.get(kind)
     took = [r.get("duration_ms") if isinstance(r, dict) else None for r in recorded[:count]] \
-        if isinstance(recorded, list) else []
+        if isinstance(recorded, list | tuple) else []
     return took + [None] * (count - len(took))
 
 
