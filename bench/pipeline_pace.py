@@ -56,6 +56,7 @@ from tracejudge.collector.pipeline.conversation_assembler import CPU_STAGES  # n
 
 TICKS = os.sysconf("SC_CLK_TCK")
 QUIET_S = 2.0  # the whole pipeline's quiet period
+STALL_S = 120.0  # no new score for this long: the wait for the last one ends early, with the collector's errors
 PY_SPY = shutil.which("py-spy", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}") \
     or "py-spy"
 
@@ -191,8 +192,12 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
             done_at, last = None, 0
             if quiet != "1h":
                 deadline = time.perf_counter() + args.timeout
-                while time.perf_counter() < deadline:
-                    last = scored(collector.admin_url)
+                progress_at = time.perf_counter()
+                while time.perf_counter() < deadline and time.perf_counter() - progress_at < STALL_S:
+                    now_scored = scored(collector.admin_url)
+                    if now_scored > last:
+                        progress_at = time.perf_counter()
+                    last = now_scored
                     timeline.scored.append((time.perf_counter() - timeline.started, last))
                     if last >= conversations:
                         done_at = time.perf_counter() - started
@@ -225,7 +230,23 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
             "assembly_cpu_s": {stage: round(seconds, 2) for stage, seconds in stages.items()},
             "p50_ms": round(percentile(latencies, 50) * 1000, 1), "p99_ms": round(percentile(latencies, 99) * 1000, 1),
             # the tail counted, steadier from run to run than its 99th percentile (a handful of exports either way)
-            "over_50_ms": sum(1 for v in latencies if v > 0.05), "over_100_ms": sum(1 for v in latencies if v > 0.1)}
+            "over_50_ms": sum(1 for v in latencies if v > 0.05), "over_100_ms": sum(1 for v in latencies if v > 0.1),
+            "errors": [] if done_at or quiet == "1h" else collector_errors(collector.log_lines)}
+
+
+def collector_errors(log_lines: list[str], most: int = 3) -> list[str]:
+    """The collector's last distinct errors (event and reason), for a run whose scores stopped coming."""
+    found: dict[str, None] = {}
+    for line in log_lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and record.get("level") == "error":
+            reason = record.get("error") or record.get("reason") or ""
+            found.pop(text := f"{record.get('event')}: {reason}"[:500], None)
+            found[text] = None
+    return list(found)[-most:]
 
 
 def main() -> None:
@@ -238,7 +259,8 @@ def main() -> None:
     parser.add_argument("--checkpoint-threshold", metavar="SIZE", help="[store] checkpoint_threshold (default: the "
                         "collector's own): each checkpoint holds every commit, and so the exports in them, while it "
                         "runs; one larger than what a run writes shows the latency without them")
-    parser.add_argument("--timeout", type=float, default=900, help="seconds to wait for the last score")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds to wait for the last score (the wait "
+                        f"also ends after {STALL_S:.0f} s without a new one, printing the collector's last errors)")
     parser.add_argument("--profile", metavar="FILE", help="record the whole pipeline run's server and its "
                         "worker processes with py-spy (collapsed stacks, for the CPU budget; py-spy beside the "
                         "interpreter or on the PATH)")
@@ -264,8 +286,9 @@ def main() -> None:
     report = {"ingest_alone": alone}
     whole = report["whole_pipeline"] = one_run(f"{QUIET_S:.0f}s", requests, args, conversations)
     if whole["pipeline_wall_s"] is None:
-        print(f"whole pipeline (quiet period 2s): {whole['scored']} of {conversations} scored within "
-              f"{args.timeout:.0f} s")
+        print(f"whole pipeline (quiet period 2s): {whole['scored']} of {conversations} scored (the wait ends after "
+              f"{args.timeout:.0f} s, or {STALL_S:.0f} s without a new score); the collector's last errors: "
+              f"{whole['errors'] or 'none'}")
     else:
         pipeline = whole["pipeline_wall_s"]
         pace = alone["ingest_wall_s"] / pipeline
@@ -291,7 +314,7 @@ def main() -> None:
         paced = report[f"paced_{rate:.0f}"] = one_run(f"{QUIET_S:.0f}s", requests, args, conversations, rate)
         done = paced["pipeline_wall_s"]
         behind = f"{done - paced['ingest_wall_s'] - QUIET_S:.2f} s behind" if done else \
-            f"{paced['scored']} of {conversations} scored within {args.timeout:.0f} s,"
+            f"{paced['scored']} of {conversations} scored (errors: {paced['errors'] or 'none'}),"
         half = " (half of ingest alone's rate)" if args.rates is None else ""
         print(f"whole pipeline paced at {rate:,.0f} spans/s{half}: sent in {paced['ingest_wall_s']} s, last score "
               f"after {done} s, {behind} the last export and its quiet period; export p50 / p99 "
