@@ -179,7 +179,7 @@ def check_calls(test_case: ConversationalTestCase) -> tuple[list[_Call], dict[st
                     call.violations.append("tool not advertised by any MCP server")
             elif advertised.input_schema not in ANY_OBJECT:  # arguments are always an object: nothing to check
                 _schema_violations(tool.args, advertised.input_schema, call, validators)
-            if tool.result is not None and (problem := _tool_error(tool.result)) is not None:
+            if (problem := _tool_error(tool.result)) is not None:
                 call.violations.append(problem)
             calls.append(call)
         for resource in turn.mcp_resources_called or []:
