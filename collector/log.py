@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Any, TextIO
 
-LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
+LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 
 
 class Logger:
@@ -34,6 +34,10 @@ class Logger:
 
     def error(self, event: str, **fields: Any) -> None:
         self.log("error", event, **fields)
+
+    def critical(self, event: str, **fields: Any) -> None:
+        """The collector cannot go on and stops: what happened and what to do."""
+        self.log("critical", event, **fields)
 
     def debug(self, event: str, **fields: Any) -> None:
         self.log("debug", event, **fields)

@@ -2,7 +2,9 @@
 
 Start-up opens (and migrates) the database before listening, so a locked or unwritable file fails at
 once with its name. SIGTERM/SIGINT stop the receivers accepting, let in-flight exports finish their
-commit, drain the writer and exit 0.
+commit, drain the writer and exit 0. A database DuckDB invalidated (a fatal error: every statement fails from
+then on) stops the collector the same way, after one critical log line, and `serve` raises StoreInvalidated,
+so the process exits non-zero and its supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from tracejudge.collector.sizes import parse_size
 from tracejudge.collector.store.assembled_index import AssembledIndex, index_path
 from tracejudge.collector.store.checkpoint_gate import WritesRefused
 from tracejudge.collector.store.memory_release import arrow_on_the_system_allocator, fewer_malloc_arenas
-from tracejudge.collector.store.span_store import SpanStore, mark_pandas_absent
+from tracejudge.collector.store.span_store import SpanStore, StoreInvalidated, mark_pandas_absent
 from tracejudge.collector.store.span_tables import prune_unreferenced
 from tracejudge.mapping.compiled import running_compiled
 
@@ -96,6 +98,8 @@ class Collector:
         self.publisher: LakePublisher | None = None
         self._stop_publishing = asyncio.Event()
         self._publishing: asyncio.Task[None] | None = None
+        self.stop_requested = asyncio.Event()  # by SIGTERM/SIGINT, or (from any thread) when it cannot go on
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def _log(self, level: str, event: str, **fields: object) -> None:
         self.log.log(level, event, **fields)
@@ -111,8 +115,16 @@ class Collector:
                        advice="its traces are taken in again from their stored spans, as when the waiting index "
                               "is full; please report this")
 
+    def _store_invalidated(self, error: StoreInvalidated) -> None:
+        """From whichever thread met DuckDB's fatal error first: say so once, and have `serve` stop."""
+        self.log.critical("the database is invalid; stopping", reason=error.error, advice=error.advice)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.stop_requested.set)
+
     async def start(self) -> None:
         raise_open_file_limit()  # connection caps, not the descriptor limit, decide who is turned away
+        self._loop = asyncio.get_running_loop()
+        self.store.on_invalidated = self._store_invalidated
         await asyncio.to_thread(self.store.open)
         self.stage = ScoringStage(self.store.cursor(), stage_config(self.settings), self._log,
                                   self.metrics.on_measured, self.metrics.on_scored,
@@ -262,10 +274,11 @@ async def serve(settings: Settings, logger: Logger) -> None:
     fewer_malloc_arenas()
     arrow_on_the_system_allocator()
     collector = Collector(settings, logger)
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):  # before start: a signal right after "listening" must drain
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, collector.stop_requested.set)
     await collector.start()
-    await stop.wait()
+    await collector.stop_requested.wait()
     await collector.stop()
+    if collector.store.invalidated is not None:
+        raise collector.store.invalidated

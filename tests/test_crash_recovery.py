@@ -8,14 +8,19 @@ stored conversation has each metric's job done exactly once, and no score row is
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
+import json
 import random
 import sqlite3
+import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import duckdb
+import pytest
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -24,8 +29,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from tests.support.collector_process import CollectorProcess
 from tests.support.scripted_server import Reply, Request, completion
-from tests.test_pipeline import config, query, turn
+from tests.test_assembler import _spans
+from tests.test_pipeline import config, query, turn, wait_for
+from tracejudge.collector.receivers.span_rows import spans_to_arrow
+from tracejudge.collector.store import span_store
 from tracejudge.collector.store.assembled_index import LATEST_VERSIONS, index_path
+from tracejudge.collector.store.checkpoint_gate import WritesRefused
 
 ROUNDS, SEED = 5, 20261202
 METRICS = 3
@@ -115,3 +124,84 @@ def test_repeated_kill_9_loses_no_span_no_job_and_duplicates_no_score(tmp_path: 
     with sqlite3.connect(index_path(db)) as sql:
         assert set(sql.execute("SELECT trace_id, conversation_id, first_us, marked_us FROM traces")) == set(traces)
         assert set(sql.execute("SELECT * FROM versions")) == newest
+
+
+# DuckDB's own fault injection, armed before the collector locks its settings: the first checkpoint (here the
+# autocheckpoint of a commit whose WAL passed 1 MB) fails fatally and DuckDB invalidates the database
+ARMED_CHECKPOINT = """
+import sys
+from tracejudge.collector.store import span_store
+lock_down = span_store.lock_down
+def armed(con):
+    con.execute("SET debug_checkpoint_abort = 'before_header'")
+    lock_down(con)
+span_store.lock_down = armed
+from tracejudge.collector.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_database_duckdb_invalidated_stops_the_collector_non_zero_and_a_restart_has_every_acknowledged_span(
+        tmp_path: Path) -> None:
+    db = tmp_path / "t.duckdb"
+    armed = CollectorProcess(db, config=config(tmp_path, '[store]\ncheckpoint_threshold = "1MB"\n'),
+                             command=[sys.executable, "-c", ARMED_CHECKPOINT])
+    acked: dict[str, set[tuple[str, str]]] = {}
+    with armed:
+        assert armed.proc is not None
+        exporter = OTLPSpanExporter(endpoint=armed.grpc_endpoint, insecure=True, timeout=5)
+        for n in range(2000):  # until the first export the invalid database refuses
+            spans = _conversation(n)
+            if exporter.export(spans) is not SpanExportResult.SUCCESS:
+                break
+            acked[f"conv-{n}"] = {(f"{s.context.trace_id:032x}", f"{s.context.span_id:016x}") for s in spans}
+        code = armed.proc.wait(60)  # stopped by itself, not left running with a database that refuses everything
+        time.sleep(0.1)
+    records = [json.loads(line) for line in armed.log_lines if line.startswith("{")]
+    assert code == 1, records[-5:]
+    critical = [r for r in records if r["level"] == "critical"]
+    assert len(critical) == 1, critical
+    assert "Checkpoint aborted" in critical[0]["reason"] and "restart the collector" in critical[0]["advice"]
+    assert records[-1]["event"] == "stopped", records[-3:]  # drained as on SIGTERM
+    assert acked, "no export was acknowledged before the checkpoint"
+
+    with CollectorProcess(db, config=config(tmp_path)) as plain:
+        stored = query(plain, "SELECT trace_id, span_id FROM spans")
+        keys = {tuple(row) for row in stored}
+        missing = [c for c, spans in acked.items() if not spans <= keys]
+        assert not missing, f"acknowledged spans lost: {missing[:5]}"
+        assert len(stored) == len(keys), "an export answered with an error was stored twice"
+        # what the pipeline had in flight is taken up again: every acknowledged conversation is assembled
+        assembled = wait_for(plain, "SELECT DISTINCT conversation_id FROM conversations", len(acked))
+        assert set(acked) <= {row[0] for row in assembled}
+        assert plain.stop() == 0
+
+
+def test_a_fatal_error_on_a_pipeline_cursor_invalidates_the_store_once_and_ingest_is_refused_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lock_down = span_store.lock_down
+
+    def armed(con: duckdb.DuckDBPyConnection) -> None:
+        con.execute("SET debug_checkpoint_abort = 'before_header'")
+        lock_down(con)
+
+    monkeypatch.setattr(span_store, "lock_down", armed)
+    store = span_store.SpanStore(tmp_path / "t.duckdb")
+    told: list[span_store.StoreInvalidated] = []
+    store.on_invalidated = told.append
+    store.open()
+    try:
+        retention, scoring = store.cursor(), store.cursor()
+        with pytest.raises(duckdb.FatalException):  # no span is coming: the pipeline is the first to meet it
+            retention.execute("CHECKPOINT")
+        with pytest.raises(duckdb.FatalException):  # another cursor meets it too; told once
+            scoring.execute("SELECT count(*) FROM eval_jobs")
+        with pytest.raises(WritesRefused, match="restart the collector"):  # not attempted
+            scoring.execute("UPDATE eval_jobs SET status = 'done'")
+        assert len(told) == 1 and "Checkpoint aborted" in told[0].error
+        assert store.invalidated is told[0] and not store.healthy
+        rows = spans_to_arrow(_spans(1, 1, session="chat-1", turn="hello"), dt.datetime.now(dt.UTC))
+        with pytest.raises(span_store.StoreInvalidated, match="restart the collector"):
+            asyncio.run(store.write(rows))
+    finally:
+        store.close()

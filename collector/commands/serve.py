@@ -11,7 +11,7 @@ from tracejudge.collector.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS
 from tracejudge.collector.config import ConfigError, judge_flags, load_settings
 from tracejudge.collector.log import Logger
 from tracejudge.collector.server import serve
-from tracejudge.collector.store.span_store import StoreOpenError
+from tracejudge.collector.store.span_store import StoreInvalidated, StoreOpenError
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,6 +30,8 @@ def run(args: argparse.Namespace) -> int:
         asyncio.run(serve(settings, logger))
     except StoreOpenError as exc:
         logger.error("cannot start", reason=str(exc))
+        return EXIT_FAIL
+    except StoreInvalidated:  # said in the critical line when it happened
         return EXIT_FAIL
     except OSError as exc:
         logger.error("cannot start", reason=f"{exc}; is another process listening on that port?")

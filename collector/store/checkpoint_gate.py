@@ -134,13 +134,18 @@ class GatedCursor:
 
     `refuse`, asked before each statement or transaction starts writing, names why the store cannot take a write
     now: then `WritesRefused` is raised before anything is written. A commit that fails for lack of space after it
-    updated a keyed table makes DuckDB 1.5 abort the whole process as it reverts it; a write not started cannot."""
+    updated a keyed table makes DuckDB 1.5 abort the whole process as it reverts it; a write not started cannot.
+
+    `on_fatal` hears of every `duckdb.FatalException` a statement raises: after one DuckDB has invalidated the
+    database and every later statement fails, so the collector must stop (or it lives on, doing nothing)."""
 
     def __init__(self, cursor: duckdb.DuckDBPyConnection, gate: CheckpointGate,
-                 refuse: Callable[[], str | None] | None = None) -> None:
+                 refuse: Callable[[], str | None] | None = None,
+                 on_fatal: Callable[[duckdb.FatalException], None] | None = None) -> None:
         self._cursor = cursor
         self._gate = gate
         self._refuse = refuse
+        self._on_fatal = on_fatal
         self._in_transaction = False
         self._holding = False  # the open transaction has written, so holds the gate until it ends
         self._refused_commit = False  # a COMMIT was refused (and rolled back): the caller's ROLLBACK has nothing to do
@@ -164,6 +169,14 @@ class GatedCursor:
         return self.execute("ROLLBACK")
 
     def _gated(self, query: str, run: Callable[[], duckdb.DuckDBPyConnection]) -> duckdb.DuckDBPyConnection:
+        try:
+            return self._gated_run(query, run)
+        except duckdb.FatalException as exc:
+            if self._on_fatal is not None:
+                self._on_fatal(exc)
+            raise
+
+    def _gated_run(self, query: str, run: Callable[[], duckdb.DuckDBPyConnection]) -> duckdb.DuckDBPyConnection:
         head = query.lstrip().upper()
         if self._in_transaction:
             if head.startswith(_END):
@@ -217,5 +230,4 @@ class GatedCursor:
 
 
 def _refusal(reason: str) -> str:
-    return (f"the store takes no pipeline write now ({reason}); it goes on by itself once the span writer's commits "
-            "succeed again: free space where the database is (GET /readyz says what is wrong)")
+    return f"the store takes no pipeline write now: {reason}"

@@ -44,6 +44,8 @@ DEDUP_WINDOW_S = 900.0  # longer than the OTLP exporters' retry horizons (the Co
 # below this much free space the pipeline's writes wait and the span writer keeps what is left for spans
 PIPELINE_MIN_FREE_BYTES = 16 * 1024 * 1024  # more than the assembler's largest transaction writes
 FREE_SPACE_TTL_S = 1.0
+_WAITS = ("; the pipeline goes on by itself once the span writer's commits succeed again: free space where the "
+          "database is (GET /readyz says what is wrong)")
 PROBE_S = 2.0  # while its last commit failed and no spans come, the writer tries a small commit this often
 
 
@@ -53,6 +55,19 @@ class StoreError(TracejudgeError):
 
 class StoreOpenError(StoreError):
     pass
+
+
+class StoreInvalidated(StoreError):
+    """DuckDB invalidated the database after a fatal error (a failed checkpoint or rollback): every statement fails
+    from then on, in this process, until the database is opened again."""
+
+    advice = ("restart the collector: every acknowledged span is in the database file or its WAL and is replayed "
+              "at start, and what the pipeline had in flight is taken up again. If DuckDB's error says Out of "
+              "Memory, raise [store] memory_limit; if it names the disk, free space where the database is")
+
+    def __init__(self, error: str) -> None:
+        super().__init__(f"DuckDB invalidated the database after a fatal error ({error}); {self.advice}")
+        self.error = error
 
 
 class Backpressure(StoreError):
@@ -130,6 +145,8 @@ class SpanStore:
         self._last_prune = 0.0
         self._closing = False
         self.healthy = False
+        self.invalidated: StoreInvalidated | None = None  # set once, by the first FatalException seen
+        self.on_invalidated: Callable[[StoreInvalidated], None] | None = None  # told once, from any thread
         self._free_checked: tuple[float, int | None] = (-FREE_SPACE_TTL_S - 1, None)  # (when, bytes free there)
 
     @property
@@ -185,6 +202,8 @@ class SpanStore:
         rows = span_rows.num_rows
         if not rows:
             return 0
+        if self.invalidated is not None:
+            raise self.invalidated
         refused = self.refusal()
         if refused is not None:
             raise Backpressure(f"not accepting spans: {refused}", self.retry_after_s * 30)
@@ -212,14 +231,29 @@ class SpanStore:
         """A connection of this database for another thread (the pipeline, the admin API); its writes hold
         `gate`, so retention's checkpoint can wait for a pause in them."""
         assert self._con is not None, "open() the store first"
-        return cast(duckdb.DuckDBPyConnection, GatedCursor(self._con.cursor(), self.gate, self.write_refusal))
+        return cast(duckdb.DuckDBPyConnection, GatedCursor(self._con.cursor(), self.gate, self.write_refusal,
+                                                           self.note_fatal))
+
+    def note_fatal(self, exc: duckdb.FatalException) -> None:
+        """DuckDB raised a fatal error somewhere (the writer, the pipeline, a checkpoint, a query): the database is
+        invalid for this process from now on. The first one is kept and told to `on_invalidated`, once."""
+        with self._lock:
+            if self.invalidated is not None:
+                return
+            self.invalidated = StoreInvalidated(str(exc).replace("\n", " "))
+        self.healthy = False
+        self.stats.last_error = str(self.invalidated)
+        if self.on_invalidated is not None:
+            self.on_invalidated(self.invalidated)
 
     def write_refusal(self) -> str | None:
         """Why the pipeline's writes must wait, if they must: the span writer's last commit failed (disk full, file
         gone), or less than `PIPELINE_MIN_FREE_BYTES` is free where the file is. Spans keep priority: the writer
         goes on trying them, and probes the store while idle, so the pipeline resumes when they commit again."""
+        if self.invalidated is not None:
+            return str(self.invalidated)
         if not self.healthy:
-            return f"its last commit failed ({self.stats.last_error})"
+            return f"its last commit failed ({self.stats.last_error}){_WAITS}"
         now = time.monotonic()
         if now - self._free_checked[0] > FREE_SPACE_TTL_S:  # statvfs once a second, not per transaction (NFS)
             try:
@@ -228,7 +262,7 @@ class SpanStore:
                 self._free_checked = (now, None)  # not knowable here: the write itself will say
         free = self._free_checked[1]
         if free is not None and free < PIPELINE_MIN_FREE_BYTES:
-            return f"only {free // 1024} KB is free on the database's file system"
+            return f"only {free // 1024} KB is free on the database's file system{_WAITS}"
         return None
 
     def close(self) -> None:
@@ -300,6 +334,8 @@ class SpanStore:
             with self.gate.writing():  # a job deletes (resources and scopes no span refers to)
                 result = job.run(self._con)
         except Exception as exc:  # noqa: BLE001 - handed to whoever queued the job
+            if isinstance(exc, duckdb.FatalException):
+                self.note_fatal(exc)
             job.future.set_exception(exc)
         else:
             job.future.set_result(result)
@@ -393,6 +429,8 @@ class SpanStore:
         """Append the spans, the resources and scopes not stored yet, and the request digests in one transaction;
         the error that stopped it, if any."""
         assert self._con is not None
+        if self.invalidated is not None:  # every statement would fail: the exporters are answered at once
+            return self.invalidated
         with self.gate.writing():  # its appends can refuse a checkpoint too (the soak counted them)
             try:
                 self._con.execute("BEGIN TRANSACTION")
@@ -407,6 +445,8 @@ class SpanStore:
                                                 pa.timestamp("us", tz="UTC"))}))
                 self._con.execute("COMMIT")
             except Exception as exc:
+                if isinstance(exc, duckdb.FatalException):
+                    self.note_fatal(exc)  # an autocheckpoint after a durable COMMIT says so in its message
                 with contextlib.suppress(duckdb.Error):
                     self._con.execute("ROLLBACK")
                 return exc
@@ -427,13 +467,17 @@ class SpanStore:
         """Whether a small transaction that writes commits: after a failed commit, whether the store is at fault
         (disk full, file gone) or only the request was."""
         assert self._con is not None
+        if self.invalidated is not None:
+            return False
         try:
             with self.gate.writing():
                 self._con.execute("BEGIN TRANSACTION")
                 # a real write (the WAL must take it); received in 1970, so the next prune of old digests removes it
                 self._con.execute("INSERT INTO ingest_requests VALUES (''::BLOB, '1970-01-01 00:00:00+00')")
                 self._con.execute("COMMIT")
-        except duckdb.Error:
+        except duckdb.Error as exc:
+            if isinstance(exc, duckdb.FatalException):
+                self.note_fatal(exc)
             with contextlib.suppress(duckdb.Error):
                 self._con.execute("ROLLBACK")
             return False
