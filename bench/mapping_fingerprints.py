@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.worker_build import stored_batch  # noqa: E402
 from tracejudge.collector.input_files import read_otlp_files  # noqa: E402
 from tracejudge.collector.pipeline.conversation_builder import BuildConfig, build_batch  # noqa: E402
+from tracejudge.collector.pipeline.span_columns import ArrowColumns  # noqa: E402
 from tracejudge.mapping import build_conversations  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "real"
@@ -49,7 +50,8 @@ def fixtures() -> dict[str, str]:
 def bench_traffic(requests: int) -> dict[str, str]:
     """`bench/ingest.py`'s conversations stored, read back as the assembler reads them, and built."""
     table, conversations, scopes, resources = stored_batch(requests)
-    result = build_batch(table, conversations, scopes, resources, BuildConfig(checks=("mcp_call_validity",)))
+    result = build_batch(ArrowColumns(table), conversations, scopes, resources,
+                         BuildConfig(checks=("mcp_call_validity",)))
     out = {f"bench {cid} failed": _digest(reason) for cid, reason in result.failed.items()}
     for cid, built in result.built.items():
         document = dataclasses.asdict(built) if built is not None else None

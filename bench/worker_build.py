@@ -32,12 +32,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import pyarrow as pa  # noqa: E402
 
 from bench.assembly import random_trace_ids  # noqa: E402
 from bench.ingest import build_requests  # noqa: E402
 from tracejudge.collector.pipeline import conversation_builder  # noqa: E402
 from tracejudge.collector.pipeline.conversation_builder import BuildConfig, build_batch  # noqa: E402
+from tracejudge.collector.pipeline.span_columns import ColumnFile, write_columns  # noqa: E402
 from tracejudge.collector.receivers.span_rows import spans_to_arrow  # noqa: E402
 from tracejudge.collector.store.span_store import SpanStore  # noqa: E402
 from tracejudge.mapping import decode_otlp  # noqa: E402
@@ -81,11 +81,11 @@ COUNTED_RUNS = (1, 3)  # builds under callgrind: the difference is two builds, w
 
 def build_saved(folder: Path, runs: int) -> None:
     """In the process callgrind counts: the batch `count_instructions` saved, built `runs` times."""
-    table = pa.ipc.open_file(pa.memory_map(str(folder / "rows.arrow"))).read_all()
     conversations, scopes, resources = pickle.loads((folder / "rest.pickle").read_bytes())
     gc.set_threshold(100_000, 50, 100)
-    for _ in range(runs):
-        build_batch(table, conversations, scopes, resources, CONFIG)
+    with ColumnFile(folder / "rows.columns") as columns:
+        for _ in range(runs):
+            build_batch(columns, conversations, scopes, resources, CONFIG)
 
 
 def count_instructions(requests: int) -> None:
@@ -95,8 +95,7 @@ def count_instructions(requests: int) -> None:
     table, conversations, scopes, resources = stored_batch(requests)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        with pa.OSFile(str(folder / "rows.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table)
+        write_columns(table, folder / "rows.columns")
         (folder / "rest.pickle").write_bytes(pickle.dumps((conversations, scopes, resources)))
         totals = []
         for runs in COUNTED_RUNS:
@@ -131,13 +130,17 @@ def main() -> None:
     table, conversations, scopes, resources = stored_batch(args.requests or 64)
     gc.set_threshold(100_000, 50, 100)  # as every worker process runs (`collector/worker_process.py`)
     best = float("inf")
-    for _ in range(args.repeat):
-        gc.collect()
-        started = time.process_time()
-        result = build_batch(table, conversations, scopes, resources, CONFIG)
-        best = min(best, time.process_time() - started)
-        if len(result.built) != len(conversations) or result.failed:
-            sys.exit(f"{len(result.failed)} conversations failed to build: {next(iter(result.failed.values()))}")
+    with tempfile.TemporaryDirectory() as tmp:  # read as a worker reads its batch: from the file the server wrote
+        write_columns(table, Path(tmp) / "rows.columns")
+        with ColumnFile(Path(tmp) / "rows.columns") as columns:
+            for _ in range(args.repeat):
+                gc.collect()
+                started = time.process_time()
+                result = build_batch(columns, conversations, scopes, resources, CONFIG)
+                best = min(best, time.process_time() - started)
+                if len(result.built) != len(conversations) or result.failed:
+                    sys.exit(f"{len(result.failed)} conversations failed to build: "
+                             f"{next(iter(result.failed.values()))}")
     print(f"{len(conversations)} conversations of 64 spans: build_batch {best / len(conversations) * 1000:.3f} ms "
           f"CPU per conversation (best of {args.repeat})")
 

@@ -21,18 +21,19 @@ from tests.support.collector_process import CollectorProcess
 from tests.test_pipeline import config, conversations, export, query, wait_for
 from tracejudge.collector.pipeline import conversation_builder
 from tracejudge.collector.pipeline.assembly_pool import (
-    NICENESS,
     SPILL_PREFIX,
     AssemblyPool,
     AssemblyWorkerLost,
     _spill_root,
 )
+from tracejudge.collector.pipeline.assembly_worker import NICENESS
 from tracejudge.collector.pipeline.conversation_builder import (
     BuildConfig,
     build,
     build_batch,
     map_trace,
 )
+from tracejudge.collector.pipeline.span_columns import ArrowColumns, write_columns
 from tracejudge.mapping.stored_spans import STORED_COLUMNS
 
 SCHEMA = pa.schema([("trace_id", pa.string()), ("span_id", pa.string()), ("parent_span_id", pa.string()),
@@ -41,7 +42,7 @@ SCHEMA = pa.schema([("trace_id", pa.string()), ("span_id", pa.string()), ("paren
                     ("resource_id", pa.int64()), ("attributes", pa.string()), ("events", pa.string()),
                     ("links", pa.string()), ("received_us", pa.int64())])
 CONFIG = BuildConfig(checks=("mcp_call_validity",))
-SERVER_ONLY = ("google.protobuf", "duckdb", "pyarrow.compute", "tracejudge.collector.config")  # no worker imports them
+SERVER_ONLY = ("google.protobuf", "duckdb", "pyarrow", "tracejudge.collector.config")  # no worker imports them
 
 
 def _messages(role: str, text: str) -> str:
@@ -75,7 +76,7 @@ RESOURCES = {1: {"service.name": "shop"}}
 
 def test_a_conversation_built_in_a_worker_is_the_one_built_in_the_server() -> None:
     table, conversations = _rows(3)
-    here = build_batch(table, conversations, SCOPES, RESOURCES, CONFIG)
+    here = build_batch(ArrowColumns(table), conversations, SCOPES, RESOURCES, CONFIG)
     pool = AssemblyPool(1, CONFIG)
     try:
         there = pool.result(pool.submit(table, conversations, SCOPES, RESOURCES), list(conversations))
@@ -132,7 +133,7 @@ def test_each_mcp_call_is_summarised_with_its_server_its_error_and_how_long_its_
     table = pa.Table.from_pylist(rows, schema=SCHEMA).select(list(STORED_COLUMNS))
     # the calls went to `weather`; [mapping] mcp_tools names the tool for `a-mirror` too, first by name
     mirrored = BuildConfig(checks=CONFIG.checks, mcp_tools={"a-mirror": ("get-weather",)})
-    built = build_batch(table, {"c": ["a" * 32, "b" * 32]}, SCOPES, RESOURCES, mirrored).built["c"]
+    built = build_batch(ArrowColumns(table), {"c": ["a" * 32, "b" * 32]}, SCOPES, RESOURCES, mirrored).built["c"]
     assert built is not None
     assert built.calls == ((1, 0, "tool", "a-mirror", "get-weather", True, 2.0),
                            (1, 1, "tool", "a-mirror", "get-weather", False, 7.5),
@@ -152,25 +153,25 @@ def test_a_batch_builds_the_same_in_whatever_order_its_rows_come(monkeypatch: py
         by_trace.setdefault(row[0], []).append(row)
     whole = {c: build(c, [map_trace(by_trace[t], SCOPES, RESOURCES, CONFIG.attribute_keys) for t in traces], CONFIG)
              for c, traces in conversations.items()}
-    ordered = build_batch(table, conversations, SCOPES, RESOURCES, CONFIG)
+    ordered = build_batch(ArrowColumns(table), conversations, SCOPES, RESOURCES, CONFIG)
     assert ordered.built == whole
     monkeypatch.setattr(conversation_builder, "ROWS_AT_ONCE", 5)  # chunks that end inside conversations
     shuffled = table.take(pa.array([5, 0, 11, 2, 7, 1, 9, 3, 10, 4, 8, 6]))
-    assert build_batch(shuffled, conversations, SCOPES, RESOURCES, CONFIG).built == whole
+    assert build_batch(ArrowColumns(shuffled), conversations, SCOPES, RESOURCES, CONFIG).built == whole
     assert not ordered.failed and all(b is not None and b.turns == 4 for b in ordered.built.values())
     assert {p.trace_id for p in ordered.parts["conv-2"]} == {f"{4:032x}", f"{5:032x}"}
 
 
 def test_a_worker_builds_a_batch_without_the_modules_only_the_server_needs(tmp_path: Path) -> None:
     """Each assembly worker holds its own copy of what it imports (two of them on two cores): building a batch loads
-    no protobuf decoder, DuckDB, pyarrow.compute or settings models, and gives what the server would build."""
+    no protobuf decoder, DuckDB, pyarrow (29 MB of each worker's memory) or settings models, and gives what the
+    server would build."""
     table, conversations = _rows(2)
-    path = tmp_path / "batch.arrow"
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
+    path = tmp_path / "batch.columns"
+    write_columns(table, path)
     code = f"""if True:
         import pickle, sys
-        from tracejudge.collector.pipeline.assembly_pool import build_from_file
+        from tracejudge.collector.pipeline.assembly_worker import build_from_file
         result = build_from_file(*pickle.loads(sys.stdin.buffer.read()))
         print(sorted(m for m in {SERVER_ONLY!r} if m in sys.modules))
         sys.stdout.buffer.write(pickle.dumps(result))
@@ -180,7 +181,8 @@ def test_a_worker_builds_a_batch_without_the_modules_only_the_server_needs(tmp_p
                          capture_output=True, check=True)
     imported, _, answer = run.stdout.partition(b"\n")
     assert imported == b"[]", f"an assembly worker imported {imported.decode()}"
-    assert pickle.loads(answer).built == build_batch(table, conversations, SCOPES, RESOURCES, CONFIG).built
+    here = build_batch(ArrowColumns(table), conversations, SCOPES, RESOURCES, CONFIG)
+    assert pickle.loads(answer).built == here.built
     assert not path.exists()  # a worker removes its batch's file once read
     pool = AssemblyPool(1, CONFIG)  # and a worker as the pool spawns it, with its start-up, after a batch
     try:
@@ -307,9 +309,9 @@ def test_a_check_that_waits_is_left_to_the_scoring_stage(monkeypatch: pytest.Mon
 
     monkeypatch.setitem(conversation_builder.CHECKED_METRICS, "mcp_call_validity", Waiting)
     table, conversations = _rows(2)
-    result = build_batch(table, conversations, SCOPES, RESOURCES, CONFIG)
+    result = build_batch(ArrowColumns(table), conversations, SCOPES, RESOURCES, CONFIG)
     assert not result.failed and len(result.built) == 2
     assert all(b is not None and b.checks == {"mcp_call_validity": None} for b in result.built.values())
     monkeypatch.setitem(conversation_builder.CHECKED_METRICS, "mcp_call_validity", MCPCallValidityMetric)
-    again = build_batch(table, conversations, SCOPES, RESOURCES, CONFIG)
+    again = build_batch(ArrowColumns(table), conversations, SCOPES, RESOURCES, CONFIG)
     assert all(b is not None and b.checks["mcp_call_validity"] is not None for b in again.built.values())

@@ -2,10 +2,11 @@
 
 Mapping and composing a conversation is pure Python: run in the server, it took the core ingest needs and held
 exports up behind it (`python bench/pipeline_pace.py`). The assembler reads a batch's span rows as Arrow (no Python
-objects per span in the server), sends them here, and gets back each conversation as plain data ready to write
-(`conversation_builder.Built`). Workers are spawned, never forked (gRPC does not survive a fork), and one that
-dies is replaced: its batch fails, and its conversations wait another quiet period and are built again from their
-stored spans, so nothing is lost. With `workers = 0` the batch is built in the calling thread.
+objects per span in the server), sends them here as a file of their buffers (`span_columns`), and gets back each
+conversation as plain data ready to write (`conversation_builder.Built`). Workers are spawned, never forked (gRPC
+does not survive a fork), and one that dies is replaced: its batch fails, and its conversations wait another quiet
+period and are built again from their stored spans, so nothing is lost. With `workers = 0` the batch is built in the
+calling thread.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from tracejudge.collector.pipeline.assembly_worker import build_from_file, worker_start
 from tracejudge.collector.pipeline.conversation_builder import (
     BatchResult,
     BuildConfig,
@@ -31,11 +33,11 @@ from tracejudge.collector.pipeline.conversation_builder import (
     Scopes,
     build_batch,
 )
-from tracejudge.collector.worker_process import ready, start_below, usable_cpus
+from tracejudge.collector.pipeline.span_columns import ArrowColumns, write_columns
+from tracejudge.collector.worker_process import ready, usable_cpus
 from tracejudge.errors import TracejudgeError
 
 BATCH_TIMEOUT_S = 600.0  # a batch not back by then is treated as lost with its worker (a batch takes seconds)
-NICENESS = 10  # below the server: while both want a core, the receivers and the span writer get it
 
 
 class AssemblyWorkerLost(TracejudgeError):
@@ -66,31 +68,6 @@ def _spill_root() -> str | None:
     return "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
 
 
-def build_from_file(path: str, conversations: dict[str, list[str]], scopes: Scopes, resources: Resources,
-                    config: BuildConfig) -> BatchResult:
-    """In a worker: the batch's rows mapped from their file (removed once read), then built, with the worker's CPU
-    for it (the server counts it as assembly's build stage)."""
-    started = time.process_time()
-    try:
-        with pa.memory_map(path) as source:
-            table = pa.ipc.open_file(source).read_all()
-            result = build_batch(table, conversations, scopes, resources, config)
-        result.cpu_s = time.process_time() - started
-        return result
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-
-
-def _worker_start() -> None:
-    """The pool's initializer, here beside the job's code: a spawned worker imports its initializer's module before
-    running it, so the worker's modules (pyarrow, pydantic, the mapping: 0.3-0.5 s of a core) are loaded while the
-    pool starts, at the server's priority, and its first batch is built at once. Imported lowered, with the first
-    batch, they took seconds beside a busy core: the likely cause of a CI failure (30a98a8) where a test's 2 s span
-    retention pruned the spans read for that batch as never assembled."""
-    start_below(NICENESS)
-
-
 class AssemblyPool:
     """Started by the first batch (a collector that only ingests, or sees few conversations, runs none: each
     worker holds about 70 MB once started)."""
@@ -113,7 +90,7 @@ class AssemblyPool:
                 # no max_tasks_per_child: on Python 3.11-3.13 a worker retiring with tasks queued may never be
                 # replaced (CPython gh-115634), and the assembler always has a batch queued
                 executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                               initializer=_worker_start)
+                                               initializer=worker_start)
                 try:
                     for future in [executor.submit(ready) for _ in range(self.workers)]:
                         future.result(BATCH_TIMEOUT_S)  # every worker started now, not inside the first batches
@@ -153,23 +130,24 @@ class AssemblyPool:
         """The batch built in the calling thread now, with that thread's CPU for it."""
         started = time.thread_time()
         done: Future[BatchResult] = Future()
-        result = build_batch(table, conversations, scopes, resources, self.config) if conversations else BatchResult()
+        result = build_batch(ArrowColumns(table), conversations, scopes, resources, self.config) if conversations \
+            else BatchResult()
         result.cpu_s, result.here = time.thread_time() - started, True
         done.set_result(result)
         return done
 
     def _spill(self, table: pa.Table) -> Path:
-        """The rows as an Arrow IPC file the worker maps without a copy: sent through the pool's pipe, each batch
-        was pickled whole in the server first (+170 MB peak with three batches in flight)."""
+        """The rows as a file of their Arrow buffers (`span_columns`) the worker maps without a copy: sent through
+        the pool's pipe, each batch was pickled whole in the server first (+170 MB peak with three batches in
+        flight)."""
         with self._lock:
             if self._spill_dir is None:
                 _remove_orphans()
                 self._spill_dir = Path(tempfile.mkdtemp(prefix=f"{SPILL_PREFIX}{os.getpid()}-", dir=_spill_root()))
             self._spilled += 1
-            path = self._spill_dir / f"{self._spilled}.arrow"
+            path = self._spill_dir / f"{self._spilled}.columns"
         try:
-            with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-                writer.write_table(table)
+            write_columns(table, path)
         except (OSError, pa.ArrowException) as exc:
             with contextlib.suppress(OSError):
                 path.unlink()

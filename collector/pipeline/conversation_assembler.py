@@ -52,6 +52,7 @@ from tracejudge.collector.pipeline.mapped_traces import KeptTrace, MappedTraceCa
 from tracejudge.collector.pipeline.sampling import attribute_keys, decide, needs_findings
 from tracejudge.collector.pipeline.scoring_stage import SCORE_SCHEMA, checked_score_row
 from tracejudge.collector.pipeline.session_index import SessionIndex
+from tracejudge.collector.pipeline.span_columns import ArrowColumns
 from tracejudge.collector.receivers.span_rows import plain_strings
 from tracejudge.collector.store.assembled_index import (
     LATEST_VERSIONS,
@@ -977,8 +978,8 @@ class ConversationAssembler:
                     result: BatchResult) -> dict[str, list[KeptTrace]]:
         """Build in this process the conversations with traces kept from before (into `result`); their mapped
         traces, for the cache."""
-        rows = rows_by_conversation(table, {c: list(conversations[c]) for c in here}) if table is not None \
-            else ((c, {}) for c in here)
+        rows = rows_by_conversation(ArrowColumns(table), {c: list(conversations[c]) for c in here}) \
+            if table is not None else ((c, {}) for c in here)
         local: dict[str, list[KeptTrace]] = {}
         for conversation_id, by_trace in rows:
             try:

@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
-import pyarrow as pa
-
 from tracejudge.call_validity import MCPCallValidityMetric
 from tracejudge.collector.pipeline.mapped_traces import ENTRY_OVERHEAD, TEXT_FACTOR, KeptTrace
 from tracejudge.collector.pipeline.sampling import attribute_values, findings, model_usage
+from tracejudge.collector.pipeline.span_columns import SpanColumns
 from tracejudge.errors import InvalidTestCaseError, NoTaskError
 from tracejudge.json_encoding import json_bytes
 from tracejudge.mapping import compose_conversation, map_traces
@@ -144,7 +143,7 @@ class BatchResult:
 ROWS_AT_ONCE = 2048  # span rows made Python objects together while a batch is built
 
 
-def rows_by_conversation(table: pa.Table, conversations: dict[str, list[str]]
+def rows_by_conversation(table: SpanColumns, conversations: dict[str, list[str]]
                          ) -> Iterator[tuple[str, dict[str, list[tuple[Any, ...]]]]]:
     """Each conversation's span rows by trace, handed on as soon as its last row is read: the batch is made Python
     objects `ROWS_AT_ONCE` rows at a time, not whole (that held 17 MB more in each worker, 16,000 spans), tuples in
@@ -157,15 +156,15 @@ def rows_by_conversation(table: pa.Table, conversations: dict[str, list[str]]
         for trace in dict.fromkeys(traces):  # a trace listed twice is still read once
             owners.setdefault(trace, []).append(conversation_id)
     left = dict.fromkeys(conversations, 0)  # rows still to come
-    for trace, count in Counter(table.column("trace_id").to_pylist()).items():
+    for trace, count in Counter(table.values("trace_id")).items():
         for conversation_id in owners.get(trace, ()):
             left[conversation_id] += count
     rows_of: dict[str, dict[str, list[tuple[Any, ...]]]] = {}
     for conversation_id in [c for c, count in left.items() if count == 0]:
         yield conversation_id, {}
     for start in range(0, table.num_rows, ROWS_AT_ONCE):
-        chunk = table.slice(start, ROWS_AT_ONCE)
-        for row in zip(*(chunk.column(name).to_pylist() for name in STORED_COLUMNS), strict=True):
+        stop = start + ROWS_AT_ONCE
+        for row in zip(*(table.values(name, start, stop) for name in STORED_COLUMNS), strict=True):
             for conversation_id in owners.get(row[0], ()):
                 rows_of.setdefault(conversation_id, {}).setdefault(row[0], []).append(row)
                 left[conversation_id] -= 1
@@ -218,7 +217,7 @@ def build(conversation_id: str, parts: list[KeptTrace], config: BuildConfig) -> 
         calls=calls)
 
 
-def build_batch(table: pa.Table, conversations: dict[str, list[str]], scopes: Scopes, resources: Resources,
+def build_batch(table: SpanColumns, conversations: dict[str, list[str]], scopes: Scopes, resources: Resources,
                 config: BuildConfig) -> BatchResult:
     """Map the traces of these conversations from their span rows and build each conversation; one that fails is
     reported, not raised, so it does not hold up the others."""
