@@ -38,7 +38,7 @@ from bench.ingest import build_requests  # noqa: E402
 from tracejudge.collector.config import Settings  # noqa: E402
 from tracejudge.collector.durations import parse_duration  # noqa: E402
 from tracejudge.collector.log import Logger  # noqa: E402
-from tracejudge.collector.pipeline.conversation_assembler import MAX_PER_POLL, ConversationAssembler  # noqa: E402
+from tracejudge.collector.pipeline.assembly.conversation_assembler import MAX_PER_POLL, ConversationAssembler  # noqa: E402
 from tracejudge.collector.receivers.span_rows import spans_to_arrow  # noqa: E402
 from tracejudge.collector.store.assembled_index import AssembledIndex, index_bytes, index_path  # noqa: E402
 from tracejudge.collector.store.span_store import SpanStore, mark_pandas_absent  # noqa: E402

@@ -7,7 +7,7 @@ version. Prints the CPU per version at a few turn counts, with `[conversations] 
 traces' mapped turns kept) and at 0 (every earlier trace read back and mapped again), and their ratio. The cost of a
 version should follow its new trace, not the conversation's length (the composed test case itself still grows).
 `--cache-memory` instead measures what the kept traces really hold (tracemalloc, with an unbounded cache) against
-the cache's estimate of them (`collector/pipeline/mapped_traces.py`'s TEXT_FACTOR).
+the cache's estimate of them (`collector/pipeline/assembly/mapped_traces.py`'s TEXT_FACTOR).
 Run: `python bench/conversation_growth.py [--conversations 64] [--turns 40] [--cache-memory]`.
 """
 
@@ -31,8 +31,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from bench.ingest import build_requests  # noqa: E402
 from tracejudge.collector.config import Settings  # noqa: E402
 from tracejudge.collector.log import Logger  # noqa: E402
-from tracejudge.collector.pipeline.conversation_assembler import ConversationAssembler  # noqa: E402
-from tracejudge.collector.pipeline.mapped_traces import MappedTraceCache  # noqa: E402
+from tracejudge.collector.pipeline.assembly.conversation_assembler import ConversationAssembler  # noqa: E402
+from tracejudge.collector.pipeline.assembly.mapped_traces import MappedTraceCache  # noqa: E402
 from tracejudge.collector.receivers.span_rows import spans_to_arrow  # noqa: E402
 from tracejudge.collector.store.span_store import SpanStore, mark_pandas_absent  # noqa: E402
 from tracejudge.mapping import decode_otlp  # noqa: E402

@@ -20,8 +20,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.worker_build import stored_batch  # noqa: E402
 from tracejudge.collector.input_files import read_otlp_files  # noqa: E402
-from tracejudge.collector.pipeline.conversation_builder import BuildConfig, build_batch  # noqa: E402
-from tracejudge.collector.pipeline.span_columns import ArrowColumns  # noqa: E402
+from tracejudge.collector.pipeline.assembly.conversation_builder import BuildConfig, build_batch  # noqa: E402
+from tracejudge.collector.pipeline.assembly.span_columns import ArrowColumns  # noqa: E402
 from tracejudge.mapping import build_conversations  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "real"

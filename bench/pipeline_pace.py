@@ -52,7 +52,7 @@ from bench.ingest import (  # noqa: E402
     status_mb,
 )
 from tests.support.collector_process import CollectorProcess  # noqa: E402
-from tracejudge.collector.pipeline.conversation_assembler import CPU_STAGES  # noqa: E402
+from tracejudge.collector.pipeline.assembly.conversation_assembler import CPU_STAGES  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 QUIET_S = 2.0  # the whole pipeline's quiet period

@@ -24,7 +24,7 @@ import pyarrow as pa
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tracejudge.collector.config import Settings  # noqa: E402
 from tracejudge.collector.log import Logger  # noqa: E402
-from tracejudge.collector.pipeline.conversation_assembler import ConversationAssembler  # noqa: E402
+from tracejudge.collector.pipeline.assembly.conversation_assembler import ConversationAssembler  # noqa: E402
 from tracejudge.collector.store.schema import migrate  # noqa: E402
 
 COMMIT = 4096

@@ -35,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.assembly import random_trace_ids  # noqa: E402
 from bench.ingest import build_requests  # noqa: E402
-from tracejudge.collector.pipeline import conversation_builder  # noqa: E402
-from tracejudge.collector.pipeline.conversation_builder import BuildConfig, build_batch  # noqa: E402
-from tracejudge.collector.pipeline.span_columns import ColumnFile, write_columns  # noqa: E402
+from tracejudge.collector.pipeline.assembly import conversation_builder  # noqa: E402
+from tracejudge.collector.pipeline.assembly.conversation_builder import BuildConfig, build_batch  # noqa: E402
+from tracejudge.collector.pipeline.assembly.span_columns import ColumnFile, write_columns  # noqa: E402
 from tracejudge.collector.receivers.span_rows import spans_to_arrow  # noqa: E402
 from tracejudge.collector.store.span_store import SpanStore  # noqa: E402
 from tracejudge.mapping import decode_otlp  # noqa: E402

@@ -23,7 +23,7 @@ from tracejudge.collector.history.lake import LakePublisher, publish_periodicall
 from tracejudge.collector.history.query_sandbox import DEFAULT_DISK, SandboxLimits
 from tracejudge.collector.log import Logger
 from tracejudge.collector.metrics import CollectorMetrics
-from tracejudge.collector.pipeline.conversation_assembler import CPU_STAGES, ConversationAssembler
+from tracejudge.collector.pipeline.assembly.conversation_assembler import CPU_STAGES, ConversationAssembler
 from tracejudge.collector.pipeline.retention import Retention, StorageReport
 from tracejudge.collector.pipeline.scoring_stage import ScoringStage, StageConfig
 from tracejudge.collector.pipeline.summary_tables import REFRESH_EVERY_S

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from tests.support.otlp_json import request, span, tid
 from tracejudge.collector.config import Settings
 from tracejudge.collector.log import Logger
-from tracejudge.collector.pipeline import conversation_assembler
-from tracejudge.collector.pipeline.conversation_assembler import MAX_PER_POLL, ConversationAssembler
+from tracejudge.collector.pipeline.assembly import conversation_assembler
+from tracejudge.collector.pipeline.assembly.conversation_assembler import MAX_PER_POLL, ConversationAssembler
 from tracejudge.collector.receivers.span_rows import spans_to_arrow
 from tracejudge.collector.store.assembled_index import AssembledIndex, index_path
 from tracejudge.collector.store.span_store import SpanStore, StoreStats
@@ -617,7 +617,7 @@ def test_a_poll_written_in_several_transactions_counts_a_new_cohort_once(tmp_pat
     """While exports come in, a poll's conversations are written `WRITE_AT_ONCE` to a transaction: a new_cohort
     rule's first N are still exactly the first N of the poll across them, and each conversation gets one version."""
     from tracejudge.collector.config import SamplingRule
-    from tracejudge.collector.pipeline.conversation_assembler import WRITE_AT_ONCE
+    from tracejudge.collector.pipeline.assembly.conversation_assembler import WRITE_AT_ONCE
 
     count, first = 2 * WRITE_AT_ONCE + 44, WRITE_AT_ONCE + 30  # three transactions; the first N end in the second
     store = SpanStore(tmp_path / "t.duckdb")

@@ -19,21 +19,21 @@ import pytest
 
 from tests.support.collector_process import CollectorProcess
 from tests.test_pipeline import config, conversations, export, query, wait_for
-from tracejudge.collector.pipeline import conversation_builder
-from tracejudge.collector.pipeline.assembly_pool import (
+from tracejudge.collector.pipeline.assembly import conversation_builder
+from tracejudge.collector.pipeline.assembly.assembly_pool import (
     SPILL_PREFIX,
     AssemblyPool,
     AssemblyWorkerLost,
     _spill_root,
 )
-from tracejudge.collector.pipeline.assembly_worker import NICENESS
-from tracejudge.collector.pipeline.conversation_builder import (
+from tracejudge.collector.pipeline.assembly.assembly_worker import NICENESS
+from tracejudge.collector.pipeline.assembly.conversation_builder import (
     BuildConfig,
     build,
     build_batch,
     map_trace,
 )
-from tracejudge.collector.pipeline.span_columns import ArrowColumns, write_columns
+from tracejudge.collector.pipeline.assembly.span_columns import ArrowColumns, write_columns
 from tracejudge.mapping.stored_spans import STORED_COLUMNS
 
 SCHEMA = pa.schema([("trace_id", pa.string()), ("span_id", pa.string()), ("parent_span_id", pa.string()),
@@ -171,7 +171,7 @@ def test_a_worker_builds_a_batch_without_the_modules_only_the_server_needs(tmp_p
     write_columns(table, path)
     code = f"""if True:
         import pickle, sys
-        from tracejudge.collector.pipeline.assembly_worker import build_from_file
+        from tracejudge.collector.pipeline.assembly.assembly_worker import build_from_file
         result = build_from_file(*pickle.loads(sys.stdin.buffer.read()))
         print(sorted(m for m in {SERVER_ONLY!r} if m in sys.modules))
         sys.stdout.buffer.write(pickle.dumps(result))

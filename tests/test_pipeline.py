@@ -25,7 +25,7 @@ from opentelemetry.trace import Status, StatusCode
 from tests.support.collector_process import CollectorProcess
 from tests.support.scripted_server import Reply, Request, completion, error, system_one_answers
 from tracejudge.collector.config import SamplingSettings
-from tracejudge.collector.pipeline.conversation_assembler import CPU_STAGES
+from tracejudge.collector.pipeline.assembly.conversation_assembler import CPU_STAGES
 from tracejudge.collector.pipeline.sampling import decide, sample_value
 
 PARIS, ROME, UMBRELLA = "What's the weather in Paris?", "And in Rome?", "Book an umbrella for me."

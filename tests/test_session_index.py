@@ -1,11 +1,11 @@
-"""The assembler's memory of MCP sessions (collector/pipeline/session_index.py): a session shared by many
+"""The assembler's memory of MCP sessions (collector/pipeline/assembly/session_index.py): a session shared by many
 conversations (a long-lived app process talking to a long-lived MCP server) is ambiguous once, costs one entry,
 and nothing waits on it; context joins the one conversation of its session whichever arrives first; the index
 stays within its bounds."""
 
 from __future__ import annotations
 
-from tracejudge.collector.pipeline.session_index import SessionIndex
+from tracejudge.collector.pipeline.assembly.session_index import SessionIndex
 
 
 def test_context_joins_the_one_conversation_of_its_session_in_either_order() -> None:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracejudge.collector.pipeline.span_columns import ColumnFile, write_columns
+from tracejudge.collector.pipeline.assembly.span_columns import ColumnFile, write_columns
 
 INTS = {pa.int8(): 8, pa.int16(): 16, pa.int32(): 32, pa.int64(): 64}
 

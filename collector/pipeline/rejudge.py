@@ -14,7 +14,7 @@ from typing import Any
 
 import duckdb
 
-from tracejudge.collector.pipeline.conversation_builder import measure_recorded, not_applicable
+from tracejudge.collector.pipeline.assembly.conversation_builder import measure_recorded, not_applicable
 from tracejudge.errors import InvalidTestCaseError, NoTaskError, TextOnlyJudgeError, TracejudgeError
 from tracejudge.judges.exchanges import recording
 from tracejudge.metric import BaseMetric

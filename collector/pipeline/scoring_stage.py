@@ -24,8 +24,13 @@ import pyarrow as pa
 
 from tracejudge.calibration import CalibrationExample, calibration_digest
 from tracejudge.call_validity import MCPCallValidityMetric
+from tracejudge.collector.pipeline.assembly.conversation_builder import (
+    Check,
+    CheckedScore,
+    measure_recorded,
+    not_applicable,
+)
 from tracejudge.collector.pipeline.batch_ledger import DuckDBBatchLedger
-from tracejudge.collector.pipeline.conversation_builder import Check, CheckedScore, measure_recorded, not_applicable
 from tracejudge.collector.pipeline.rejudge import RejudgeError, rejudge, stored_case, stored_score
 from tracejudge.collector.review.calibration import calibration_examples
 from tracejudge.collector.store.id_table import id_table, registered

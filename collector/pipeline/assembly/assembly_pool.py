@@ -25,15 +25,15 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from tracejudge.collector.pipeline.assembly_worker import build_from_file, worker_start
-from tracejudge.collector.pipeline.conversation_builder import (
+from tracejudge.collector.pipeline.assembly.assembly_worker import build_from_file, worker_start
+from tracejudge.collector.pipeline.assembly.conversation_builder import (
     BatchResult,
     BuildConfig,
     Resources,
     Scopes,
     build_batch,
 )
-from tracejudge.collector.pipeline.span_columns import ArrowColumns, write_columns
+from tracejudge.collector.pipeline.assembly.span_columns import ArrowColumns, write_columns
 from tracejudge.collector.worker_process import ready, usable_cpus
 from tracejudge.errors import TracejudgeError
 

@@ -16,9 +16,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 from tracejudge.call_validity import MCPCallValidityMetric
-from tracejudge.collector.pipeline.mapped_traces import ENTRY_OVERHEAD, TEXT_FACTOR, KeptTrace
+from tracejudge.collector.pipeline.assembly.mapped_traces import ENTRY_OVERHEAD, TEXT_FACTOR, KeptTrace
+from tracejudge.collector.pipeline.assembly.span_columns import SpanColumns
 from tracejudge.collector.pipeline.sampling import attribute_values, findings, model_usage
-from tracejudge.collector.pipeline.span_columns import SpanColumns
 from tracejudge.errors import InvalidTestCaseError, NoTaskError
 from tracejudge.json_encoding import json_bytes
 from tracejudge.mapping import compose_conversation, map_traces

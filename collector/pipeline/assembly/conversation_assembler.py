@@ -34,8 +34,8 @@ import pyarrow.compute as pc
 
 from tracejudge.collector.config import Settings
 from tracejudge.collector.log import Logger
-from tracejudge.collector.pipeline.assembly_pool import AssemblyPool, default_workers
-from tracejudge.collector.pipeline.conversation_builder import (
+from tracejudge.collector.pipeline.assembly.assembly_pool import AssemblyPool, default_workers
+from tracejudge.collector.pipeline.assembly.conversation_builder import (
     SPAN_SELECT,
     BatchResult,
     BuildConfig,
@@ -48,11 +48,11 @@ from tracejudge.collector.pipeline.conversation_builder import (
     map_trace,
     rows_by_conversation,
 )
-from tracejudge.collector.pipeline.mapped_traces import KeptTrace, MappedTraceCache
+from tracejudge.collector.pipeline.assembly.mapped_traces import KeptTrace, MappedTraceCache
+from tracejudge.collector.pipeline.assembly.session_index import SessionIndex
+from tracejudge.collector.pipeline.assembly.span_columns import ArrowColumns
 from tracejudge.collector.pipeline.sampling import attribute_keys, decide, needs_findings
 from tracejudge.collector.pipeline.scoring_stage import SCORE_SCHEMA, checked_score_row
-from tracejudge.collector.pipeline.session_index import SessionIndex
-from tracejudge.collector.pipeline.span_columns import ArrowColumns
 from tracejudge.collector.receivers.span_rows import plain_strings
 from tracejudge.collector.store.assembled_index import (
     LATEST_VERSIONS,

@@ -10,8 +10,8 @@ import contextlib
 import os
 import time
 
-from tracejudge.collector.pipeline.conversation_builder import BatchResult, BuildConfig, build_batch
-from tracejudge.collector.pipeline.span_columns import ColumnFile
+from tracejudge.collector.pipeline.assembly.conversation_builder import BatchResult, BuildConfig, build_batch
+from tracejudge.collector.pipeline.assembly.span_columns import ColumnFile
 from tracejudge.collector.worker_process import start_below
 from tracejudge.mapping.stored_spans import Resources, Scopes
 
