@@ -16,6 +16,8 @@ import gc
 import signal
 import time
 
+import duckdb
+
 from tracejudge.collector.admin import AdminServer
 from tracejudge.collector.config import Settings, judge_options
 from tracejudge.collector.exporters.score_events import ScoreEventExporter, otlp_log_exporter
@@ -116,10 +118,11 @@ class Collector:
                               "is full; please report this")
 
     def _store_invalidated(self, error: StoreInvalidated) -> None:
-        """From whichever thread met DuckDB's fatal error first: say so once, and have `serve` stop."""
-        self.log.critical("the database is invalid; stopping", reason=error.error, advice=error.advice)
+        """From whichever thread met DuckDB's fatal error first: have `serve` stop, and say so once (the stop first:
+        a log that cannot be written, on the disk that failed the checkpoint, must not keep the collector up)."""
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self.stop_requested.set)
+        self.log.critical("the database is invalid; stopping", reason=error.error, advice=error.advice)
 
     async def start(self) -> None:
         raise_open_file_limit()  # connection caps, not the descriptor limit, decide who is turned away
@@ -277,7 +280,13 @@ async def serve(settings: Settings, logger: Logger) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):  # before start: a signal right after "listening" must drain
         loop.add_signal_handler(sig, collector.stop_requested.set)
-    await collector.start()
+    try:
+        await collector.start()
+    except duckdb.FatalException:  # while recovering the last run's work: nothing listens yet, so nothing to drain
+        if collector.store.invalidated is None:
+            raise
+        await asyncio.to_thread(collector.store.close)
+        raise collector.store.invalidated from None
     await collector.stop_requested.wait()
     await collector.stop()
     if collector.store.invalidated is not None:

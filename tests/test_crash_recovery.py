@@ -188,7 +188,12 @@ def test_a_fatal_error_on_a_pipeline_cursor_invalidates_the_store_once_and_inges
     monkeypatch.setattr(span_store, "lock_down", armed)
     store = span_store.SpanStore(tmp_path / "t.duckdb")
     told: list[span_store.StoreInvalidated] = []
-    store.on_invalidated = told.append
+
+    def tell(error: span_store.StoreInvalidated) -> None:
+        told.append(error)
+        raise BrokenPipeError("stderr is gone")  # the log line cannot be written: the store goes on regardless
+
+    store.on_invalidated = tell
     store.open()
     try:
         retention, scoring = store.cursor(), store.cursor()

@@ -202,8 +202,8 @@ class SpanStore:
         rows = span_rows.num_rows
         if not rows:
             return 0
-        if self.invalidated is not None:
-            raise self.invalidated
+        if self.invalidated is not None:  # a new exception each time: a shared one would keep every request's frames
+            raise StoreInvalidated(self.invalidated.error)
         refused = self.refusal()
         if refused is not None:
             raise Backpressure(f"not accepting spans: {refused}", self.retry_after_s * 30)
@@ -244,7 +244,8 @@ class SpanStore:
         self.healthy = False
         self.stats.last_error = str(self.invalidated)
         if self.on_invalidated is not None:
-            self.on_invalidated(self.invalidated)
+            with contextlib.suppress(Exception):  # the writer thread must go on answering exports whatever it does
+                self.on_invalidated(self.invalidated)
 
     def write_refusal(self) -> str | None:
         """Why the pipeline's writes must wait, if they must: the span writer's last commit failed (disk full, file
@@ -392,7 +393,7 @@ class SpanStore:
         with self._lock:
             self._queued_spans -= count
         if error is None:
-            self.healthy = True
+            self.healthy = self.invalidated is None  # a pipeline statement may have met a fatal error meanwhile
             self.stats.commits += 1
             self.stats.spans_committed += inserted
             self.stats.duplicates += count - inserted
@@ -491,9 +492,13 @@ class SpanStore:
         if now - self._last_prune < 60 or self._con is None:
             return
         self._last_prune = now
-        with contextlib.suppress(duckdb.Error), self.gate.writing():  # pruning can wait for the next minute
-            self._con.execute("DELETE FROM ingest_requests WHERE received_at < ?",
-                              [dt.datetime.fromtimestamp(horizon, dt.UTC)])
+        try:
+            with self.gate.writing():
+                self._con.execute("DELETE FROM ingest_requests WHERE received_at < ?",
+                                  [dt.datetime.fromtimestamp(horizon, dt.UTC)])
+        except duckdb.Error as exc:  # pruning can wait for the next minute; a fatal error cannot
+            if isinstance(exc, duckdb.FatalException):
+                self.note_fatal(exc)
 
 
 class _PandasAbsent(importlib.abc.MetaPathFinder):

@@ -113,7 +113,7 @@ class AssemblyPool:
             return self._built_here(table, conversations, scopes, resources)
         try:
             path = self._spill(table)
-        except OSError:  # no room where batches go (a small /dev/shm): built here instead, slower but built
+        except OSError:  # no room where batches go (a small /dev/shm), a column it cannot take: built here instead
             return self._built_here(table, conversations, scopes, resources)
         executor = self._pool()
         try:
@@ -148,7 +148,7 @@ class AssemblyPool:
             path = self._spill_dir / f"{self._spilled}.columns"
         try:
             write_columns(table, path)
-        except (OSError, pa.ArrowException) as exc:
+        except (OSError, pa.ArrowException, TypeError) as exc:  # TypeError: a column type the file does not take
             with contextlib.suppress(OSError):
                 path.unlink()
             raise OSError(f"the batch file {path} could not be written: {exc}") from exc
