@@ -43,6 +43,7 @@ from tracejudge.collector.review.reviews import (
     record_review,
     reviewer_named,
 )
+from tracejudge.collector.sizes import SizeError, parse_size
 from tracejudge.collector.store.memory_release import release_duckdb_memory
 from tracejudge.collector.store.span_store import SpanStore, StoreError
 from tracejudge.collector.ui.compare_page import ComparePage
@@ -145,6 +146,11 @@ class AdminServer:
         return web.Response(status=503 if problems else 200, text=json.dumps(body), content_type="application/json")
 
     async def _metrics(self, _: web.Request) -> web.Response:
+        memory, [(limit,)] = await asyncio.to_thread(lambda: (
+            self._cursor().execute("SELECT tag, memory_usage_bytes, temporary_storage_bytes FROM duckdb_memory()"
+                                   ).fetchall(),
+            self._cursor().execute("SELECT current_setting('memory_limit')").fetchall()))
+        self.metrics.on_duckdb_memory(memory, _size_or_none(limit))
         if self.stage is not None:
             rows = await asyncio.to_thread(lambda: self._cursor().execute(
                 "SELECT status, count(*) FROM eval_jobs GROUP BY status").fetchall())
@@ -379,6 +385,14 @@ def _then_release(work: Callable[[], T]) -> T:
         return work()
     finally:
         release_duckdb_memory()
+
+
+def _size_or_none(text: str) -> int | None:
+    """DuckDB's own rendering of a size ("91.5 MiB") in bytes; None if it is not one."""
+    try:
+        return parse_size(text)
+    except SizeError:
+        return None
 
 
 def _error(status: int, message: str) -> web.Response:

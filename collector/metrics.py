@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+
+from tracejudge.collector.process_memory import children_resident_bytes, resident_bytes
 
 if TYPE_CHECKING:
     from tracejudge.collector.pipeline.retention import StorageReport
@@ -155,6 +158,19 @@ class CollectorMetrics:
                                  registry=self.registry)
         self.late_after_prune = Gauge("tracejudge_late_spans_after_prune_total", "Conversations that got spans "
                                       "after retention pruned theirs (stored, not assembled)", registry=self.registry)
+        ProcessCollector(registry=self.registry)  # process_*: the server's CPU, memory, open files
+        self.resident = Gauge("tracejudge_resident_memory_bytes", "Resident memory now of the server and of its "
+                              "child processes together (assembly and decode workers, query processes): summed, "
+                              "what a container's memory limit counts", ["process"], registry=self.registry)
+        self.resident.labels("server").set_function(lambda: resident_bytes(os.getpid()))
+        self.resident.labels("children").set_function(children_resident_bytes)
+        self.duckdb_memory = Gauge("tracejudge_duckdb_memory_bytes", "DuckDB's memory by what holds it "
+                                   "(duckdb_memory(): base_table, hash_table, ...), within [store] memory_limit",
+                                   ["tag"], registry=self.registry)
+        self.duckdb_spilled = Gauge("tracejudge_duckdb_temporary_bytes", "What DuckDB spilled to temporary files, "
+                                    "by what holds it", ["tag"], registry=self.registry)
+        self.duckdb_memory_limit = Gauge("tracejudge_duckdb_memory_limit_bytes", "DuckDB's memory_limit in bytes",
+                                         registry=self.registry)
 
     def on_commit(self, seconds: float, spans: int, duplicates: int = 0) -> None:
         """One group commit: `spans` newly stored, `duplicates` redelivered and ignored."""
@@ -202,6 +218,14 @@ class CollectorMetrics:
             self.rows_compacted.labels(table).set(rows)
         if report.last_prune_at is not None:
             self.last_prune.set(report.last_prune_at)
+
+    def on_duckdb_memory(self, rows: list[tuple[str, int, int]], limit: int | None) -> None:
+        """duckdb_memory()'s rows (tag, bytes in memory, bytes spilled), and the memory limit in bytes."""
+        for tag, in_memory, spilled in rows:
+            self.duckdb_memory.labels(tag.lower()).set(in_memory)
+            self.duckdb_spilled.labels(tag.lower()).set(spilled)
+        if limit is not None:
+            self.duckdb_memory_limit.set(limit)
 
     def watch(self, queue_spans: Callable[[], float], store_bytes: Callable[[], float]) -> None:
         self.queue_spans.set_function(queue_spans)

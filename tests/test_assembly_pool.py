@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
 import pyarrow as pa
 import pytest
 
@@ -208,8 +209,8 @@ def _niceness(pid: int) -> dict[str, int]:
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads each thread's priority from /proc (Linux)")
 def test_every_thread_of_an_assembly_worker_runs_below_the_collector() -> None:
     """The workers build at a lower priority than the server, so the receivers and the span writer get a core
-    first: every thread of a worker, the parent watch it starts and pyarrow's allocator thread its imports started
-    before it lowered itself too (both had kept the server's)."""
+    first: every thread of a worker, the parent watch it starts and any thread its imports started before it lowered
+    itself too (pyarrow's allocator thread, when workers imported it, had kept the server's)."""
     base = os.getpriority(os.PRIO_PROCESS, 0)  # this thread's niceness, which the pool's processes start from
     if base + NICENESS > 19:
         pytest.skip("the suite runs niced already: a worker cannot go 10 lower")
@@ -315,3 +316,63 @@ def test_a_check_that_waits_is_left_to_the_scoring_stage(monkeypatch: pytest.Mon
     monkeypatch.setitem(conversation_builder.CHECKED_METRICS, "mcp_call_validity", MCPCallValidityMetric)
     again = build_batch(ArrowColumns(table), conversations, SCOPES, RESOURCES, CONFIG)
     assert all(b is not None and b.checks["mcp_call_validity"] is not None for b in again.built.values())
+
+
+def _samples(text: str, name: str) -> dict[str, float]:
+    """A metric's samples in /metrics' text: its label set (or "") -> value."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            head, value = line.rsplit(" ", 1)
+            if head == name or head.startswith(name + "{"):
+                out[head[len(name):]] = float(value)
+    return out
+
+
+def _rss(pid: int) -> int:
+    """A process's VmRSS from /proc/PID/status, in bytes (0: gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    return next(int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:"))
+
+
+def _children_by_ppid(pid: int) -> list[int]:
+    """The processes whose parent is `pid`, found by scanning every /proc/*/status (not as the collector finds them)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        if any(line.split()[1:] == [str(pid)] for line in status.splitlines() if line.startswith("PPid:")):
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads processes from /proc (Linux)")
+def test_metrics_give_the_memory_of_the_server_its_workers_and_duckdb(tmp_path: Path) -> None:
+    """Memory is bounded for all the collector's processes together: /metrics gives the server's resident memory and
+    its child processes' (the assembly workers once conversations are built), and DuckDB's memory against its
+    memory_limit, so an operator sees what a container limit will count and what to raise."""
+    with CollectorProcess(tmp_path / "t.duckdb", config=config(tmp_path)) as collector:
+        export(collector, conversations(end=True))
+        wait_for(collector, "SELECT conversation_id FROM conversations", 2)  # built in the assembly workers
+        assert collector.proc is not None
+        server = collector.proc.pid
+        children = _children_by_ppid(server)
+        assert children, "no worker process below the collector"
+        expected = {'{process="server"}': _rss(server), '{process="children"}': sum(_rss(c) for c in children)}
+        text = httpx.get(f"{collector.admin_url}/metrics", timeout=10).text
+        resident = _samples(text, "tracejudge_resident_memory_bytes")
+        for label, value in expected.items():  # read moments apart: within a fifth of each other
+            assert abs(resident[label] - value) <= 0.2 * value, (label, resident, expected)
+        assert _samples(text, "process_resident_memory_bytes")[""] > 0
+        [limit] = _samples(text, "tracejudge_duckdb_memory_limit_bytes").values()
+        assert abs(limit - 96e6) < 1e6  # the default [store] memory_limit, 96MB, as DuckDB holds it (91.5 MiB)
+        in_memory = _samples(text, "tracejudge_duckdb_memory_bytes")
+        assert in_memory['{tag="base_table"}'] > 0 and sum(in_memory.values()) <= limit
+        collector.stop()
