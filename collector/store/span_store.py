@@ -234,9 +234,12 @@ class SpanStore:
         return cast(duckdb.DuckDBPyConnection, GatedCursor(self._con.cursor(), self.gate, self.write_refusal,
                                                            self.note_fatal))
 
-    def note_fatal(self, exc: duckdb.FatalException) -> None:
-        """DuckDB raised a fatal error somewhere (the writer, the pipeline, a checkpoint, a query): the database is
-        invalid for this process from now on. The first one is kept and told to `on_invalidated`, once."""
+    def note_fatal(self, exc: BaseException) -> None:
+        """Told of a failed statement: if it was DuckDB's fatal error (from the writer, the pipeline, a checkpoint, a
+        query), the database is invalid for this process from now on. The first one is kept and told to
+        `on_invalidated`, once; any other error is no concern here."""
+        if not isinstance(exc, duckdb.FatalException):
+            return
         with self._lock:
             if self.invalidated is not None:
                 return
@@ -335,8 +338,7 @@ class SpanStore:
             with self.gate.writing():  # a job deletes (resources and scopes no span refers to)
                 result = job.run(self._con)
         except Exception as exc:  # noqa: BLE001 - handed to whoever queued the job
-            if isinstance(exc, duckdb.FatalException):
-                self.note_fatal(exc)
+            self.note_fatal(exc)
             job.future.set_exception(exc)
         else:
             job.future.set_result(result)
@@ -446,8 +448,7 @@ class SpanStore:
                                                 pa.timestamp("us", tz="UTC"))}))
                 self._con.execute("COMMIT")
             except Exception as exc:
-                if isinstance(exc, duckdb.FatalException):
-                    self.note_fatal(exc)  # an autocheckpoint after a durable COMMIT says so in its message
+                self.note_fatal(exc)  # an autocheckpoint failing after a durable COMMIT says so in its message
                 with contextlib.suppress(duckdb.Error):
                     self._con.execute("ROLLBACK")
                 return exc
@@ -477,8 +478,7 @@ class SpanStore:
                 self._con.execute("INSERT INTO ingest_requests VALUES (''::BLOB, '1970-01-01 00:00:00+00')")
                 self._con.execute("COMMIT")
         except duckdb.Error as exc:
-            if isinstance(exc, duckdb.FatalException):
-                self.note_fatal(exc)
+            self.note_fatal(exc)
             with contextlib.suppress(duckdb.Error):
                 self._con.execute("ROLLBACK")
             return False
@@ -497,8 +497,7 @@ class SpanStore:
                 self._con.execute("DELETE FROM ingest_requests WHERE received_at < ?",
                                   [dt.datetime.fromtimestamp(horizon, dt.UTC)])
         except duckdb.Error as exc:  # pruning can wait for the next minute; a fatal error cannot
-            if isinstance(exc, duckdb.FatalException):
-                self.note_fatal(exc)
+            self.note_fatal(exc)
 
 
 class _PandasAbsent(importlib.abc.MetaPathFinder):
