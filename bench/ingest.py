@@ -30,6 +30,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.support.collector_process import CollectorProcess  # noqa: E402
+from tracejudge.collector.process_memory import descendants  # noqa: E402
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
@@ -99,12 +100,9 @@ def build_requests(count: int, spans_per_request: int, offset: int = 0, sdk_reso
 
 
 def process_tree(pid: int) -> list[int]:
-    """The process and its children, whichever of its threads started them (the decode workers are
-    spawned from a worker thread, so /proc/PID/task/PID/children alone misses them)."""
-    children = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        children += Path(task, "children").read_text().split()
-    return [pid, *map(int, children)]
+    """The process and every process below it, whichever of its threads started them (the collector's own
+    `descendants`, which its /metrics reads too)."""
+    return [pid, *descendants(pid)]
 
 
 def status_mb(pid: int, field: str) -> float:

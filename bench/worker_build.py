@@ -7,6 +7,10 @@ within the hour) cannot. Prints the best of `--repeat` runs, in CPU ms per conve
 
     python bench/worker_build.py [--requests 64] [--repeat 7]
     python bench/worker_build.py --instructions [--requests 4]
+    python bench/worker_build.py --read [--requests 64]
+
+`--read` times only the reading: the batch's rows made Python values 2,048 at a time, as a worker reads them from
+the server's file (`span_columns.ColumnFile`, no pyarrow) against pyarrow's `to_pylist` on the same table.
 
 `--instructions` counts instead of timing: the instructions `build_batch` executes per conversation, under valgrind's
 callgrind (Debian's `valgrind`; about a minute). The count does not move with the machine's load, so it tells apart
@@ -36,11 +40,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.assembly import random_trace_ids  # noqa: E402
 from bench.ingest import build_requests  # noqa: E402
 from tracejudge.collector.pipeline.assembly import conversation_builder  # noqa: E402
-from tracejudge.collector.pipeline.assembly.conversation_builder import BuildConfig, build_batch  # noqa: E402
-from tracejudge.collector.pipeline.assembly.span_columns import ColumnFile, write_columns  # noqa: E402
+from tracejudge.collector.pipeline.assembly.conversation_builder import (  # noqa: E402
+    ROWS_AT_ONCE,
+    BuildConfig,
+    build_batch,
+)
+from tracejudge.collector.pipeline.assembly.span_columns import (  # noqa: E402
+    ArrowColumns,
+    ColumnFile,
+    SpanColumns,
+    write_columns,
+)
 from tracejudge.collector.receivers.span_rows import spans_to_arrow  # noqa: E402
 from tracejudge.collector.store.span_store import SpanStore  # noqa: E402
 from tracejudge.mapping import decode_otlp  # noqa: E402
+from tracejudge.mapping.stored_spans import STORED_COLUMNS  # noqa: E402
 
 
 def stored_batch(requests: int) -> tuple:
@@ -112,6 +126,30 @@ def count_instructions(requests: int) -> None:
           f"conversation (callgrind)")
 
 
+def time_reads(table: object, conversations: int, repeat: int) -> None:
+    """CPU ms per conversation to make a batch's rows Python values as `rows_by_conversation` does, from the
+    worker's file and through pyarrow, best of `repeat` each."""
+    def read(columns: SpanColumns) -> None:
+        for start in range(0, columns.num_rows, ROWS_AT_ONCE):
+            for name in STORED_COLUMNS:
+                columns.values(name, start, start + ROWS_AT_ONCE)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        write_columns(table, Path(tmp) / "rows.columns")
+        with ColumnFile(Path(tmp) / "rows.columns") as file:
+            best = {}
+            for label, columns in (("file", file), ("pyarrow", ArrowColumns(table))):
+                times = []
+                for _ in range(repeat):
+                    started = time.process_time()
+                    read(columns)
+                    times.append(time.process_time() - started)
+                best[label] = min(times) / conversations * 1000
+                print(f"{conversations} conversations of 64 spans: read through {label} {best[label]:.3f} ms CPU per "
+                      f"conversation (best of {repeat})")
+    print(f"ratio, the worker's file to pyarrow's to_pylist: {best['file'] / best['pyarrow']:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=None,
@@ -119,6 +157,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=7, help="runs; the fastest is printed")
     parser.add_argument("--instructions", action="store_true",
                         help="count instructions under valgrind's callgrind instead of timing")
+    parser.add_argument("--read", action="store_true", help="time reading the batch's rows only: the worker's "
+                        "file against pyarrow's to_pylist")
     parser.add_argument("--build-saved", nargs=2, metavar=("FOLDER", "RUNS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.build_saved:
@@ -129,6 +169,9 @@ def main() -> None:
         return
     table, conversations, scopes, resources = stored_batch(args.requests or 64)
     gc.set_threshold(100_000, 50, 100)  # as every worker process runs (`collector/worker_process.py`)
+    if args.read:
+        time_reads(table, len(conversations), args.repeat)
+        return
     best = float("inf")
     with tempfile.TemporaryDirectory() as tmp:  # read as a worker reads its batch: from the file the server wrote
         write_columns(table, Path(tmp) / "rows.columns")

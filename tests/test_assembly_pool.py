@@ -165,7 +165,7 @@ def test_a_batch_builds_the_same_in_whatever_order_its_rows_come(monkeypatch: py
 
 def test_a_worker_builds_a_batch_without_the_modules_only_the_server_needs(tmp_path: Path) -> None:
     """Each assembly worker holds its own copy of what it imports (two of them on two cores): building a batch loads
-    no protobuf decoder, DuckDB, pyarrow (29 MB of each worker's memory) or settings models, and gives what the
+    no protobuf decoder, DuckDB, pyarrow (30 MB of each worker's peak) or settings models, and gives what the
     server would build."""
     table, conversations = _rows(2)
     path = tmp_path / "batch.columns"

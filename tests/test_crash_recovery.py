@@ -28,6 +28,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tests.support.collector_process import CollectorProcess
+from tests.support.duckdb_faults import armed, armed_collector
 from tests.support.scripted_server import Reply, Request, completion
 from tests.test_assembler import _spans
 from tests.test_pipeline import config, query, turn, wait_for
@@ -126,38 +127,23 @@ def test_repeated_kill_9_loses_no_span_no_job_and_duplicates_no_score(tmp_path: 
         assert set(sql.execute("SELECT * FROM versions")) == newest
 
 
-# DuckDB's own fault injection, armed before the collector locks its settings: the first checkpoint (here the
-# autocheckpoint of a commit whose WAL passed 1 MB) fails fatally and DuckDB invalidates the database
-ARMED_CHECKPOINT = """
-import sys
-from tracejudge.collector.store import span_store
-lock_down = span_store.lock_down
-def armed(con):
-    con.execute("SET debug_checkpoint_abort = 'before_header'")
-    lock_down(con)
-span_store.lock_down = armed
-from tracejudge.collector.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
-
-
 def test_a_database_duckdb_invalidated_stops_the_collector_non_zero_and_a_restart_has_every_acknowledged_span(
         tmp_path: Path) -> None:
-    db = tmp_path / "t.duckdb"
-    armed = CollectorProcess(db, config=config(tmp_path, '[store]\ncheckpoint_threshold = "1MB"\n'),
-                             command=[sys.executable, "-c", ARMED_CHECKPOINT])
+    db = tmp_path / "t.duckdb"  # the first checkpoint, at a 1 MB WAL, invalidates it
+    faulty = CollectorProcess(db, config=config(tmp_path, '[store]\ncheckpoint_threshold = "1MB"\n'),
+                             command=[sys.executable, "-c", armed_collector(str(Path(__file__).parents[1]))])
     acked: dict[str, set[tuple[str, str]]] = {}
-    with armed:
-        assert armed.proc is not None
-        exporter = OTLPSpanExporter(endpoint=armed.grpc_endpoint, insecure=True, timeout=5)
+    with faulty:
+        assert faulty.proc is not None
+        exporter = OTLPSpanExporter(endpoint=faulty.grpc_endpoint, insecure=True, timeout=5)
         for n in range(2000):  # until the first export the invalid database refuses
             spans = _conversation(n)
             if exporter.export(spans) is not SpanExportResult.SUCCESS:
                 break
             acked[f"conv-{n}"] = {(f"{s.context.trace_id:032x}", f"{s.context.span_id:016x}") for s in spans}
-        code = armed.proc.wait(60)  # stopped by itself, not left running with a database that refuses everything
+        code = faulty.proc.wait(60)  # stopped by itself, not left running with a database that refuses everything
         time.sleep(0.1)
-    records = [json.loads(line) for line in armed.log_lines if line.startswith("{")]
+    records = [json.loads(line) for line in faulty.log_lines if line.startswith("{")]
     assert code == 1, records[-5:]
     critical = [r for r in records if r["level"] == "critical"]
     assert len(critical) == 1, critical
@@ -179,13 +165,7 @@ def test_a_database_duckdb_invalidated_stops_the_collector_non_zero_and_a_restar
 
 def test_a_fatal_error_on_a_pipeline_cursor_invalidates_the_store_once_and_ingest_is_refused_at_once(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    lock_down = span_store.lock_down
-
-    def armed(con: duckdb.DuckDBPyConnection) -> None:
-        con.execute("SET debug_checkpoint_abort = 'before_header'")
-        lock_down(con)
-
-    monkeypatch.setattr(span_store, "lock_down", armed)
+    monkeypatch.setattr(span_store, "lock_down", armed(span_store.lock_down))
     store = span_store.SpanStore(tmp_path / "t.duckdb")
     told: list[span_store.StoreInvalidated] = []
 

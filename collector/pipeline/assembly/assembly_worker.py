@@ -1,6 +1,6 @@
 """What an assembly worker process runs: its start, and a batch built from the file the server wrote.
 
-A module of its own so that a spawned worker imports only this and the building code, and no pyarrow (29 MB of a
+A module of its own so that a spawned worker imports only this and the building code, and no pyarrow (30 MB of a
 worker's memory, `span_columns`): the pool's module writes the files, with pyarrow, in the server.
 """
 

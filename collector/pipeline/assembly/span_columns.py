@@ -1,7 +1,7 @@
 """A batch of span rows as a file an assembly worker reads without pyarrow.
 
-pyarrow is 29 MB of each worker's resident memory, a third of it, and issue 41 bounds the memory of all the
-collector's processes together. The server writes the Arrow table's own buffers after a small JSON header (no
+pyarrow was 30 of each worker's 88 MB at peak (`python bench/pipeline_pace.py`), and the collector's memory is
+bounded for all its processes together. The server writes the Arrow table's own buffers after a small JSON header (no
 work per value: the server's CPU is what ingest needs); a worker maps the file and makes the Python values of a range
 of rows at a time with memoryview casts, the values pyarrow's `to_pylist` gives. Only the types the span store's
 columns have are written: strings, and signed integers of 8 to 64 bits.
@@ -49,7 +49,8 @@ class ArrowColumns:
         column = self.table.column(name)
         if start or stop is not None:
             column = column.slice(start, (self.num_rows if stop is None else stop) - start)
-        return list(column.to_pylist())
+        values: list[Any] = column.to_pylist()
+        return values
 
 
 def write_columns(table: pa.Table, path: Path) -> None:
