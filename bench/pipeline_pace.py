@@ -171,8 +171,10 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "tracejudge.toml"
         workers = "" if args.assembly_workers is None else f"assembly_workers = {args.assembly_workers}\n"
-        store = "" if args.checkpoint_threshold is None else \
-            f"[store]\ncheckpoint_threshold = \"{args.checkpoint_threshold}\"\n"
+        store = "".join(f"{name} = \"{value}\"\n" for name, value in (
+            ("checkpoint_threshold", args.checkpoint_threshold), ("memory_limit", args.memory_limit))
+            if value is not None)
+        store = f"[store]\n{store}" if store else ""
         config.write_text(f"[conversations]\nquiet_period_s = \"{quiet}\"\n{workers}{store}")
         collector = CollectorProcess(Path(tmp) / "pace.duckdb", config=config).start()
         try:
@@ -194,6 +196,9 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
                 deadline = time.perf_counter() + args.timeout
                 progress_at = time.perf_counter()
                 while time.perf_counter() < deadline and time.perf_counter() - progress_at < STALL_S:
+                    if collector.proc.poll() is not None:  # type: ignore[union-attr]
+                        sys.exit(f"the collector exited (status {collector.proc.returncode}) before the last "  # type: ignore[union-attr]
+                                 f"score: {collector_errors(collector.log_lines)}")
                     now_scored = scored(collector.admin_url)
                     if now_scored > last:
                         progress_at = time.perf_counter()
@@ -242,7 +247,7 @@ def collector_errors(log_lines: list[str], most: int = 3) -> list[str]:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(record, dict) and record.get("level") == "error":
+        if isinstance(record, dict) and record.get("level") in ("error", "critical"):
             reason = record.get("error") or record.get("reason") or ""
             found.pop(text := f"{record.get('event')}: {reason}"[:500], None)
             found[text] = None
@@ -259,6 +264,8 @@ def main() -> None:
     parser.add_argument("--checkpoint-threshold", metavar="SIZE", help="[store] checkpoint_threshold (default: the "
                         "collector's own): each checkpoint holds every commit, and so the exports in them, while it "
                         "runs; one larger than what a run writes shows the latency without them")
+    parser.add_argument("--memory-limit", metavar="SIZE", help="[store] memory_limit (default: the collector's own): "
+                        "DuckDB's buffer pool, full in both runs")
     parser.add_argument("--timeout", type=float, default=900, help="seconds to wait for the last score (the wait "
                         f"also ends after {STALL_S:.0f} s without a new one, printing the collector's last errors)")
     parser.add_argument("--profile", metavar="FILE", help="record the whole pipeline run's server and its "

@@ -1,5 +1,5 @@
 """Resident memory of the collector's processes for /metrics: the server's own and its child processes' (assembly
-and decode workers, multiprocessing's resource tracker, /api/query's processes), read from /proc at each scrape.
+and decode workers, the decode pool's resource tracker, /api/query's processes), read from /proc at each scrape.
 Together they are what a container's memory limit counts; the server's figure alone hides the workers'."""
 
 from __future__ import annotations

@@ -11,8 +11,11 @@ import gc
 import multiprocessing
 import os
 import threading
+import time
 from multiprocessing.process import BaseProcess
 from pathlib import Path
+
+ORPHAN_CHECK_S = 1.0  # how often a plain worker looks whether its collector is still its parent
 
 
 def usable_cpus() -> int:
@@ -30,6 +33,14 @@ def exit_with_parent(parent: BaseProcess) -> None:
     os._exit(0)
 
 
+def exit_when_orphaned(parent_pid: int) -> None:
+    """The same for a worker started as a plain process (the assembly workers): once its collector is gone it is
+    re-parented, so its parent's pid changes."""
+    while os.getppid() == parent_pid:
+        time.sleep(ORPHAN_CHECK_S)
+    os._exit(0)
+
+
 def ready() -> None:
     """Submitted once per worker at start, so every worker exists before the first task."""
 
@@ -38,9 +49,8 @@ def worker_init() -> None:
     """Every worker's start: fewer collections of its short-lived objects, and an exit when its collector dies."""
     gc.set_threshold(100_000, 50, 100)
     parent = multiprocessing.parent_process()
-    if parent is not None:
-        threading.Thread(target=exit_with_parent, args=(parent,), name="tracejudge-parent-watch",
-                         daemon=True).start()
+    watch, on = (exit_with_parent, parent) if parent is not None else (exit_when_orphaned, os.getppid())
+    threading.Thread(target=watch, args=(on,), name="tracejudge-parent-watch", daemon=True).start()
 
 
 def start_below(niceness: int) -> None:

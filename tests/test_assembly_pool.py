@@ -23,9 +23,11 @@ from tests.test_pipeline import config, conversations, export, query, wait_for
 from tracejudge.collector.pipeline.assembly import conversation_builder
 from tracejudge.collector.pipeline.assembly.assembly_pool import (
     SPILL_PREFIX,
+    WORKER_MODULE,
     AssemblyPool,
     AssemblyWorkerLost,
     _spill_root,
+    default_workers,
 )
 from tracejudge.collector.pipeline.assembly.assembly_worker import NICENESS
 from tracejudge.collector.pipeline.assembly.conversation_builder import (
@@ -188,8 +190,8 @@ def test_a_worker_builds_a_batch_without_the_modules_only_the_server_needs(tmp_p
     pool = AssemblyPool(1, CONFIG)  # and a worker as the pool spawns it, with its start-up, after a batch
     try:
         assert not pool.result(pool.submit(table, conversations, SCOPES, RESOURCES), list(conversations)).failed
-        assert pool._pool().submit(eval, f"sorted(m for m in {SERVER_ONLY!r} if m in __import__('sys').modules)"
-                                   ).result(60) == []
+        assert pool.call(eval, f"sorted(m for m in {SERVER_ONLY!r} if m in __import__('sys').modules)"
+                         ).result(60) == []
     finally:
         pool.stop()
 
@@ -218,7 +220,7 @@ def test_every_thread_of_an_assembly_worker_runs_below_the_collector() -> None:
     pool = AssemblyPool(1, CONFIG)
     try:
         assert not pool.result(pool.submit(table, conversations, SCOPES, RESOURCES), list(conversations)).failed
-        (worker,) = pool._pool()._processes  # the pool's one worker process, by pid
+        (worker,) = pool.worker_pids()  # the pool's one worker process
         threads = _niceness(worker)
     finally:
         pool.stop()
@@ -230,9 +232,7 @@ def test_a_worker_killed_mid_batch_fails_that_batch_only_and_is_replaced() -> No
     pool = AssemblyPool(1, CONFIG)
     pool.start()
     try:
-        executor = pool._executor
-        assert executor is not None
-        [pid] = list(executor._processes)  # the worker process, as the OS sees it
+        [pid] = pool.worker_pids()  # the worker process, as the OS sees it
         started = _cpu_s(pid)
         future = pool.submit(table, conversations, SCOPES, RESOURCES)
         deadline = time.monotonic() + 30
@@ -253,6 +253,38 @@ def test_a_worker_killed_mid_batch_fails_that_batch_only_and_is_replaced() -> No
     finally:
         pool.stop()
     assert not spill.exists()
+
+
+def test_a_worker_that_died_between_batches_is_replaced_and_the_next_batch_is_built() -> None:
+    """A worker killed while idle (the OOM killer, an operator) costs no batch: the next one goes to its
+    replacement."""
+    table, conversations = _rows(3)
+    pool = AssemblyPool(1, CONFIG)
+    pool.start()
+    try:
+        [pid] = pool.worker_pids()
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while _alive(pid) and time.monotonic() < deadline:  # dead (a zombie until the pool reaps it)
+            time.sleep(0.01)
+        result = pool.result(pool.submit(table, conversations, SCOPES, RESOURCES), list(conversations))
+        assert not result.failed and set(result.built) == set(conversations)
+        assert pool.restarts == 1 and pool.worker_pids() != [pid]
+    finally:
+        pool.stop()
+
+
+def test_a_batch_that_raises_in_its_worker_fails_with_the_reason_and_the_worker_goes_on() -> None:
+    table, conversations = _rows(2)
+    pool = AssemblyPool(1, CONFIG)
+    try:
+        failed = pool.result(pool.call(int, "not a number"), list(conversations))
+        assert failed.failed == dict.fromkeys(conversations, "ValueError: invalid literal for int() with base 10: "
+                                                             "'not a number'")
+        built = pool.result(pool.submit(table, conversations, SCOPES, RESOURCES), list(conversations))
+        assert not built.failed and pool.restarts == 0
+    finally:
+        pool.stop()
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -376,3 +408,31 @@ def test_metrics_give_the_memory_of_the_server_its_workers_and_duckdb(tmp_path: 
         in_memory = _samples(text, "tracejudge_duckdb_memory_bytes")
         assert in_memory['{tag="base_table"}'] > 0 and sum(in_memory.values()) <= limit
         collector.stop()
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads processes from /proc (Linux)")
+def test_the_collector_runs_only_its_workers_beside_it_and_they_exit_when_it_is_killed(tmp_path: Path) -> None:
+    """Every process of the collector counts against a container's memory: beside the server there are its
+    assembly workers and nothing else (a multiprocessing pool's resource tracker was one more Python process, 13 MB),
+    and a collector killed with -9 leaves none of them running."""
+    with CollectorProcess(tmp_path / "t.duckdb", config=config(tmp_path)) as collector:
+        export(collector, conversations(end=True))
+        wait_for(collector, "SELECT conversation_id FROM conversations", 2)  # built in the assembly workers
+        assert collector.proc is not None
+        children = _children_by_ppid(collector.proc.pid)
+        commands = [Path(f"/proc/{c}/cmdline").read_bytes().replace(b"\0", b" ").decode() for c in children]
+        assert len(children) == default_workers() and all(WORKER_MODULE in c for c in commands), commands
+        collector.proc.send_signal(signal.SIGKILL)
+        collector.proc.wait(10)
+        deadline = time.monotonic() + 15  # an idle worker sees its stdin close; a busy one, its parent change
+        while [c for c in children if _alive(c)] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [c for c in children if _alive(c)], "assembly workers outlived a killed collector"
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for a dead parent's reaper counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

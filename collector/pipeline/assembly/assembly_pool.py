@@ -3,8 +3,9 @@
 Mapping and composing a conversation is pure Python: run in the server, it took the core ingest needs and held
 exports up behind it (`python bench/pipeline_pace.py`). The assembler reads a batch's span rows as Arrow (no Python
 objects per span in the server), sends them here as a file of their buffers (`span_columns`), and gets back each
-conversation as plain data ready to write (`conversation_builder.Built`). Workers are spawned, never forked (gRPC
-does not survive a fork), and one that dies is replaced: its batch fails, and its conversations wait another quiet
+conversation as plain data ready to write (`conversation_builder.Built`). Workers are plain processes
+(`assembly_worker`), each served by a thread here that writes it a batch and reads back the result, and one that dies
+is replaced: its batch fails, and its conversations wait another quiet
 period and are built again from their stored spans, so nothing is lost. With `workers = 0` the batch is built in the
 calling thread.
 """
@@ -12,20 +13,22 @@ calling thread.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
+import queue
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
-from tracejudge.collector.pipeline.assembly.assembly_worker import build_from_file, worker_start
+from tracejudge.collector.pipeline.assembly.assembly_worker import READY, build_from_file, receive, send
 from tracejudge.collector.pipeline.assembly.conversation_builder import (
     BatchResult,
     BuildConfig,
@@ -34,15 +37,25 @@ from tracejudge.collector.pipeline.assembly.conversation_builder import (
     build_batch,
 )
 from tracejudge.collector.pipeline.assembly.span_columns import ArrowColumns, write_columns
-from tracejudge.collector.worker_process import ready, usable_cpus
+from tracejudge.collector.worker_process import usable_cpus
 from tracejudge.errors import TracejudgeError
 
+WORKER_MODULE = "tracejudge.collector.pipeline.assembly.assembly_worker"
+STOP_TIMEOUT_S = 30.0  # a worker not gone this long after its stdin closed is killed
 BATCH_TIMEOUT_S = 600.0  # a batch not back by then is treated as lost with its worker (a batch takes seconds)
+
+
+_T = TypeVar("_T")
 
 
 class AssemblyWorkerLost(TracejudgeError):
     """An assembly worker stopped mid-batch (out of memory?); it was replaced, and the batch is built again after
     another quiet period."""
+
+
+class AssemblyBatchFailed(TracejudgeError):
+    """A worker raised while building a batch (the message is what it raised); the batch is built again after
+    another quiet period, and the worker goes on to the next."""
 
 
 def default_workers() -> int:
@@ -68,6 +81,96 @@ def _spill_root() -> str | None:
     return "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
 
 
+class _Worker:
+    """One worker process and the server thread that talks to it: a batch at a time, written to its stdin and read
+    back from its stdout; a process that dies fails its batch and is started again for the next."""
+
+    def __init__(self, pool: AssemblyPool, number: int) -> None:
+        self.pool = pool
+        self.number = number
+        self.process: subprocess.Popen[bytes] | None = None
+        self.current: Future[BatchResult] | None = None  # the batch it builds now
+        self.thread = threading.Thread(target=self._run, name=f"tracejudge-assembly-{number}", daemon=True)
+
+    def start_process(self) -> None:
+        """Spawned, never forked (gRPC does not survive a fork), without the working directory on its path (`-P`:
+        a user's `json.py` there must not shadow a module); back once it has imported its modules, so the first batch
+        is built at once."""
+        process = subprocess.Popen([sys.executable, "-P", "-c", f"from {WORKER_MODULE} import main; main()"],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert process.stdout is not None
+        try:
+            if receive(process.stdout) != READY:
+                raise AssemblyWorkerLost("an assembly worker answered its start with something else")
+        except BaseException:
+            process.kill()
+            process.wait()
+            raise
+        self.process = process
+
+    def _run(self) -> None:
+        while (task := self.pool._tasks.get()) is not None:
+            future, call = task
+            if not future.set_running_or_notify_cancel():
+                continue
+            self.current = future
+            try:
+                answer = self._call(call)
+            except BaseException as exc:  # noqa: BLE001 - the batch fails; its conversations are built again later
+                future.set_exception(exc)
+                continue
+            finally:
+                self.current = None
+            if answer[0] == "ok":
+                future.set_result(answer[1])
+            else:
+                future.set_exception(AssemblyBatchFailed(str(answer[1])))
+
+    def _call(self, call: tuple[Callable[..., object], tuple[object, ...]]) -> tuple[str, object]:
+        """The call sent and its answer read; a worker found dead as the call is sent (it died between batches) is
+        replaced and sent it instead."""
+        if self.process is None:
+            self.start_process()
+        process = self.process
+        assert process is not None and process.stdin is not None and process.stdout is not None
+        try:
+            send(process.stdin, call)
+        except OSError:  # it died since: the call never reached it
+            self._replace()
+            process = self.process
+            assert process is not None and process.stdin is not None and process.stdout is not None
+            send(process.stdin, call)
+        try:
+            return receive(process.stdout)  # type: ignore[no-any-return]
+        except (EOFError, OSError) as exc:  # it died mid-batch (killed, out of memory): replaced for the next
+            self.stop_process(kill=True)
+            self.pool._lost()
+            raise AssemblyWorkerLost("an assembly worker stopped mid-batch; it was replaced") from exc
+
+    def _replace(self) -> None:
+        self.stop_process(kill=True)
+        self.pool._lost()
+        self.start_process()
+
+    def stop_process(self, kill: bool = False) -> None:
+        """Its stdin closed (the worker's loop ends) and the process waited for; killed when it does not go."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        if kill:
+            process.kill()
+        with contextlib.suppress(OSError):
+            assert process.stdin is not None
+            process.stdin.close()
+        try:
+            process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+
+
 class AssemblyPool:
     """Started by the first batch (a collector that only ingests, or sees few conversations, runs none: each
     worker peaked at 58 MB in `python bench/pipeline_pace.py`)."""
@@ -75,32 +178,47 @@ class AssemblyPool:
     def __init__(self, workers: int, config: BuildConfig, on_start: Callable[[int], None] | None = None) -> None:
         self.workers = workers
         self.config = config
-        self.on_start = on_start  # told the number of workers each time a pool starts
+        self.on_start = on_start  # told the number of workers each time the pool starts
         self.restarts = 0
         self._lock = threading.Lock()
-        self._executor: ProcessPoolExecutor | None = None
-        # id(future) -> the pool it went to (replaced once) and the file its rows are in
-        self._sent_to: dict[int, tuple[ProcessPoolExecutor, Path]] = {}
+        self._tasks: queue.SimpleQueue[tuple[Future[BatchResult], Any] | None] = queue.SimpleQueue()
+        self._running: list[_Worker] = []
+        self._sent: dict[int, Path] = {}  # id(future) -> the file its rows are in
         self._spill_dir: Path | None = None
         self._spilled = 0
 
-    def _pool(self) -> ProcessPoolExecutor:
+    def _pool(self) -> list[_Worker]:
         with self._lock:
-            if self._executor is None:
-                # no max_tasks_per_child: on Python 3.11-3.13 a worker retiring with tasks queued may never be
-                # replaced (CPython gh-115634), and the assembler always has a batch queued
-                executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                               initializer=worker_start)
+            if not self._running:
+                running = [_Worker(self, n) for n in range(self.workers)]
                 try:
-                    for future in [executor.submit(ready) for _ in range(self.workers)]:
-                        future.result(BATCH_TIMEOUT_S)  # every worker started now, not inside the first batches
+                    for worker in running:  # every worker started now, not inside the first batches
+                        worker.start_process()
                 except BaseException:
-                    executor.shutdown(wait=False, cancel_futures=True)
+                    for worker in running:
+                        worker.stop_process(kill=True)
                     raise
-                self._executor = executor
+                for worker in running:
+                    worker.thread.start()
+                self._running = running
                 if self.on_start is not None:
                     self.on_start(self.workers)
-            return self._executor
+            return self._running
+
+    def _lost(self) -> None:
+        with self._lock:
+            self.restarts += 1
+
+    def call(self, function: Callable[..., _T], *arguments: object) -> Future[_T]:
+        """`function(*arguments)` run in the next free worker (a module-level function: it goes by name)."""
+        self._pool()
+        future: Future[Any] = Future()
+        self._tasks.put((future, (function, arguments)))
+        return future
+
+    def worker_pids(self) -> list[int]:
+        """The workers' process ids, as the OS sees them (none before the pool starts)."""
+        return [w.process.pid for w in self._running if w.process is not None]
 
     def start(self) -> None:
         if self.workers:
@@ -115,14 +233,8 @@ class AssemblyPool:
             path = self._spill(table)
         except OSError:  # no room where batches go (a small /dev/shm), a column it cannot take: built here instead
             return self._built_here(table, conversations, scopes, resources)
-        executor = self._pool()
-        try:
-            future = executor.submit(build_from_file, str(path), conversations, scopes, resources, self.config)
-        except BrokenProcessPool:  # a worker died between batches: this one goes to a new pool
-            self._replace(executor)
-            executor = self._pool()
-            future = executor.submit(build_from_file, str(path), conversations, scopes, resources, self.config)
-        self._sent_to[id(future)] = (executor, path)
+        future = self.call(build_from_file, str(path), conversations, scopes, resources, self.config)
+        self._sent[id(future)] = path
         return future
 
     def _built_here(self, table: pa.Table, conversations: dict[str, list[str]], scopes: Scopes,
@@ -156,34 +268,33 @@ class AssemblyPool:
 
     def result(self, future: Future[BatchResult], conversations: list[str]) -> BatchResult:
         """The batch built; when its worker died, every conversation of it failed (built again later)."""
-        executor, path = self._sent_to.pop(id(future), (None, None))
+        path = self._sent.pop(id(future), None)
         try:
             return future.result(BATCH_TIMEOUT_S)
-        except (BrokenProcessPool, TimeoutError):
-            self._replace(executor)
+        except TimeoutError:  # a worker stuck in a batch: killed, so its thread replaces it
+            for worker in list(self._running):
+                if worker.current is future and worker.process is not None:
+                    with contextlib.suppress(OSError):
+                        worker.process.kill()
             reason = str(AssemblyWorkerLost("an assembly worker stopped mid-batch; it was replaced"))
             return BatchResult(failed=dict.fromkeys(conversations, reason))
-        except Exception as exc:  # noqa: BLE001 - the batch could not be sent or built: retried after a quiet period
-            return BatchResult(failed=dict.fromkeys(conversations, f"{type(exc).__name__}: {exc}"))
+        except Exception as exc:  # noqa: BLE001 - lost with its worker, or could not be built: retried later
+            return BatchResult(failed=dict.fromkeys(conversations, str(exc) if isinstance(exc, TracejudgeError)
+                                                    else f"{type(exc).__name__}: {exc}"))
         finally:
             if path is not None:  # the worker removes it once read; not when it died first
                 with contextlib.suppress(OSError):
                     path.unlink()
 
-    def _replace(self, broken: ProcessPoolExecutor | None) -> None:
-        """Drop the broken pool (once, however many of its batches noticed); the next batch starts a new one."""
-        with self._lock:
-            if broken is None or broken is not self._executor:
-                return
-            self._executor = None
-            self.restarts += 1
-        broken.shutdown(wait=False, cancel_futures=True)
-
     def stop(self) -> None:
+        """The batches sent are built first, then each worker's stdin closed and the process waited for."""
         with self._lock:
-            executor, self._executor = self._executor, None
+            running, self._running = self._running, []
             spill_dir, self._spill_dir = self._spill_dir, None
-        if executor is not None:
-            executor.shutdown(wait=True, cancel_futures=False)
+        for _ in running:
+            self._tasks.put(None)
+        for worker in running:
+            worker.thread.join()
+            worker.stop_process()
         if spill_dir is not None:
             shutil.rmtree(spill_dir, ignore_errors=True)

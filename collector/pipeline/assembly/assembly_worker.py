@@ -1,14 +1,22 @@
-"""What an assembly worker process runs: its start, and a batch built from the file the server wrote.
+"""What an assembly worker process runs: its start, its loop of calls from the server, and a batch built from the
+file the server wrote.
 
-A module of its own so that a spawned worker imports only this and the building code, and no pyarrow (30 MB of a
-worker's memory, `span_columns`): the pool's module writes the files, with pyarrow, in the server.
+A module of its own so that a worker imports only this and the building code, and no pyarrow (30 MB of a worker's
+memory, `span_columns`): the pool's module writes the files, with pyarrow, in the server. A worker is a plain
+`python` process talking to the server over its standard input and output (`assembly_pool`), not a
+multiprocessing pool's: that one's named semaphores needed multiprocessing's resource tracker, one more Python
+process (13 MB) beside every collector.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import pickle
+import struct
+import sys
 import time
+from typing import IO, Any
 
 from tracejudge.collector.pipeline.assembly.conversation_builder import BatchResult, BuildConfig, build_batch
 from tracejudge.collector.pipeline.assembly.span_columns import ColumnFile
@@ -16,15 +24,28 @@ from tracejudge.collector.worker_process import start_below
 from tracejudge.mapping.stored_spans import Resources, Scopes
 
 NICENESS = 10  # below the server: while both want a core, the receivers and the span writer get it
+FRAME = struct.Struct("<Q")  # each message on the pipes: its length, then its pickle
+READY = b"ready"  # a worker's first message: imported and lowered, so its first batch is built at once
 
 
-def worker_start() -> None:
-    """The pool's initializer, here beside the job's code: a spawned worker imports its initializer's module before
-    running it, so the worker's modules (pydantic, the mapping: 0.3-0.5 s of a core) are loaded while the pool
-    starts, at the server's priority, and its first batch is built at once. Imported lowered, with the first batch,
-    they took seconds beside a busy core: the likely cause of a CI failure (30a98a8) where a test's 2 s span
-    retention pruned the spans read for that batch as never assembled."""
-    start_below(NICENESS)
+def send(pipe: IO[bytes], message: object) -> None:
+    """One message, framed: a pickle's length, then the pickle."""
+    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    pipe.write(FRAME.pack(len(body)))
+    pipe.write(body)
+    pipe.flush()
+
+
+def receive(pipe: IO[bytes]) -> Any:
+    """The next framed message; EOFError when the other side has gone (closed or died)."""
+    head = pipe.read(FRAME.size)
+    if len(head) < FRAME.size:
+        raise EOFError("the pipe closed")
+    size = FRAME.unpack(head)[0]
+    body = pipe.read(size)
+    if len(body) < size:
+        raise EOFError("the pipe closed mid-message")
+    return pickle.loads(body)
 
 
 def build_from_file(path: str, conversations: dict[str, list[str]], scopes: Scopes, resources: Resources,
@@ -40,3 +61,32 @@ def build_from_file(path: str, conversations: dict[str, list[str]], scopes: Scop
     finally:
         with contextlib.suppress(OSError):
             os.unlink(path)
+
+
+def serve(calls: IO[bytes], answers: IO[bytes]) -> None:
+    """Answer the server's calls, (function, arguments) -> ("ok", its result) or ("error", what it raised), until
+    the server closes the pipe (a stop, or its death: a worker never outlives its collector)."""
+    send(answers, READY)
+    while True:
+        try:
+            function, arguments = receive(calls)
+        except EOFError:
+            return
+        try:
+            answer: tuple[str, object] = ("ok", function(*arguments))
+        except Exception as exc:  # noqa: BLE001 - the server fails this batch with the reason and retries it later
+            answer = ("error", f"{type(exc).__name__}: {exc}")
+        send(answers, answer)
+
+
+def main() -> None:
+    """The worker's start: the modules above were imported at the server's priority (0.3-0.5 s of a core: imported
+    lowered, beside a busy core, they took seconds, the likely cause of a CI failure, 30a98a8), then lowered, then
+    serving. The pipes are its own copies of stdin and stdout; fd 1 then points at stderr, so a stray print cannot
+    corrupt a message."""
+    calls = os.fdopen(os.dup(0), "rb")
+    answers = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    start_below(NICENESS)
+    serve(calls, answers)
