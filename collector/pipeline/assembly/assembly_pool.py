@@ -110,21 +110,26 @@ class _Worker:
 
     def _run(self) -> None:
         while (task := self.pool._tasks.get()) is not None:
-            future, call = task
-            if not future.set_running_or_notify_cancel():
-                continue
-            self.current = future
-            try:
-                answer = self._call(call)
-            except BaseException as exc:  # noqa: BLE001 - the batch fails; its conversations are built again later
-                future.set_exception(exc)
-                continue
-            finally:
-                self.current = None
-            if answer[0] == "ok":
-                future.set_result(answer[1])
-            else:
-                future.set_exception(AssemblyBatchFailed(str(answer[1])))
+            self._run_one(*task)
+            del task
+
+    def _run_one(self, future: Future[Any], call: tuple[Callable[..., object], tuple[object, ...]]) -> None:
+        """One call, its answer set on its future; nothing of it is held here once it returns (the thread waits for
+        the next call meanwhile, and a batch's results are megabytes)."""
+        if not future.set_running_or_notify_cancel():
+            return
+        self.current = future
+        try:
+            answer = self._call(call)
+        except BaseException as exc:  # noqa: BLE001 - the batch fails; its conversations are built again later
+            future.set_exception(exc)
+            return
+        finally:
+            self.current = None
+        if answer[0] == "ok":
+            future.set_result(answer[1])
+        else:
+            future.set_exception(AssemblyBatchFailed(str(answer[1])))
 
     def _call(self, call: tuple[Callable[..., object], tuple[object, ...]]) -> tuple[str, object]:
         """The call sent and its answer read; a worker found dead as the call is sent (it died between batches) is

@@ -16,6 +16,7 @@ import pickle
 import struct
 import sys
 import time
+from collections.abc import Callable
 from typing import IO, Any
 
 from tracejudge.collector.pipeline.assembly.conversation_builder import BatchResult, BuildConfig, build_batch
@@ -69,14 +70,21 @@ def serve(calls: IO[bytes], answers: IO[bytes]) -> None:
     send(answers, READY)
     while True:
         try:
-            function, arguments = receive(calls)
+            answer_one(receive(calls), answers)
         except EOFError:
             return
-        try:
-            answer: tuple[str, object] = ("ok", function(*arguments))
-        except Exception as exc:  # noqa: BLE001 - the server fails this batch with the reason and retries it later
-            answer = ("error", f"{type(exc).__name__}: {exc}")
-        send(answers, answer)
+
+
+def answer_one(call: tuple[Callable[..., object], tuple[object, ...]], answers: IO[bytes]) -> None:
+    """One call run and answered; its arguments and result are freed on return, before the worker waits for the
+    next (held while it waited, the last batch's result stayed beside the next one's: 3 MB more at each worker's
+    peak, `python bench/pipeline_pace.py`)."""
+    function, arguments = call
+    try:
+        answer: tuple[str, object] = ("ok", function(*arguments))
+    except Exception as exc:  # noqa: BLE001 - the server fails this batch with the reason and retries it later
+        answer = ("error", f"{type(exc).__name__}: {exc}")
+    send(answers, answer)
 
 
 def main() -> None:
