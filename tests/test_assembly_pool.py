@@ -264,8 +264,8 @@ def test_a_worker_that_died_between_batches_is_replaced_and_the_next_batch_is_bu
     try:
         [pid] = pool.worker_pids()
         os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while _alive(pid) and time.monotonic() < deadline:  # dead (a zombie until the pool reaps it)
+        deadline = time.monotonic() + 30  # until its death can be seen by its parent, here (not reaped: WNOWAIT)
+        while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None and time.monotonic() < deadline:
             time.sleep(0.01)
         result = pool.result(pool.submit(table, conversations, SCOPES, RESOURCES), list(conversations))
         assert not result.failed and set(result.built) == set(conversations)
