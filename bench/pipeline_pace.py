@@ -175,6 +175,8 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
             ("checkpoint_threshold", args.checkpoint_threshold), ("memory_limit", args.memory_limit))
             if value is not None)
         store = f"[store]\n{store}" if store else ""
+        if args.request_row_bytes is not None:
+            store += f"[limits]\nrequest_row_bytes = \"{args.request_row_bytes}\"\n"
         config.write_text(f"[conversations]\nquiet_period_s = \"{quiet}\"\n{workers}{store}")
         collector = CollectorProcess(Path(tmp) / "pace.duckdb", config=config).start()
         try:
@@ -236,7 +238,23 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
             "p50_ms": round(percentile(latencies, 50) * 1000, 1), "p99_ms": round(percentile(latencies, 99) * 1000, 1),
             # the tail counted, steadier from run to run than its 99th percentile (a handful of exports either way)
             "over_50_ms": sum(1 for v in latencies if v > 0.05), "over_100_ms": sum(1 for v in latencies if v > 0.1),
-            "errors": [] if done_at or quiet == "1h" else collector_errors(collector.log_lines)}
+            "errors": [] if done_at or quiet == "1h" else collector_errors(collector.log_lines),
+            "problems": collector_problems(collector.log_lines)}
+
+
+def collector_problems(log_lines: list[str]) -> dict[str, int]:
+    """How many times the collector logged each warning and error (by level and event) in a run: a run that
+    finished late with no error at the end (a stall it recovered from) shows what it waited on."""
+    found: dict[str, int] = {}
+    for line in log_lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and record.get("level") in ("warning", "error", "critical"):
+            key = f"{record['level']}: {record.get('event')}"
+            found[key] = found.get(key, 0) + 1
+    return found
 
 
 def collector_errors(log_lines: list[str], most: int = 3) -> list[str]:
@@ -265,7 +283,10 @@ def main() -> None:
                         "collector's own): each checkpoint holds every commit, and so the exports in them, while it "
                         "runs; one larger than what a run writes shows the latency without them")
     parser.add_argument("--memory-limit", metavar="SIZE", help="[store] memory_limit (default: the collector's own): "
-                        "DuckDB's buffer pool, full in both runs")
+                        "DuckDB's buffer pool, full in both runs; the collector refuses less than 64MB or 1.5 times "
+                        "request_row_bytes")
+    parser.add_argument("--request-row-bytes", metavar="SIZE", help="[limits] request_row_bytes (default: the "
+                        "collector's own, 48MiB), for a smaller --memory-limit")
     parser.add_argument("--timeout", type=float, default=900, help="seconds to wait for the last score (the wait "
                         f"also ends after {STALL_S:.0f} s without a new one, printing the collector's last errors)")
     parser.add_argument("--profile", metavar="FILE", help="record the whole pipeline run's server and its "
@@ -327,6 +348,9 @@ def main() -> None:
               f"after {done} s, {behind} the last export and its quiet period; export p50 / p99 "
               f"{paced['p50_ms']} / {paced['p99_ms']} ms, {paced['over_50_ms']} / {paced['over_100_ms']} of "
               f"{len(requests)} over 50 / 100 ms; peak RSS {paced['peak_rss_mb']} MB (PSS {paced['peak_pss_mb']} MB)")
+    for name, outcome in report.items():
+        if outcome["problems"]:
+            print(f"the collector's warnings and errors, {name.replace('_', ' ')}: {outcome['problems']}")
     print(json.dumps(report))
 
 

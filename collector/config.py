@@ -123,6 +123,11 @@ class ServerSettings(_Section):
         return path
 
 
+# the least [store] memory_limit: at 32MB, `python bench/pipeline_pace.py --memory-limit 32MB` invalidated the database
+# (a commit ran out of the pool and its rollback failed); 48MB and 64MB ran it (BENCHMARKS.md)
+MIN_MEMORY_LIMIT = 64_000_000
+
+
 class StoreSettings(_Section):
     db: Path = Field(Path("tracejudge.duckdb"), description="the DuckDB file spans, conversations and scores go to")
     max_batch_spans: int = Field(50_000, ge=1, description="most spans committed in one transaction")
@@ -130,7 +135,9 @@ class StoreSettings(_Section):
     retry_after_s: int = Field(1, ge=1, description="Retry-After given to exporters under backpressure")
     memory_limit: str | None = Field("96MB", description="cap on DuckDB's buffer memory, shared by ingest and "
                                      "queries: a query past it spills to disk or fails, the collector does not "
-                                     "(none: DuckDB's default, 80% of RAM)")
+                                     "(none: DuckDB's default, 80% of RAM). At least 64MB and 1.5 times [limits] "
+                                     "request_row_bytes, or the collector refuses to start: with less, commits fail "
+                                     "under load and a failed rollback invalidates the database")
     temp_limit: str | None = Field("2GB", description="most disk a query may spill to (none: DuckDB's default, "
                                    "90% of the free space)")
     threads: int | None = Field(1, ge=1, description="DuckDB worker threads of the collector's database: 1 appends "
@@ -149,6 +156,15 @@ class StoreSettings(_Section):
     max_disk: Bytes | None = Field(None, ge=1, description="disk budget of the database file and its WAL, like 50GB: "
                                  "near it the oldest complete conversations' spans are pruned (archived first when "
                                  "[retention] archive_dir is set); ingest answers 503 only when nothing can be freed")
+
+    @field_validator("memory_limit", mode="before")
+    @classmethod
+    def _memory_size(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().lower() in ("none", ""):
+            return None  # DuckDB's own default
+        if value is not None:
+            parse_size(value)  # a size DuckDB reads the same way (MB, MiB, ...)
+        return value
 
     @field_validator("checkpoint_threshold")
     @classmethod
@@ -530,6 +546,22 @@ class Settings(_Section):
     def config_file(self) -> Path | None:
         return self._config_file
 
+    def _check_memory_limit(self, pool: int) -> None:
+        """DuckDB's buffer pool must hold a commit of the largest request the receivers take with the pipeline's
+        work beside it: short of that, a commit fails under load and its failed rollback invalidates the database."""
+        rows = self.limits.request_row_bytes * 3 // 2  # a commit holds about two thirds of the pool
+        need = -(-max(MIN_MEMORY_LIMIT, rows) // 1_000_000)  # in MB, rounded up
+        if pool >= need * 1_000_000:
+            return
+        by_rows = rows > MIN_MEMORY_LIMIT
+        why = (f"a commit of one request's rows, up to [limits] request_row_bytes = "
+               f"{self.limits.request_row_bytes / 1e6:.0f}MB, holds about two thirds of the pool" if by_rows
+               else "at 32MB the whole pipeline ran the pool out under load, python bench/pipeline_pace.py")
+        raise ConfigError(f"[store] memory_limit = {self.store.memory_limit!r} is too small: the collector needs "
+                          f"{need}MB or more for DuckDB's buffer pool ({why}). With less, commits fail under load and "
+                          f"a failed rollback invalidates the database, which stops the collector. Set memory_limit = "
+                          f'"{need}MB" or more' + (", or lower request_row_bytes with it" if by_rows else ""))
+
     def model_post_init(self, _: Any) -> None:
         keep, quiet = self.retention.spans, self.conversations.quiet_period_s
         if keep is not None and keep < 2 * quiet:
@@ -541,6 +573,8 @@ class Settings(_Section):
                 f"[server] admin_host = {self.server.admin_host!r} would let anyone who reaches it read every "
                 "conversation through /api/query and /report: set a query token first (TRACEJUDGE_QUERY_TOKEN="
                 "$(openssl rand -hex 32), or [server] query_token), or keep the admin API on 127.0.0.1")
+        if self.store.memory_limit is not None:
+            self._check_memory_limit(parse_size(self.store.memory_limit))
         if (self.server.tls_cert is None) != (self.server.tls_key is None):
             raise ConfigError("[server] tls_cert and tls_key go together: set both or neither")
         if self.server.tls_client_ca is not None and self.server.tls_cert is None:

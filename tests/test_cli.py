@@ -151,6 +151,24 @@ def test_missing_file_and_bad_threshold_exit_two(tmp_path) -> None:
     assert proc.returncode == 2 and "threshold must be between 0 and 1" in proc.stderr
 
 
+LOOPBACK_ANY_PORT = ("--grpc-port", "0", "--http-port", "0", "--admin-port", "0")  # were it to start
+
+
+def test_serve_refuses_a_memory_limit_that_would_let_duckdb_invalidate_the_database(tmp_path) -> None:
+    """Too small a buffer pool fails commits under load, and a failed rollback invalidates the database: the
+    collector refuses it at start, saying how much it needs and why, instead of stopping later with the data at
+    risk."""
+    config = tmp_path / "tracejudge.toml"
+    config.write_text('[store]\nmemory_limit = "32MB"\n[limits]\nrequest_row_bytes = "16MB"\n')
+    proc = run(["serve", "--config", str(config), "--db", str(tmp_path / "t.duckdb"), *LOOPBACK_ANY_PORT])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert '[store] memory_limit = \'32MB\' is too small: the collector needs 64MB or more' in proc.stderr
+    config.write_text('[store]\nmemory_limit = "64MB"\n')  # the default request_row_bytes needs more
+    proc = run(["serve", "--config", str(config), "--db", str(tmp_path / "t.duckdb"), *LOOPBACK_ANY_PORT])
+    assert proc.returncode == 2 and "needs 76MB or more" in proc.stderr and "request_row_bytes = 50MB" in proc.stderr
+    assert not (tmp_path / "t.duckdb").exists()
+
+
 def test_serve_help_documents_every_setting() -> None:
     proc = run(["serve", "--help"])
     assert proc.returncode == 0
