@@ -283,10 +283,9 @@ def main() -> None:
                         "collector's own): each checkpoint holds every commit, and so the exports in them, while it "
                         "runs; one larger than what a run writes shows the latency without them")
     parser.add_argument("--memory-limit", metavar="SIZE", help="[store] memory_limit (default: the collector's own): "
-                        "DuckDB's buffer pool, full in both runs; the collector refuses less than 64MB or 1.5 times "
-                        "request_row_bytes")
+                        "DuckDB's buffer pool, full in both runs; the collector refuses less than 64MB")
     parser.add_argument("--request-row-bytes", metavar="SIZE", help="[limits] request_row_bytes (default: the "
-                        "collector's own, 48MiB), for a smaller --memory-limit")
+                        "collector's own, 48MiB)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds to wait for the last score (the wait "
                         f"also ends after {STALL_S:.0f} s without a new one, printing the collector's last errors)")
     parser.add_argument("--profile", metavar="FILE", help="record the whole pipeline run's server and its "

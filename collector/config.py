@@ -135,9 +135,9 @@ class StoreSettings(_Section):
     retry_after_s: int = Field(1, ge=1, description="Retry-After given to exporters under backpressure")
     memory_limit: str | None = Field("96MB", description="cap on DuckDB's buffer memory, shared by ingest and "
                                      "queries: a query past it spills to disk or fails, the collector does not "
-                                     "(none: DuckDB's default, 80% of RAM). At least 64MB and 1.5 times [limits] "
-                                     "request_row_bytes, or the collector refuses to start: with less, commits fail "
-                                     "under load and a failed rollback invalidates the database")
+                                     "(none: DuckDB's default, 80% of RAM). At least 64MB, or the collector refuses "
+                                     "to start: with less, commits fail under load and a rollback that finds no "
+                                     "memory invalidates the database")
     temp_limit: str | None = Field("2GB", description="most disk a query may spill to (none: DuckDB's default, "
                                    "90% of the free space)")
     threads: int | None = Field(1, ge=1, description="DuckDB worker threads of the collector's database: 1 appends "
@@ -547,20 +547,17 @@ class Settings(_Section):
         return self._config_file
 
     def _check_memory_limit(self, pool: int) -> None:
-        """DuckDB's buffer pool must hold a commit of the largest request the receivers take with the pipeline's
-        work beside it: short of that, a commit fails under load and its failed rollback invalidates the database."""
-        rows = self.limits.request_row_bytes * 3 // 2  # a commit holds about two thirds of the pool
-        need = -(-max(MIN_MEMORY_LIMIT, rows) // 1_000_000)  # in MB, rounded up
-        if pool >= need * 1_000_000:
-            return
-        by_rows = rows > MIN_MEMORY_LIMIT
-        why = (f"a commit of one request's rows, up to [limits] request_row_bytes = "
-               f"{self.limits.request_row_bytes / 1e6:.0f}MB, holds about two thirds of the pool" if by_rows
-               else "at 32MB the whole pipeline ran the pool out under load, python bench/pipeline_pace.py")
-        raise ConfigError(f"[store] memory_limit = {self.store.memory_limit!r} is too small: the collector needs "
-                          f"{need}MB or more for DuckDB's buffer pool ({why}). With less, commits fail under load and "
-                          f"a failed rollback invalidates the database, which stops the collector. Set memory_limit = "
-                          f'"{need}MB" or more' + (", or lower request_row_bytes with it" if by_rows else ""))
+        """DuckDB's buffer pool must leave room for the pipeline's reads and writes beside ingest's: short of that
+        a commit fails under load and, when even its rollback finds no memory, the database is invalidated. (One
+        request's commit past the pool fails alone, answered retryable: [limits] request_row_bytes is not checked
+        against it.)"""
+        if pool < MIN_MEMORY_LIMIT:
+            raise ConfigError(
+                f"[store] memory_limit = {self.store.memory_limit!r} is too small: the collector needs "
+                f"{MIN_MEMORY_LIMIT // 1_000_000}MB or more for DuckDB's buffer pool (at 32MB the whole pipeline ran "
+                "it out under load, python bench/pipeline_pace.py). With less, commits fail and a rollback that "
+                "finds no memory invalidates the database, which stops the collector. Set memory_limit = "
+                f'"{MIN_MEMORY_LIMIT // 1_000_000}MB" or more')
 
     def model_post_init(self, _: Any) -> None:
         keep, quiet = self.retention.spans, self.conversations.quiet_period_s

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -281,10 +282,34 @@ def test_a_batch_that_raises_in_its_worker_fails_with_the_reason_and_the_worker_
         failed = pool.result(pool.call(int, "not a number"), list(conversations))
         assert failed.failed == dict.fromkeys(conversations, "ValueError: invalid literal for int() with base 10: "
                                                              "'not a number'")
+        unsendable = pool.result(pool.call(threading.Lock), list(conversations))  # a result pickle refuses
+        assert unsendable.failed == dict.fromkeys(
+            conversations, "the result could not be sent: TypeError: cannot pickle '_thread.lock' object")
         built = pool.result(pool.submit(table, conversations, SCOPES, RESOURCES), list(conversations))
         assert not built.failed and pool.restarts == 0
     finally:
         pool.stop()
+
+
+def test_a_stop_waits_for_the_calls_before_it_and_a_call_racing_it_is_answered_too() -> None:
+    """The collector's stop can meet the assembler's last submit (a thread still finishing its poll): the stop
+    returns once its workers have answered what they were sent, and the late call is answered by a pool of its own
+    rather than left queued behind the stop (it hung the stop, or waited out the batch timeout)."""
+    pool = AssemblyPool(1, CONFIG)
+    pool.start()
+    busy = pool.call(time.sleep, 1.0)  # a batch in flight as the stop comes
+    stopper = threading.Thread(target=pool.stop, daemon=True)
+    try:
+        time.sleep(0.2)
+        stopper.start()
+        time.sleep(0.1)  # the stop has taken the running workers
+        late = pool.call(time.sleep, 0)
+        assert busy.result(60) is None and late.result(60) is None
+        stopper.join(60)
+        assert not stopper.is_alive(), "the stop did not return"
+    finally:
+        pool.stop()
+    assert pool.worker_pids() == []
 
 
 @pytest.mark.parametrize("workers", [0, 2])

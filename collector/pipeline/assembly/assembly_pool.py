@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import select
 import shutil
 import subprocess
 import sys
@@ -41,11 +42,13 @@ from tracejudge.collector.worker_process import usable_cpus
 from tracejudge.errors import TracejudgeError
 
 WORKER_MODULE = "tracejudge.collector.pipeline.assembly.assembly_worker"
+START_TIMEOUT_S = 600.0  # a worker not answering its start by then is killed and the batch fails
 STOP_TIMEOUT_S = 30.0  # a worker not gone this long after its stdin closed is killed
 BATCH_TIMEOUT_S = 600.0  # a batch not back by then is treated as lost with its worker (a batch takes seconds)
 
 
 _T = TypeVar("_T")
+_Tasks = queue.SimpleQueue[tuple[Future[Any], Any] | None]  # calls for a pool start's workers; None: a thread's end
 
 
 class AssemblyWorkerLost(TracejudgeError):
@@ -85,9 +88,10 @@ class _Worker:
     """One worker process and the server thread that talks to it: a batch at a time, written to its stdin and read
     back from its stdout; a process that dies fails its batch and is started again for the next."""
 
-    def __init__(self, pool: AssemblyPool, number: int) -> None:
+    def __init__(self, pool: AssemblyPool, number: int, tasks: _Tasks) -> None:
         self.pool = pool
         self.number = number
+        self.tasks = tasks  # its pool start's queue: a later start has its own, so a stop's ends reach these threads
         self.process: subprocess.Popen[bytes] | None = None
         self.current: Future[BatchResult] | None = None  # the batch it builds now
         self.thread = threading.Thread(target=self._run, name=f"tracejudge-assembly-{number}", daemon=True)
@@ -100,8 +104,15 @@ class _Worker:
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert process.stdout is not None
         try:
+            if not select.select([process.stdout], [], [], START_TIMEOUT_S)[0]:
+                raise AssemblyWorkerLost(f"an assembly worker did not start within {START_TIMEOUT_S:.0f} s")
             if receive(process.stdout) != READY:
                 raise AssemblyWorkerLost("an assembly worker answered its start with something else")
+        except EOFError as exc:
+            process.kill()
+            process.wait()
+            raise AssemblyWorkerLost("an assembly worker exited as it started: its error is on the collector's "
+                                     "stderr") from exc
         except BaseException:
             process.kill()
             process.wait()
@@ -109,7 +120,7 @@ class _Worker:
         self.process = process
 
     def _run(self) -> None:
-        while (task := self.pool._tasks.get()) is not None:
+        while (task := self.tasks.get()) is not None:
             self._run_one(*task)
             del task
 
@@ -185,40 +196,43 @@ class AssemblyPool:
         self.config = config
         self.on_start = on_start  # told the number of workers each time the pool starts
         self.restarts = 0
-        self._lock = threading.Lock()
-        self._tasks: queue.SimpleQueue[tuple[Future[BatchResult], Any] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()  # the pool's start, its calls' queueing and its stop
+        self._count_lock = threading.Lock()
+        self._tasks: _Tasks | None = None  # the running pool's calls; None while it runs no workers
         self._running: list[_Worker] = []
         self._sent: dict[int, Path] = {}  # id(future) -> the file its rows are in
         self._spill_dir: Path | None = None
         self._spilled = 0
 
-    def _pool(self) -> list[_Worker]:
-        with self._lock:
-            if not self._running:
-                running = [_Worker(self, n) for n in range(self.workers)]
-                try:
-                    for worker in running:  # every worker started now, not inside the first batches
-                        worker.start_process()
-                except BaseException:
-                    for worker in running:
-                        worker.stop_process(kill=True)
-                    raise
+    def _start_locked(self) -> _Tasks:
+        """The running pool's queue, its workers started first if none run (every worker now, not inside the
+        first batches); the caller holds `_lock`."""
+        if self._tasks is None:
+            tasks: _Tasks = queue.SimpleQueue()
+            running = [_Worker(self, n, tasks) for n in range(self.workers)]
+            try:
                 for worker in running:
-                    worker.thread.start()
-                self._running = running
-                if self.on_start is not None:
-                    self.on_start(self.workers)
-            return self._running
+                    worker.start_process()
+            except BaseException:
+                for worker in running:
+                    worker.stop_process(kill=True)
+                raise
+            for worker in running:
+                worker.thread.start()
+            self._tasks, self._running = tasks, running
+            if self.on_start is not None:
+                self.on_start(self.workers)
+        return self._tasks
 
     def _lost(self) -> None:
-        with self._lock:
+        with self._count_lock:
             self.restarts += 1
 
     def call(self, function: Callable[..., _T], *arguments: object) -> Future[_T]:
         """`function(*arguments)` run in the next free worker (a module-level function: it goes by name)."""
-        self._pool()
         future: Future[Any] = Future()
-        self._tasks.put((future, (function, arguments)))
+        with self._lock:  # queued to the pool that runs now, ahead of any stop's ends
+            self._start_locked().put((future, (function, arguments)))
         return future
 
     def worker_pids(self) -> list[int]:
@@ -227,7 +241,8 @@ class AssemblyPool:
 
     def start(self) -> None:
         if self.workers:
-            self._pool()
+            with self._lock:
+                self._start_locked()
 
     def submit(self, table: pa.Table, conversations: dict[str, list[str]], scopes: Scopes,
                resources: Resources) -> Future[BatchResult]:
@@ -278,9 +293,10 @@ class AssemblyPool:
             return future.result(BATCH_TIMEOUT_S)
         except TimeoutError:  # a worker stuck in a batch: killed, so its thread replaces it
             for worker in list(self._running):
-                if worker.current is future and worker.process is not None:
+                process = worker.process
+                if worker.current is future and process is not None:
                     with contextlib.suppress(OSError):
-                        worker.process.kill()
+                        process.kill()
             reason = str(AssemblyWorkerLost("an assembly worker stopped mid-batch; it was replaced"))
             return BatchResult(failed=dict.fromkeys(conversations, reason))
         except Exception as exc:  # noqa: BLE001 - lost with its worker, or could not be built: retried later
@@ -292,12 +308,14 @@ class AssemblyPool:
                     path.unlink()
 
     def stop(self) -> None:
-        """The batches sent are built first, then each worker's stdin closed and the process waited for."""
+        """The calls queued are answered first, then each worker's stdin closed and the process waited for. A call
+        after this starts the pool again, on a queue of its own."""
         with self._lock:
-            running, self._running = self._running, []
+            running, tasks, self._running, self._tasks = self._running, self._tasks, [], None
             spill_dir, self._spill_dir = self._spill_dir, None
-        for _ in running:
-            self._tasks.put(None)
+            for _ in running:
+                assert tasks is not None
+                tasks.put(None)  # behind every call queued to these workers
         for worker in running:
             worker.thread.join()
             worker.stop_process()
