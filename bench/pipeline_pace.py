@@ -283,7 +283,7 @@ def main() -> None:
                         "collector's own): each checkpoint holds every commit, and so the exports in them, while it "
                         "runs; one larger than what a run writes shows the latency without them")
     parser.add_argument("--memory-limit", metavar="SIZE", help="[store] memory_limit (default: the collector's own): "
-                        "DuckDB's buffer pool, full in both runs; the collector refuses less than 64MB")
+                        "DuckDB's buffer pool, full in both runs; the collector refuses less than 96MB")
     parser.add_argument("--request-row-bytes", metavar="SIZE", help="[limits] request_row_bytes (default: the "
                         "collector's own, 48MiB)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds to wait for the last score (the wait "

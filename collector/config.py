@@ -123,9 +123,10 @@ class ServerSettings(_Section):
         return path
 
 
-# the least [store] memory_limit: at 32MB, `python bench/pipeline_pace.py --memory-limit 32MB` invalidated the database
-# (a commit ran out of the pool and its rollback failed); 48MB and 64MB ran it (BENCHMARKS.md)
-MIN_MEMORY_LIMIT = 64_000_000
+# the least [store] memory_limit, the default: `python bench/pipeline_pace.py --memory-limit SIZE` invalidated the
+# database at 32MB (1 run of 1) and 64MB (1 of 4): a write ran out of the pool and its rollback, finding no memory
+# either, failed (DuckDB 1.5.5); at 96MB, none of about 30 runs did (BENCHMARKS.md)
+MIN_MEMORY_LIMIT = 96_000_000
 
 
 class StoreSettings(_Section):
@@ -135,7 +136,7 @@ class StoreSettings(_Section):
     retry_after_s: int = Field(1, ge=1, description="Retry-After given to exporters under backpressure")
     memory_limit: str | None = Field("96MB", description="cap on DuckDB's buffer memory, shared by ingest and "
                                      "queries: a query past it spills to disk or fails, the collector does not "
-                                     "(none: DuckDB's default, 80% of RAM). At least 64MB, or the collector refuses "
+                                     "(none: DuckDB's default, 80% of RAM). At least 96MB, or the collector refuses "
                                      "to start: with less, commits fail under load and a rollback that finds no "
                                      "memory invalidates the database")
     temp_limit: str | None = Field("2GB", description="most disk a query may spill to (none: DuckDB's default, "
@@ -554,9 +555,9 @@ class Settings(_Section):
         if pool < MIN_MEMORY_LIMIT:
             raise ConfigError(
                 f"[store] memory_limit = {self.store.memory_limit!r} is too small: the collector needs "
-                f"{MIN_MEMORY_LIMIT // 1_000_000}MB or more for DuckDB's buffer pool (at 32MB the whole pipeline ran "
-                "it out under load, python bench/pipeline_pace.py). With less, commits fail and a rollback that "
-                "finds no memory invalidates the database, which stops the collector. Set memory_limit = "
+                f"{MIN_MEMORY_LIMIT // 1_000_000}MB or more for DuckDB's buffer pool (at 32MB and 64MB the whole "
+                "pipeline ran it out under load, python bench/pipeline_pace.py). With less, writes fail and a rollback "
+                "that finds no memory invalidates the database, which stops the collector. Set memory_limit = "
                 f'"{MIN_MEMORY_LIMIT // 1_000_000}MB" or more')
 
     def model_post_init(self, _: Any) -> None:

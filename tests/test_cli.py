@@ -159,12 +159,13 @@ def test_serve_refuses_a_memory_limit_that_would_let_duckdb_invalidate_the_datab
     collector refuses it at start, saying how much it needs and why, instead of stopping later with the data at
     risk."""
     config = tmp_path / "tracejudge.toml"
-    config.write_text('[store]\nmemory_limit = "32MB"\n')
-    proc = run(["serve", "--config", str(config), "--db", str(tmp_path / "t.duckdb"), *LOOPBACK_ANY_PORT])
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert '[store] memory_limit = \'32MB\' is too small: the collector needs 64MB or more' in proc.stderr
-    assert 'Set memory_limit = "64MB" or more' in proc.stderr
-    assert not (tmp_path / "t.duckdb").exists()
+    for small in ("32MB", "64MiB"):
+        config.write_text(f'[store]\nmemory_limit = "{small}"\n')
+        proc = run(["serve", "--config", str(config), "--db", str(tmp_path / "t.duckdb"), *LOOPBACK_ANY_PORT])
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert f"[store] memory_limit = '{small}' is too small: the collector needs 96MB or more" in proc.stderr
+        assert 'Set memory_limit = "96MB" or more' in proc.stderr
+        assert not (tmp_path / "t.duckdb").exists()
 
 
 def test_serve_help_documents_every_setting() -> None:
