@@ -189,7 +189,7 @@ class _Worker:
 
 class AssemblyPool:
     """Started by the first batch (a collector that only ingests, or sees few conversations, runs none: each
-    worker peaked at 58 MB in `python bench/pipeline_pace.py`)."""
+    worker peaked at 55 MB in `python bench/pipeline_pace.py`)."""
 
     def __init__(self, workers: int, config: BuildConfig, on_start: Callable[[int], None] | None = None) -> None:
         self.workers = workers
