@@ -8,9 +8,12 @@ within the hour) cannot. Prints the best of `--repeat` runs, in CPU ms per conve
     python bench/worker_build.py [--requests 64] [--repeat 7]
     python bench/worker_build.py --instructions [--requests 4]
     python bench/worker_build.py --read [--requests 64]
+    python bench/worker_build.py --stages [--requests 64]
 
 `--read` times only the reading: the batch's rows made Python values 2,048 at a time, as a worker reads them from
 the server's file (`span_columns.ColumnFile`, no pyarrow) against pyarrow's `to_pylist` on the same table.
+
+`--stages` times each step of building apart (`time_stages`): where a worker's CPU goes.
 
 `--instructions` counts instead of timing: the instructions `build_batch` executes per conversation, under valgrind's
 callgrind (Debian's `valgrind`; about a minute). The count does not move with the machine's load, so it tells apart
@@ -34,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -51,10 +55,11 @@ from tracejudge.collector.pipeline.assembly.span_columns import (  # noqa: E402
     SpanColumns,
     write_columns,
 )
+from tracejudge.collector.pipeline.sampling import attribute_values, model_usage  # noqa: E402
 from tracejudge.collector.receivers.span_rows import spans_to_arrow  # noqa: E402
 from tracejudge.collector.store.span_store import SpanStore  # noqa: E402
-from tracejudge.mapping import decode_otlp  # noqa: E402
-from tracejudge.mapping.stored_spans import STORED_COLUMNS  # noqa: E402
+from tracejudge.mapping import compose_conversation, decode_otlp, map_traces  # noqa: E402
+from tracejudge.mapping.stored_spans import STORED_COLUMNS, latest_copies, stored_spans  # noqa: E402
 
 
 def stored_batch(requests: int) -> tuple:
@@ -150,6 +155,45 @@ def time_reads(table: object, conversations: int, repeat: int) -> None:
     print(f"ratio, the worker's file to pyarrow's to_pylist: {best['file'] / best['pyarrow']:.2f}x")
 
 
+STAGES = ("rows", "stored_spans", "map_traces", "sampling", "compose", "call_summary", "call_validity")
+
+
+def time_stages(columns: SpanColumns, conversations: dict[str, list[str]], scopes: object, resources: object,
+                repeat: int) -> None:
+    """CPU ms per conversation of each step `build_batch` takes, the fastest of `repeat` runs each: the rows made
+    Python values and grouped (`rows_by_conversation`), each trace's spans made (`stored_spans`, the attributes'
+    JSON parsed) and mapped (`map_traces`), the sampling filters' values and token usage, composing (the test case
+    built, validated and dumped as JSON), the UI's call summary and call validity. A mapped conversation is composed
+    once a run, as a worker does (composed again, a trace keeps the turns it built)."""
+    best = dict.fromkeys(STAGES, float("inf"))
+    for _ in range(repeat):
+        spent = dict.fromkeys(STAGES, 0.0)
+
+        def timed(stage: str, work: Any, *args: Any, spent: dict[str, float] = spent, **kwargs: Any) -> Any:
+            started = time.process_time()
+            out = work(*args, **kwargs)
+            spent[stage] += time.process_time() - started
+            return out
+
+        gc.collect()
+        grouped = timed("rows", lambda: list(conversation_builder.rows_by_conversation(columns, conversations)))
+        for conversation_id, by_trace in grouped:
+            mapped = []
+            for trace in conversations[conversation_id]:
+                spans = timed("stored_spans", stored_spans, latest_copies(by_trace[trace]), scopes, resources)
+                mapped.append(timed("map_traces", map_traces, spans)[0])
+                timed("sampling", lambda s=spans: (attribute_values(CONFIG.attribute_keys, s), model_usage(s)))
+            conversation = timed("compose", compose_conversation, mapped, mcp_tools={}, copy_values=False)
+            timed("call_summary", conversation_builder._calls, conversation.test_case)
+            timed("call_validity", conversation_builder._check, "mcp_call_validity", conversation.test_case, CONFIG)
+        for stage in STAGES:
+            best[stage] = min(best[stage], spent[stage])
+    count = len(conversations)
+    print(f"{count} conversations of 64 spans, CPU ms per conversation by step (best of {repeat} each): "
+          + ", ".join(f"{stage} {best[stage] / count * 1000:.3f}" for stage in STAGES)
+          + f"; sum {sum(best.values()) / count * 1000:.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=None,
@@ -159,6 +203,8 @@ def main() -> None:
                         help="count instructions under valgrind's callgrind instead of timing")
     parser.add_argument("--read", action="store_true", help="time reading the batch's rows only: the worker's "
                         "file against pyarrow's to_pylist")
+    parser.add_argument("--stages", action="store_true", help="time each step of building apart (rows, spans, "
+                        "mapping, sampling values, composing, call summary, call validity)")
     parser.add_argument("--build-saved", nargs=2, metavar=("FOLDER", "RUNS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.build_saved:
@@ -171,6 +217,12 @@ def main() -> None:
     gc.set_threshold(100_000, 50, 100)  # as every worker process runs (`collector/worker_process.py`)
     if args.read:
         time_reads(table, len(conversations), args.repeat)
+        return
+    if args.stages:
+        with tempfile.TemporaryDirectory() as tmp:
+            write_columns(table, Path(tmp) / "rows.columns")
+            with ColumnFile(Path(tmp) / "rows.columns") as columns:
+                time_stages(columns, conversations, scopes, resources, args.repeat)
         return
     best = float("inf")
     with tempfile.TemporaryDirectory() as tmp:  # read as a worker reads its batch: from the file the server wrote
