@@ -76,6 +76,11 @@ class CollectorMetrics:
                                   "summaries), observe (noting each commit, on the span writer's thread); each "
                                   "thread's own CPU, not DuckDB's worker threads ([store] threads above 1)",
                                   ["stage"], registry=self.registry)
+        self.assembly_workers = Gauge("tracejudge_assembly_workers", "Assembly worker processes running (none until "
+                                      "the first conversation is built)", registry=self.registry)
+        self.assembly_workers_lost = Gauge("tracejudge_assembly_workers_lost_total", "Assembly workers that died "
+                                           "(killed, out of memory) and were replaced; a batch one died in is built "
+                                           "again after another quiet period", registry=self.registry)
         self.index_rebuilds = Gauge("tracejudge_assembled_index_rebuilds_total", "Times the index of assembled "
                                     "traces beside the database was found behind it and made again from it (a kill "
                                     "between their commits, a restored file, a damaged index file): about 6 s a "

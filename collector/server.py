@@ -152,6 +152,9 @@ class Collector:
         spent = self.assembler.cpu_seconds
         for stage in CPU_STAGES:
             self.metrics.assembly_cpu.labels(stage).set_function(functools.partial(spent.__getitem__, stage))
+        pool = self.assembler.pool
+        self.metrics.assembly_workers.set_function(lambda: len(pool.worker_pids()))
+        self.metrics.assembly_workers_lost.set_function(lambda: pool.restarts)
         index = self.index
         self.metrics.index_rebuilds.set_function(lambda: index.rebuilds)
         cache = self.assembler.cache

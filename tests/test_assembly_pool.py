@@ -436,6 +436,31 @@ def test_metrics_give_the_memory_of_the_server_its_workers_and_duckdb(tmp_path: 
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads processes from /proc (Linux)")
+def test_an_assembly_worker_killed_under_a_running_collector_is_replaced_counted_and_nothing_is_lost(
+        tmp_path: Path) -> None:
+    """The OOM killer takes an idle worker: /metrics shows the workers running and the ones lost, the dead one is
+    replaced without waiting for a batch, and the conversations that come next are assembled."""
+    with CollectorProcess(tmp_path / "t.duckdb", config=config(tmp_path)) as collector:
+        export(collector, conversations(end=True))
+        wait_for(collector, "SELECT conversation_id FROM conversations", 2)
+        assert collector.proc is not None
+        workers = _children_by_ppid(collector.proc.pid)
+        assert collector.metric("tracejudge_assembly_workers") == len(workers) == default_workers()
+        assert collector.metric("tracejudge_assembly_workers_lost_total") == 0
+        os.kill(workers[0], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while (collector.metric("tracejudge_assembly_workers_lost_total") < 1
+               or collector.metric("tracejudge_assembly_workers") < default_workers()) and time.monotonic() < deadline:
+            time.sleep(0.1)  # its replacement starting
+        assert collector.metric("tracejudge_assembly_workers_lost_total") == 1
+        assert collector.metric("tracejudge_assembly_workers") == default_workers()
+        assert workers[0] not in _children_by_ppid(collector.proc.pid)
+        export(collector, conversations())  # both conversations go on: their second versions are built
+        rows = wait_for(collector, "SELECT conversation_id FROM conversations WHERE version = 2", 2)
+        assert sorted(r[0] for r in rows) == ["conv-a", "conv-b"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads processes from /proc (Linux)")
 def test_the_collector_runs_only_its_workers_beside_it_and_they_exit_when_it_is_killed(tmp_path: Path) -> None:
     """Every process of the collector counts against a container's memory: beside the server there are its
     assembly workers and nothing else (a multiprocessing pool's resource tracker was one more Python process, 13 MB),

@@ -44,6 +44,7 @@ from tracejudge.errors import TracejudgeError
 WORKER_MODULE = "tracejudge.collector.pipeline.assembly.assembly_worker"
 START_TIMEOUT_S = 600.0  # a worker not answering its start by then is killed and the batch fails
 STOP_TIMEOUT_S = 30.0  # a worker not gone this long after its stdin closed is killed
+WATCH_S = 1.0  # how often an idle worker's thread looks whether its process still runs
 BATCH_TIMEOUT_S = 600.0  # a batch not back by then is treated as lost with its worker (a batch takes seconds)
 
 
@@ -84,6 +85,14 @@ def _spill_root() -> str | None:
     return "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
 
 
+def _alive(pid: int) -> bool:
+    """Running, not a zombie its thread has yet to reap (read without reaping it: only that thread waits for it)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+    except ChildProcessError:
+        return False
+
+
 class _Worker:
     """One worker process and the server thread that talks to it: a batch at a time, written to its stdin and read
     back from its stdout; a process that dies fails its batch and is started again for the next."""
@@ -120,9 +129,25 @@ class _Worker:
         self.process = process
 
     def _run(self) -> None:
-        while (task := self.tasks.get()) is not None:
+        while True:
+            try:
+                task = self.tasks.get(timeout=WATCH_S)
+            except queue.Empty:  # idle: a worker that died meanwhile (the OOM killer) is replaced now
+                self._replace_if_dead()
+                continue
+            if task is None:
+                return
             self._run_one(*task)
             del task
+
+    def _replace_if_dead(self) -> None:
+        process = self.process
+        if process is None or process.poll() is None:
+            return
+        try:
+            self._replace()
+        except Exception:  # noqa: BLE001 - the next batch starts one, or fails with why
+            self.stop_process(kill=True)
 
     def _run_one(self, future: Future[Any], call: tuple[Callable[..., object], tuple[object, ...]]) -> None:
         """One call, its answer set on its future; nothing of it is held here once it returns (the thread waits for
@@ -236,8 +261,10 @@ class AssemblyPool:
         return future
 
     def worker_pids(self) -> list[int]:
-        """The workers' process ids, as the OS sees them (none before the pool starts)."""
-        return [w.process.pid for w in self._running if w.process is not None]
+        """The running workers' process ids, as the OS sees them (none before the pool starts; one that died is
+        left out until it is replaced)."""
+        return [process.pid for w in list(self._running)
+                if (process := w.process) is not None and process.returncode is None and _alive(process.pid)]
 
     def start(self) -> None:
         if self.workers:
