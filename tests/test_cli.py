@@ -12,6 +12,7 @@ import pytest
 
 from tests.support.cases import three_task_case, two_turn_case
 from tests.test_metrics_llm import scripted
+from tracejudge.collector.config import load_settings
 
 
 def run(args: list[str], env_extra: dict[str, str] | None = None, cwd: Path | None = None):
@@ -166,6 +167,8 @@ def test_serve_refuses_a_memory_limit_that_would_let_duckdb_invalidate_the_datab
         assert f"[store] memory_limit = '{small}' is too small: the collector needs 96MB or more" in proc.stderr
         assert 'Set memory_limit = "96MB" or more' in proc.stderr
         assert not (tmp_path / "t.duckdb").exists()
+    config.write_text('[store]\nmemory_limit = "none"\n')  # no cap of tracejudge's: DuckDB's own default
+    assert load_settings(config, environ={}).store.memory_limit is None
 
 
 def test_serve_help_documents_every_setting() -> None:
