@@ -35,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -242,33 +243,34 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
             "problems": collector_problems(collector.log_lines)}
 
 
-def collector_problems(log_lines: list[str]) -> dict[str, int]:
-    """How many times the collector logged each warning and error (by level and event) in a run: a run that
-    finished late with no error at the end (a stall it recovered from) shows what it waited on."""
-    found: dict[str, int] = {}
+def log_records(log_lines: list[str], levels: tuple[str, ...]) -> Iterator[dict[str, object]]:
+    """The collector's JSON log records at these levels (other lines, a traceback say, left out)."""
     for line in log_lines:
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(record, dict) and record.get("level") in ("warning", "error", "critical"):
-            key = f"{record['level']}: {record.get('event')}"
-            found[key] = found.get(key, 0) + 1
+        if isinstance(record, dict) and record.get("level") in levels:
+            yield record
+
+
+def collector_problems(log_lines: list[str]) -> dict[str, int]:
+    """How many times the collector logged each warning and error (by level and event) in a run: a run that
+    finished late with no error at the end (a stall it recovered from) shows what it waited on."""
+    found: dict[str, int] = {}
+    for record in log_records(log_lines, ("warning", "error", "critical")):
+        key = f"{record['level']}: {record.get('event')}"
+        found[key] = found.get(key, 0) + 1
     return found
 
 
 def collector_errors(log_lines: list[str], most: int = 3) -> list[str]:
     """The collector's last distinct errors (event and reason), for a run whose scores stopped coming."""
     found: dict[str, None] = {}
-    for line in log_lines:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and record.get("level") in ("error", "critical"):
-            reason = record.get("error") or record.get("reason") or ""
-            found.pop(text := f"{record.get('event')}: {reason}"[:500], None)
-            found[text] = None
+    for record in log_records(log_lines, ("error", "critical")):
+        reason = record.get("error") or record.get("reason") or ""
+        found.pop(text := f"{record.get('event')}: {reason}"[:500], None)
+        found[text] = None
     return list(found)[-most:]
 
 
