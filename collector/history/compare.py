@@ -157,8 +157,8 @@ def _metrics(con: duckdb.DuckDBPyConnection, name: str) -> dict[str, dict[str, A
         FROM (SELECT *, CASE WHEN metric IN ('mcp_use', 'mcp_task_completion') AND threshold IS NOT NULL
                              AND score IS NOT NULL THEN
                    len(list_filter(from_json(breakdown->'tasks', '["JSON"]'),
-                                   t -> coalesce(TRY_CAST(t->>'alignment_score' AS DOUBLE),
-                                                 TRY_CAST(t->>'score' AS DOUBLE)) < threshold)) > 0
+                                   lambda t: coalesce(TRY_CAST(t->>'alignment_score' AS DOUBLE),
+                                                        TRY_CAST(t->>'score' AS DOUBLE)) < threshold)) > 0
                    END AS failed_task FROM w)
         GROUP BY metric""").fetchall()
     out = {}

@@ -213,7 +213,7 @@ class LakePublisher:
         watermark = self.watermarks.get(table)
         since = watermark - LATE_COMMIT_MARGIN if watermark is not None else None
         where, params = (f"WHERE {column} >= ?", [since]) if since is not None else ("", [])
-        rows: pa.Table = self.local.execute(f"SELECT * FROM {table} {where}", params).to_arrow_table()
+        rows: pa.Table = self.local.sql(f"SELECT * FROM {table} {where}", params=params).to_arrow_table()
         if rows.num_rows == 0:
             return 0
         match = " AND ".join(f'l."{k}" IS NOT DISTINCT FROM i."{k}"' for k in key)

@@ -200,6 +200,19 @@ def _size(value: Any) -> int:
     return 16
 
 
+def _streamed(con: duckdb.DuckDBPyConnection, sql: str) -> tuple[Any, list[str]]:
+    """What the answer's rows are fetched from, a few at a time as they are made, and its columns (None and no
+    columns for a statement with no answer). DuckDB 1.5 streams a relation's rows (`execute` makes all of them
+    first); from 2.0 a relation has no `fetchmany` and `execute` streams instead."""
+    relation = con.sql(sql)
+    if relation is None:
+        return None, []
+    if hasattr(relation, "fetchmany"):
+        return relation, list(relation.columns)
+    con.execute(sql)
+    return con, [column[0] for column in con.description or []]
+
+
 def run_read_query(con: duckdb.DuckDBPyConnection, sql: str, limit: int = DEFAULT_LIMIT,
                    timeout_s: float = DEFAULT_TIMEOUT_S, max_bytes: int = DEFAULT_MAX_BYTES) -> QueryResult:
     """Rows of one read-only SELECT, cut at `limit` rows or about `max_bytes` of answer (then truncated)."""
@@ -209,11 +222,10 @@ def run_read_query(con: duckdb.DuckDBPyConnection, sql: str, limit: int = DEFAUL
     rows: list[list[Any]] = []
     truncated, total = False, 0
     try:
-        relation = con.sql(sql)  # a relation streams its answer; `execute` would materialize all of it first
-        columns = list(relation.columns) if relation is not None else []
+        source, columns = _streamed(con, sql)
         step = 1  # rows may be megabytes each: fetch one, then as many as the byte budget has room for
-        while relation is not None and not truncated:
-            chunk = relation.fetchmany(min(step, limit + 1 - len(rows)))
+        while source is not None and not truncated:
+            chunk = source.fetchmany(min(step, limit + 1 - len(rows)))
             if not chunk:
                 break
             for row in chunk:

@@ -93,7 +93,7 @@ def export_tables(con: duckdb.DuckDBPyConnection, tables: list[str], folder: Pat
     try:
         for table in tables:
             path = folder / f"{len(files)}.arrow"
-            reader = con.execute(f'SELECT * FROM "{table}"').fetch_record_batch(BATCH_ROWS)
+            reader = con.sql(f'SELECT * FROM "{table}"').to_arrow_reader(BATCH_ROWS)
             with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, reader.schema) as writer:
                 for batch in reader:
                     writer.write_batch(batch)

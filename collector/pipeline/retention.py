@@ -440,7 +440,7 @@ class Retention:
         root = self.settings.archive_dir
         if root is None:
             return 0
-        table = self.con.execute(f"SELECT *, {day} AS __day FROM ({select})", params).to_arrow_table()
+        table = self.con.sql(f"SELECT *, {day} AS __day FROM ({select})", params=params).to_arrow_table()
         written = 0
         days = table.column("__day").to_pylist()
         for day in sorted(set(days), key=str):

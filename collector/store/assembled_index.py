@@ -371,7 +371,7 @@ class AssembledIndex:
                 for table, columns, select in _COPIES:
                     marks = ", ".join("?" * columns)
                     # by columns: a tuple per row from DuckDB cost half as much again
-                    for batch in con.execute(select).to_arrow_reader(REBUILD_ROWS):
+                    for batch in con.sql(select).to_arrow_reader(REBUILD_ROWS):
                         sql.executemany(f"INSERT OR REPLACE INTO {table} VALUES ({marks})",
                                         zip(*(column.to_pylist() for column in batch.columns), strict=True))
                         copied += batch.num_rows

@@ -6,6 +6,7 @@ tries `import pandas` for each): 60k trace ids cost seconds of CPU. An Arrow tab
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -21,8 +22,13 @@ def registered(con: duckdb.DuckDBPyConnection, table: pa.Table) -> Iterator[str]
     con.register(name, table)
     try:
         yield name
-    finally:
-        con.unregister(name)
+    except BaseException:
+        # in a transaction the block's error aborted, DuckDB 2 refuses the unregister too; the caller's rollback
+        # drops the name, and the block's own error is the one to tell
+        with contextlib.suppress(duckdb.Error):
+            con.unregister(name)
+        raise
+    con.unregister(name)
 
 
 def id_table(con: duckdb.DuckDBPyConnection, values: Iterable[str | int],

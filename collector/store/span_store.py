@@ -373,7 +373,7 @@ class SpanStore:
         now = time.time()
         error = self._transaction(table, resources, scopes, digests, now)
         for pause in MEMORY_RETRY_PAUSES_S:
-            if not isinstance(error, duckdb.OutOfMemoryException):
+            if error is None or not _memory_failure(error):
                 break
             # the buffer pool is shared with /api/query: a query holding it fails or ends within moments, so
             # wait for it here rather than make the exporter back off for a second or more
@@ -528,9 +528,12 @@ def lock_down(con: duckdb.DuckDBPyConnection) -> None:
 
 def _memory_failure(error: Exception) -> bool:
     """DuckDB ran out of its buffer pool: during the insert (OutOfMemoryException), or at commit, where it is a
-    TransactionException "failed to pin block" (the same class a full disk raises, with another message)."""
+    TransactionException "failed to pin block", or from DuckDB 2 "failed to offload data block" when nothing can be
+    spilled (the same class a full disk raises, with another message)."""
+    message = str(error).lower()
     return isinstance(error, duckdb.OutOfMemoryException) or (
-        isinstance(error, duckdb.TransactionException) and "failed to pin block" in str(error).lower())
+        isinstance(error, duckdb.TransactionException)
+        and ("failed to pin block" in message or "failed to offload data block" in message))
 
 
 def _new_rows(tables: list[pa.Table], column: str, known: set[int]) -> pa.Table:
