@@ -25,6 +25,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracejudge.collector.store.arrow_reads import arrow_table
 from tracejudge.collector.store.schema import history_views, mcp_calls_view, task_views, union_view
 from tracejudge.errors import TracejudgeError
 
@@ -213,7 +214,7 @@ class LakePublisher:
         watermark = self.watermarks.get(table)
         since = watermark - LATE_COMMIT_MARGIN if watermark is not None else None
         where, params = (f"WHERE {column} >= ?", [since]) if since is not None else ("", [])
-        rows: pa.Table = self.local.sql(f"SELECT * FROM {table} {where}", params=params).to_arrow_table()
+        rows: pa.Table = arrow_table(self.local, f"SELECT * FROM {table} {where}", params)
         if rows.num_rows == 0:
             return 0
         match = " AND ".join(f'l."{k}" IS NOT DISTINCT FROM i."{k}"' for k in key)

@@ -37,6 +37,7 @@ from tracejudge.collector.history.query import (
     parsed_query,
     relations_read,
 )
+from tracejudge.collector.store.arrow_reads import arrow_batches
 
 DEFAULT_MEMORY = 1024 * 1024 * 1024
 DEFAULT_DISK = 2 * 1024 * 1024 * 1024
@@ -93,7 +94,7 @@ def export_tables(con: duckdb.DuckDBPyConnection, tables: list[str], folder: Pat
     try:
         for table in tables:
             path = folder / f"{len(files)}.arrow"
-            reader = con.sql(f'SELECT * FROM "{table}"').to_arrow_reader(BATCH_ROWS)
+            reader = arrow_batches(con, f'SELECT * FROM "{table}"', batch_rows=BATCH_ROWS)
             with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, reader.schema) as writer:
                 for batch in reader:
                     writer.write_batch(batch)

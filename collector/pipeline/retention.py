@@ -30,6 +30,7 @@ import duckdb
 import pyarrow as pa
 
 from tracejudge.collector.config import RetentionSettings
+from tracejudge.collector.store.arrow_reads import arrow_table
 from tracejudge.collector.store.assembled_index import AssembledIndex, Change, epoch_us, index_bytes, index_path
 from tracejudge.collector.store.checkpoint_gate import CheckpointGate, WritesRefused
 from tracejudge.collector.store.durable_files import write_durably
@@ -440,7 +441,7 @@ class Retention:
         root = self.settings.archive_dir
         if root is None:
             return 0
-        table = self.con.sql(f"SELECT *, {day} AS __day FROM ({select})", params=params).to_arrow_table()
+        table = arrow_table(self.con, f"SELECT *, {day} AS __day FROM ({select})", params)
         written = 0
         days = table.column("__day").to_pylist()
         for day in sorted(set(days), key=str):

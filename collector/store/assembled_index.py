@@ -32,6 +32,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import duckdb
 
+from tracejudge.collector.store.arrow_reads import arrow_batches
 from tracejudge.collector.store.span_store import StoreOpenError
 from tracejudge.collector.store.transaction import in_transaction
 
@@ -371,7 +372,7 @@ class AssembledIndex:
                 for table, columns, select in _COPIES:
                     marks = ", ".join("?" * columns)
                     # by columns: a tuple per row from DuckDB cost half as much again
-                    for batch in con.sql(select).to_arrow_reader(REBUILD_ROWS):
+                    for batch in arrow_batches(con, select, batch_rows=REBUILD_ROWS):
                         sql.executemany(f"INSERT OR REPLACE INTO {table} VALUES ({marks})",
                                         zip(*(column.to_pylist() for column in batch.columns), strict=True))
                         copied += batch.num_rows

@@ -54,6 +54,7 @@ from tracejudge.collector.pipeline.assembly.span_columns import ArrowColumns
 from tracejudge.collector.pipeline.sampling import attribute_keys, decide, needs_findings
 from tracejudge.collector.pipeline.scoring_stage import SCORE_SCHEMA, checked_score_row
 from tracejudge.collector.receivers.span_rows import plain_strings
+from tracejudge.collector.store.arrow_reads import arrow_table
 from tracejudge.collector.store.assembled_index import (
     LATEST_VERSIONS,
     Assembled,
@@ -78,8 +79,7 @@ WRITE_AT_ONCE = 128  # conversations written per transaction while exports come 
 CPU_STAGES = ("plan", "read", "build", "write", "observe")
 WAIT_FOR_AT_ONCE = 1000  # traces taken into the waiting index per hold of its lock (`_wait_for`)
 SPANS_PER_READ = 16_000  # spans read back in one query while assembling; with the batches in flight (workers + 1)
-# it bounds the assembler's memory. Also the Arrow batch asked of DuckDB: it reserves each column's buffers for a
-# whole batch up front, and its default batch is a million rows
+# it bounds the assembler's memory
 END_MARKER = '"tracejudge.conversation.end":true'
 CONTEXT_ONLY = "context_only"  # conversations.status of MCP calls made outside any agent run, in no known session
 _RANK = "CASE conversation_key_source " + " ".join(
@@ -911,9 +911,9 @@ class ConversationAssembler:
         try:
             with id_table(self.con, unread) as ids:
                 # every stored copy of a span: the last received counts, once (`conversation_builder.latest_copies`)
-                table = self.con.sql(
-                    f"SELECT {SPAN_SELECT} FROM span_records WHERE received_at >= ? AND trace_id IN "
-                    f"(SELECT id FROM {ids})", params=[at_epoch_us(since_us)]).to_arrow_table(SPANS_PER_READ)
+                table = arrow_table(
+                    self.con, f"SELECT {SPAN_SELECT} FROM span_records WHERE received_at >= ? AND trace_id IN "
+                    f"(SELECT id FROM {ids})", [at_epoch_us(since_us)])
             scopes, resources = self._dictionaries(set(pc.unique(table.column("scope_id")).to_pylist()),
                                                    set(pc.unique(table.column("resource_id")).to_pylist()))
         finally:

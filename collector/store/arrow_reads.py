@@ -1,0 +1,33 @@
+"""Query answers as Arrow, read the cheaper way on each DuckDB version the collector runs on.
+
+DuckDB 1.5 reads a prepared statement's answer into Arrow faster than a relation's (a relation with parameters cost
+about half as much CPU again, and the assembler's span reads three times the time in `python
+bench/pipeline_pace.py`); DuckDB 2 dropped `fetch_record_batch` from statements and copies their rows once more on
+the way to Arrow, so there a relation is the cheaper. Every Arrow read of a table goes through here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+DUCKDB_MAJOR = int(duckdb.__version__.split(".", 1)[0])
+DEFAULT_BATCH_ROWS = 1_000_000  # DuckDB's own default; it reserves each column's buffers for a whole batch at once
+
+
+def arrow_table(con: duckdb.DuckDBPyConnection, query: str, params: list[Any] | None = None,
+                batch_rows: int = DEFAULT_BATCH_ROWS) -> pa.Table:
+    """The whole answer of `query` as one Arrow table, in batches of `batch_rows`."""
+    if DUCKDB_MAJOR >= 2:
+        return con.sql(query, params=params).to_arrow_table(batch_rows)
+    return con.execute(query, params).to_arrow_table(batch_rows)
+
+
+def arrow_batches(con: duckdb.DuckDBPyConnection, query: str, params: list[Any] | None = None,
+                  batch_rows: int = DEFAULT_BATCH_ROWS) -> pa.RecordBatchReader:
+    """The answer of `query` streamed `batch_rows` at a time: only a batch is held, whatever the table's size."""
+    if DUCKDB_MAJOR >= 2:
+        return con.sql(query, params=params).to_arrow_reader(batch_rows)
+    return con.execute(query, params).fetch_record_batch(batch_rows)
