@@ -2,8 +2,8 @@
 
 DuckDB 1.5 reads a prepared statement's answer into Arrow faster than a relation's (a relation with parameters cost
 about half as much CPU again, and the assembler's span reads three times the time in `python
-bench/pipeline_pace.py`); DuckDB 2 dropped `fetch_record_batch` from statements and copies their rows once more on
-the way to Arrow, so there a relation is the cheaper. Every Arrow read of a table goes through here.
+bench/pipeline_pace.py`); DuckDB 2 copies a statement's rows once more on the way to Arrow, so there a relation is
+the cheaper. Every Arrow read of a query's answer goes through here.
 """
 
 from __future__ import annotations
@@ -30,4 +30,4 @@ def arrow_batches(con: duckdb.DuckDBPyConnection, query: str, params: list[Any] 
     """The answer of `query` streamed `batch_rows` at a time: only a batch is held, whatever the table's size."""
     if DUCKDB_MAJOR >= 2:
         return con.sql(query, params=params).to_arrow_reader(batch_rows)
-    return con.execute(query, params).fetch_record_batch(batch_rows)
+    return con.execute(query, params).to_arrow_reader(batch_rows)
