@@ -8,6 +8,7 @@ query running past the timeout is interrupted.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from typing import Any
@@ -221,6 +222,7 @@ def run_read_query(con: duckdb.DuckDBPyConnection, sql: str, limit: int = DEFAUL
     timer.start()
     rows: list[list[Any]] = []
     truncated, total = False, 0
+    source: Any = None
     try:
         source, columns = _streamed(con, sql)
         step = 1  # rows may be megabytes each: fetch one, then as many as the byte budget has room for
@@ -247,4 +249,7 @@ def run_read_query(con: duckdb.DuckDBPyConnection, sql: str, limit: int = DEFAUL
         raise QueryFailed("the query failed; query tracejudge's tables and views") from exc
     finally:
         timer.cancel()
+        if source is con and hasattr(con, "abort"):  # DuckDB 2: a statement cut off holds the connection until
+            with contextlib.suppress(duckdb.Error):  # it is ended
+                con.abort()
     return QueryResult(columns, rows, truncated)

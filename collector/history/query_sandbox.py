@@ -94,8 +94,10 @@ def export_tables(con: duckdb.DuckDBPyConnection, tables: list[str], folder: Pat
     try:
         for table in tables:
             path = folder / f"{len(files)}.arrow"
-            reader = arrow_batches(con, f'SELECT * FROM "{table}"', batch_rows=BATCH_ROWS)
-            with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, reader.schema) as writer:
+            # closed however the copy ends: DuckDB 2 refuses the connection's next statement (the ROLLBACK below)
+            # while a reader is open
+            with arrow_batches(con, f'SELECT * FROM "{table}"', batch_rows=BATCH_ROWS) as reader, \
+                    pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, reader.schema) as writer:
                 for batch in reader:
                     writer.write_batch(batch)
                     written += batch.nbytes

@@ -372,10 +372,11 @@ class AssembledIndex:
                 for table, columns, select in _COPIES:
                     marks = ", ".join("?" * columns)
                     # by columns: a tuple per row from DuckDB cost half as much again
-                    for batch in arrow_batches(con, select, batch_rows=REBUILD_ROWS):
-                        sql.executemany(f"INSERT OR REPLACE INTO {table} VALUES ({marks})",
-                                        zip(*(column.to_pylist() for column in batch.columns), strict=True))
-                        copied += batch.num_rows
+                    with arrow_batches(con, select, batch_rows=REBUILD_ROWS) as reader:  # closed if sqlite fails
+                        for batch in reader:
+                            sql.executemany(f"INSERT OR REPLACE INTO {table} VALUES ({marks})",
+                                            zip(*(column.to_pylist() for column in batch.columns), strict=True))
+                            copied += batch.num_rows
                 sql.execute(_BY_CONVERSATION)  # built once, after the rows: faster than row by row
                 sql.execute(_BY_AGE)
                 sql.execute("INSERT INTO index_state VALUES (?, ?)", [FORMAT, generation])
