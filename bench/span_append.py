@@ -4,7 +4,7 @@
    decodes them) into `spans` with the old primary key on (trace_id, span_id) and without it (schema 7), per
    block of rows as the table grows: CPU per row and rows/s.
 2. A set of trace ids handed to a query as a Python list parameter (`IN (SELECT unnest(?))`, how the assembler
-   used to pass them) and as a registered Arrow table (`collector/store/id_table.py`, how it does now).
+   used to pass them) and as a registered Arrow table (`collector/store/connection/id_table.py`, how it does now).
 3. The writer's settings (`--writer-settings`): DuckDB's default threads vs `threads = 1`, and the JSON columns
    sent as plain strings (DuckDB parses each value) vs Arrow's JSON extension type (taken as they are), each
    variant appending the same 4,096-row tables, interleaved and repeated.
@@ -39,7 +39,7 @@ from tracejudge.collector.receivers.span_rows import (
     decode_to_arrow,  # noqa: E402
     plain_strings,  # noqa: E402
 )
-from tracejudge.collector.store.id_table import id_table  # noqa: E402
+from tracejudge.collector.store.connection.id_table import id_table  # noqa: E402
 from tracejudge.collector.store.schema import SPANS_COLUMNS  # noqa: E402
 from tracejudge.mapping.otlp import DEFAULT_LIMITS  # noqa: E402
 

@@ -44,7 +44,7 @@ from tracejudge.collector.review.reviews import (
     reviewer_named,
 )
 from tracejudge.collector.sizes import SizeError, parse_size
-from tracejudge.collector.store.memory_release import release_duckdb_memory
+from tracejudge.collector.store.connection.memory_release import release_duckdb_memory
 from tracejudge.collector.store.span_store import SpanStore, StoreError
 from tracejudge.collector.ui.compare_page import ComparePage
 from tracejudge.collector.ui.export import ReportError, export_views

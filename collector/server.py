@@ -38,8 +38,8 @@ from tracejudge.collector.receivers.otlp_http import HttpReceiver
 from tracejudge.collector.review.reviews import reviewer_tokens
 from tracejudge.collector.sizes import parse_size
 from tracejudge.collector.store.assembled_index import AssembledIndex, index_path
-from tracejudge.collector.store.checkpoint_gate import WritesRefused
-from tracejudge.collector.store.memory_release import arrow_on_the_system_allocator, fewer_malloc_arenas
+from tracejudge.collector.store.connection.checkpoint_gate import WritesRefused
+from tracejudge.collector.store.connection.memory_release import arrow_on_the_system_allocator, fewer_malloc_arenas
 from tracejudge.collector.store.span_store import SpanStore, StoreInvalidated, mark_pandas_absent
 from tracejudge.collector.store.span_tables import prune_unreferenced
 from tracejudge.mapping.compiled import running_compiled

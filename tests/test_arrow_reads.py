@@ -7,7 +7,7 @@ from pathlib import Path
 
 import duckdb
 
-from tracejudge.collector.store.arrow_reads import arrow_batches, arrow_table
+from tracejudge.collector.store.connection.arrow_reads import arrow_batches, arrow_table
 
 
 def _table(tmp_path: Path) -> duckdb.DuckDBPyConnection:

@@ -19,7 +19,7 @@ import pytest
 from tests.test_assembler import _assembling_store, _write_turn
 from tracejudge.collector.log import Logger
 from tracejudge.collector.store.assembled_index import LATEST_VERSIONS, Assembled, AssembledIndex, Change, index_path
-from tracejudge.collector.store.id_table import id_table
+from tracejudge.collector.store.connection.id_table import id_table
 from tracejudge.collector.store.results_file import ScoredCase, write_results
 from tracejudge.collector.store.schema import migrate
 from tracejudge.collector.store.span_store import StoreOpenError

@@ -10,7 +10,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tracejudge.collector.store.checkpoint_gate import CheckpointGate, GatedCursor, WritesRefused
+from tracejudge.collector.store.connection.checkpoint_gate import CheckpointGate, GatedCursor, WritesRefused
 
 
 @pytest.fixture
@@ -162,7 +162,7 @@ def test_a_table_swap_waits_for_an_open_transaction_that_read_then_writes(con: d
 
 
 def test_a_statement_that_starts_like_a_read_but_writes_holds_the_gate() -> None:
-    from tracejudge.collector.store.checkpoint_gate import reads_only
+    from tracejudge.collector.store.connection.checkpoint_gate import reads_only
 
     assert reads_only("SELECT updated_at, last_update FROM eval_jobs")
     assert not reads_only("WITH old AS (SELECT 1) DELETE FROM eval_jobs WHERE job_id IN (SELECT * FROM old)")

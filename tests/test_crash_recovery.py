@@ -35,7 +35,7 @@ from tests.test_pipeline import config, query, turn, wait_for
 from tracejudge.collector.receivers.span_rows import spans_to_arrow
 from tracejudge.collector.store import span_store
 from tracejudge.collector.store.assembled_index import LATEST_VERSIONS, index_path
-from tracejudge.collector.store.checkpoint_gate import WritesRefused
+from tracejudge.collector.store.connection.checkpoint_gate import WritesRefused
 
 ROUNDS, SEED = 5, 20261202
 METRICS = 3

@@ -16,7 +16,7 @@ from tracejudge.collector.config import ConfigError, judge_flags, load_settings
 from tracejudge.collector.log import Logger
 from tracejudge.collector.pipeline.scoring_stage import ScoringStage
 from tracejudge.collector.server import stage_config
-from tracejudge.collector.store.checkpoint_gate import WritesRefused
+from tracejudge.collector.store.connection.checkpoint_gate import WritesRefused
 from tracejudge.collector.store.span_store import SpanStore, StoreOpenError
 
 

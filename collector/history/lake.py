@@ -25,7 +25,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracejudge.collector.store.arrow_reads import arrow_table
+from tracejudge.collector.store.connection.arrow_reads import arrow_table
 from tracejudge.collector.store.schema import history_views, mcp_calls_view, task_views, union_view
 from tracejudge.errors import TracejudgeError
 

@@ -37,7 +37,7 @@ from tracejudge.collector.history.query import (
     parsed_query,
     relations_read,
 )
-from tracejudge.collector.store.arrow_reads import arrow_batches
+from tracejudge.collector.store.connection.arrow_reads import arrow_batches
 
 DEFAULT_MEMORY = 1024 * 1024 * 1024
 DEFAULT_DISK = 2 * 1024 * 1024 * 1024

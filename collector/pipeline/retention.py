@@ -30,14 +30,14 @@ import duckdb
 import pyarrow as pa
 
 from tracejudge.collector.config import RetentionSettings
-from tracejudge.collector.store.arrow_reads import arrow_table
 from tracejudge.collector.store.assembled_index import AssembledIndex, Change, epoch_us, index_bytes, index_path
-from tracejudge.collector.store.checkpoint_gate import CheckpointGate, WritesRefused
+from tracejudge.collector.store.connection.arrow_reads import arrow_table
+from tracejudge.collector.store.connection.checkpoint_gate import CheckpointGate, WritesRefused
+from tracejudge.collector.store.connection.id_table import id_table
+from tracejudge.collector.store.connection.transaction import in_transaction
 from tracejudge.collector.store.durable_files import write_durably
-from tracejudge.collector.store.id_table import id_table
 from tracejudge.collector.store.span_tables import prune_unreferenced
 from tracejudge.collector.store.table_compaction import compact, garbage, keyed_tables
-from tracejudge.collector.store.transaction import in_transaction
 
 Log = Callable[..., None]
 DISK_HIGH, DISK_LOW = 0.9, 0.8  # share of max_disk where the budget starts pruning, and where it stops

@@ -33,7 +33,7 @@ from tracejudge.collector.pipeline.assembly.conversation_builder import (
 from tracejudge.collector.pipeline.batch_ledger import DuckDBBatchLedger
 from tracejudge.collector.pipeline.rejudge import RejudgeError, rejudge, stored_case, stored_score
 from tracejudge.collector.review.calibration import calibration_examples
-from tracejudge.collector.store.id_table import id_table, registered
+from tracejudge.collector.store.connection.id_table import id_table, registered
 from tracejudge.errors import (
     EvalModeError,
     InvalidTestCaseError,

@@ -18,8 +18,8 @@ from collections.abc import Callable
 import duckdb
 import pyarrow as pa
 
-from tracejudge.collector.store.id_table import registered
-from tracejudge.collector.store.transaction import in_transaction
+from tracejudge.collector.store.connection.id_table import registered
+from tracejudge.collector.store.connection.transaction import in_transaction
 
 MARGIN = dt.timedelta(seconds=60)  # a row stamped earlier may commit after a later one; read back this far
 # How often `tracejudge serve` refreshes on its own. Each refresh reads back the margin's minute of rows whatever it

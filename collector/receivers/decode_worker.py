@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Literal
 
 from tracejudge.collector.receivers.otlp_columns import NativeColumns, native_columns
 from tracejudge.collector.receivers.request_digest import ids_digest
-from tracejudge.collector.store.memory_release import release_heap
+from tracejudge.collector.store.connection.memory_release import release_heap
 from tracejudge.collector.worker_process import worker_init
 
 if TYPE_CHECKING:

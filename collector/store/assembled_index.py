@@ -32,9 +32,9 @@ from typing import Any, NamedTuple, TypeVar
 
 import duckdb
 
-from tracejudge.collector.store.arrow_reads import arrow_batches
+from tracejudge.collector.store.connection.arrow_reads import arrow_batches
+from tracejudge.collector.store.connection.transaction import in_transaction
 from tracejudge.collector.store.span_store import StoreOpenError
-from tracejudge.collector.store.transaction import in_transaction
 
 _T = TypeVar("_T")
 SUFFIX = ".assembled.sqlite"  # beside the DuckDB file: `tracejudge.duckdb.assembled.sqlite`

@@ -34,7 +34,7 @@ from typing import Any, cast
 import duckdb
 import pyarrow as pa
 
-from tracejudge.collector.store.checkpoint_gate import CheckpointGate, GatedCursor
+from tracejudge.collector.store.connection.checkpoint_gate import CheckpointGate, GatedCursor
 from tracejudge.collector.store.schema import migrate
 from tracejudge.collector.store.span_tables import MAX_KNOWN_IDS, SpanRows
 from tracejudge.errors import TracejudgeError

@@ -59,7 +59,7 @@ DELETE FROM span_scopes WHERE scope_id NOT IN (SELECT DISTINCT scope_id FROM spa
 
 def prune_unreferenced(con: duckdb.DuckDBPyConnection) -> None:
     """Delete the resources and scopes no stored span refers to, in one transaction."""
-    from tracejudge.collector.store.transaction import (
+    from tracejudge.collector.store.connection.transaction import (
         in_transaction,  # DuckDB only where the store runs, not in decode workers
     )
 

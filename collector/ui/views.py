@@ -14,7 +14,7 @@ from typing import Any
 import duckdb
 
 from tracejudge.collector.durations import DurationError, parse_duration
-from tracejudge.collector.store.id_table import id_table
+from tracejudge.collector.store.connection.id_table import id_table
 from tracejudge.collector.ui.span_view import ModelGiven, SpanTree, model_calls, span_tree
 
 WINDOWS = ("1h", "24h", "7d", "30d", "90d")

@@ -54,7 +54,6 @@ from tracejudge.collector.pipeline.assembly.span_columns import ArrowColumns
 from tracejudge.collector.pipeline.sampling import attribute_keys, decide, needs_findings
 from tracejudge.collector.pipeline.scoring_stage import SCORE_SCHEMA, checked_score_row
 from tracejudge.collector.receivers.span_rows import plain_strings
-from tracejudge.collector.store.arrow_reads import arrow_table
 from tracejudge.collector.store.assembled_index import (
     LATEST_VERSIONS,
     Assembled,
@@ -64,8 +63,9 @@ from tracejudge.collector.store.assembled_index import (
     at_epoch_us,
     epoch_us,
 )
-from tracejudge.collector.store.id_table import id_table, registered
-from tracejudge.collector.store.memory_release import release_heap
+from tracejudge.collector.store.connection.arrow_reads import arrow_table
+from tracejudge.collector.store.connection.id_table import id_table, registered
+from tracejudge.collector.store.connection.memory_release import release_heap
 from tracejudge.mapping.conversation_key import KEY_PRECEDENCE, TRACE_KEY
 
 _T = TypeVar("_T")
