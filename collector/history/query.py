@@ -16,6 +16,7 @@ from typing import Any
 import duckdb
 
 from tracejudge.collector.history.query_result import QueryResult
+from tracejudge.collector.store.connection.arrow_reads import DUCKDB_MAJOR
 from tracejudge.errors import TracejudgeError
 
 DEFAULT_LIMIT = 10_000
@@ -204,14 +205,12 @@ def _size(value: Any) -> int:
 def _streamed(con: duckdb.DuckDBPyConnection, sql: str) -> tuple[Any, list[str]]:
     """What the answer's rows are fetched from, a few at a time as they are made, and its columns (None and no
     columns for a statement with no answer). DuckDB 1.5 streams a relation's rows (`execute` makes all of them
-    first); from 2.0 a relation has no `fetchmany` and `execute` streams instead."""
+    first); 2.0's relations have no `fetchmany`, and its `execute` streams."""
+    if DUCKDB_MAJOR >= 2:
+        con.execute(sql)
+        return (con, [column[0] for column in con.description]) if con.description is not None else (None, [])
     relation = con.sql(sql)
-    if relation is None:
-        return None, []
-    if hasattr(relation, "fetchmany"):
-        return relation, list(relation.columns)
-    con.execute(sql)
-    return con, [column[0] for column in con.description or []]
+    return (relation, list(relation.columns)) if relation is not None else (None, [])
 
 
 def run_read_query(con: duckdb.DuckDBPyConnection, sql: str, limit: int = DEFAULT_LIMIT,
@@ -249,7 +248,7 @@ def run_read_query(con: duckdb.DuckDBPyConnection, sql: str, limit: int = DEFAUL
         raise QueryFailed("the query failed; query tracejudge's tables and views") from exc
     finally:
         timer.cancel()
-        if source is con and hasattr(con, "abort"):  # DuckDB 2: a statement cut off holds the connection until
-            with contextlib.suppress(duckdb.Error):  # it is ended
+        if source is con:  # DuckDB 2: a statement cut off holds the connection until it is ended
+            with contextlib.suppress(duckdb.Error):
                 con.abort()
     return QueryResult(columns, rows, truncated)
