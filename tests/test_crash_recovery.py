@@ -35,6 +35,7 @@ from tests.test_pipeline import config, query, turn, wait_for
 from tracejudge.collector.receivers.span_rows import spans_to_arrow
 from tracejudge.collector.store import span_store
 from tracejudge.collector.store.assembled_index import LATEST_VERSIONS, index_path
+from tracejudge.collector.store.connection.arrow_reads import arrow_table
 from tracejudge.collector.store.connection.checkpoint_gate import WritesRefused
 
 ROUNDS, SEED = 5, 20261202
@@ -188,5 +189,26 @@ def test_a_fatal_error_on_a_pipeline_cursor_invalidates_the_store_once_and_inges
         rows = spans_to_arrow(_spans(1, 1, session="chat-1", turn="hello"), dt.datetime.now(dt.UTC))
         with pytest.raises(span_store.StoreInvalidated, match="restart the collector"):
             asyncio.run(store.write(rows))
+    finally:
+        store.close()
+
+
+def test_a_fatal_error_met_reading_an_answer_into_arrow_invalidates_the_store(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DuckDB 2 makes an Arrow answer outside `execute` (the assembler's span reads, retention's archive): the fatal
+    error such a read meets must stop the collector as a statement's does, not wait for the next statement."""
+    monkeypatch.setattr(span_store, "lock_down", armed(span_store.lock_down))
+    store = span_store.SpanStore(tmp_path / "t.duckdb")
+    told: list[span_store.StoreInvalidated] = []
+    store.on_invalidated = told.append
+    store.open()
+    try:
+        with pytest.raises(duckdb.FatalException):
+            store.cursor().cursor().execute("CHECKPOINT")  # a cursor of DuckDB's own: nobody is told
+        assert store.invalidated is None
+        with pytest.raises(duckdb.FatalException):
+            arrow_table(store.cursor(), "SELECT trace_id FROM span_records WHERE received_at > ?",
+                        [dt.datetime(2026, 1, 1, tzinfo=dt.UTC)])
+        assert len(told) == 1 and store.invalidated is told[0] and not store.healthy
     finally:
         store.close()

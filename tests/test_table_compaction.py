@@ -1,5 +1,6 @@
-"""Keyed tables give their deleted rows back: DuckDB does not vacuum a table with a primary key, so retention
-rewrites one that holds more deleted rows than live ones, and the file's blocks are reused."""
+"""Keyed tables give their deleted rows back: DuckDB 1.5 does not vacuum a table with a primary key (2.0 vacuums
+most of it), so retention rewrites one that still holds more deleted rows than live ones, and the file's blocks are
+reused."""
 
 from __future__ import annotations
 
@@ -34,37 +35,45 @@ def _jobs(tmp_path: Path) -> duckdb.DuckDBPyConnection:
 def test_a_keyed_table_is_rewritten_and_its_blocks_reused(tmp_path: Path) -> None:
     con = _jobs(tmp_path)
     assert keyed_tables(con) == ["jobs"]
-    found = garbage(con, "jobs")
-    assert (found.live, found.stored) == (10_000, 200_000) and found.worth_compacting
+    found = garbage(con, "jobs")  # DuckDB 1.5 keeps all 200,000 rows stored, 2.0 about 77,000
+    assert found.live == 10_000 and found.stored > 2 * found.live and found.worth_compacting
     before = _used_blocks(con)
     kept = con.execute("SELECT job_id, note FROM jobs ORDER BY job_id").fetchall()
 
     compact(con, "jobs")
     con.execute("CHECKPOINT")
-    assert _used_blocks(con) < before / 4
+    assert _used_blocks(con) < before / 2
     assert con.execute("SELECT job_id, note FROM jobs ORDER BY job_id").fetchall() == kept
     assert garbage(con, "jobs").stored == 10_000 and not garbage(con, "jobs").worth_compacting
     assert con.execute("SELECT count(*) FROM open_jobs").fetchone() == (10_000,)  # views follow the new table
     assert con.execute("INSERT INTO jobs (note) VALUES ('new') RETURNING job_id").fetchone() == (200_001,)
 
 
-def test_retention_compacts_what_it_pruned_and_says_so(tmp_path: Path) -> None:
-    """The collector's own `eval_jobs` after retention removed most of them: the next round rewrites it."""
+def test_retention_gives_back_what_it_pruned_and_says_when_it_compacted(tmp_path: Path) -> None:
+    """The collector's own `eval_jobs` after retention removed most of them: the next round rewrites it if DuckDB
+    left more deleted rows stored than live ones (1.5 leaves all 140,000; 2.0 vacuums most itself), and either way
+    the file's used space falls to about what the live rows take."""
     db = tmp_path / "t.duckdb"
     con = duckdb.connect(str(db))
     migrate(con)
+    lines: list[tuple[str, str, dict]] = []
+    retention = Retention(con, RetentionSettings(), lambda level, event, **kw: lines.append((level, event, kw)), db)
     con.execute("INSERT INTO eval_jobs (conversation_id, conversation_version, metric, metric_config, status, "
                 "last_error, created_at, updated_at) SELECT 'c' || range, 1, 'mcp_use', 'cfg', 'done', "
                 "md5(range::VARCHAR), now(), now() FROM range(150000)")
+    con.execute("CHECKPOINT")
+    full = retention.report().db_bytes["used"]  # the report samples row widths: the size of a copy is known
     con.execute("DELETE FROM eval_jobs WHERE job_id <= 140000")
     con.execute("CHECKPOINT")
-    lines: list[tuple[str, str, dict]] = []
-    retention = Retention(con, RetentionSettings(), lambda level, event, **kw: lines.append((level, event, kw)), db)
-    used = retention.report().db_bytes["used"]  # the report samples row widths: the size of a copy is known
+    left = garbage(con, "eval_jobs")
     retention.apply()
-    assert ("info", "table compacted", {"table": "eval_jobs", "live_rows": 10_000, "deleted_rows_freed": 140_000}) \
-        in lines
-    assert retention.report().db_bytes["used"] < used / 2 and retention.stats.compacted == {"eval_jobs": 140_000}
+    compacted = [kw for _, event, kw in lines if event == "table compacted"]
+    if left.worth_compacting:
+        assert compacted == [{"table": "eval_jobs", "live_rows": 10_000, "deleted_rows_freed": left.stored - 10_000}]
+        assert retention.stats.compacted == {"eval_jobs": left.stored - 10_000}
+    else:
+        assert compacted == [] and retention.stats.compacted == {}
+    assert retention.report().db_bytes["used"] < full / 2
     assert con.execute("SELECT min(job_id), count(*) FROM eval_jobs").fetchone() == (140_001, 10_000)
     retention.apply()  # nothing more to free: no second rewrite
-    assert sum(event == "table compacted" for _, event, _ in lines) == 1
+    assert sum(event == "table compacted" for _, event, _ in lines) == len(compacted)

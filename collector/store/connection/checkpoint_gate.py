@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 
@@ -26,6 +26,7 @@ import duckdb
 _READ_ONLY = ("SELECT", "WITH", "FROM", "PRAGMA", "DESCRIBE", "SHOW", "EXPLAIN", "SUMMARIZE")
 _WRITES = re.compile(r"\b(?:INSERT|UPDATE|DELETE|MERGE|COPY|CREATE|DROP|ALTER|ATTACH|CHECKPOINT)\b")
 _BEGIN = ("BEGIN",)
+_T = TypeVar("_T")
 _END = ("COMMIT", "ROLLBACK", "ABORT", "END")
 
 
@@ -159,6 +160,11 @@ class GatedCursor:
     def executemany(self, query: str, parameters: Any = None) -> duckdb.DuckDBPyConnection:
         return self._gated(query, lambda: self._cursor.executemany(query, parameters))
 
+    def reading(self, query: str, read: Callable[[], _T]) -> _T:
+        """`read`, which makes `query`'s answer outside `execute` (a relation read into Arrow, as DuckDB 2 reads):
+        gated as the query is, and its FatalException heard by `on_fatal` as a statement's is."""
+        return self._gated(query, read)
+
     def begin(self) -> duckdb.DuckDBPyConnection:
         return self.execute("BEGIN TRANSACTION")
 
@@ -168,7 +174,7 @@ class GatedCursor:
     def rollback(self) -> duckdb.DuckDBPyConnection:
         return self.execute("ROLLBACK")
 
-    def _gated(self, query: str, run: Callable[[], duckdb.DuckDBPyConnection]) -> duckdb.DuckDBPyConnection:
+    def _gated(self, query: str, run: Callable[[], _T]) -> _T:
         try:
             return self._gated_run(query, run)
         except duckdb.FatalException as exc:
@@ -176,7 +182,7 @@ class GatedCursor:
                 self._on_fatal(exc)
             raise
 
-    def _gated_run(self, query: str, run: Callable[[], duckdb.DuckDBPyConnection]) -> duckdb.DuckDBPyConnection:
+    def _gated_run(self, query: str, run: Callable[[], _T]) -> _T:
         head = query.lstrip().upper()
         if self._in_transaction:
             if head.startswith(_END):
@@ -209,7 +215,7 @@ class GatedCursor:
             return result
         if head.startswith(_END) and self._refused_commit and head.startswith("ROLLBACK"):
             self._refused_commit = False  # the refused COMMIT rolled the transaction back already
-            return self._cursor
+            return self._cursor  # type: ignore[return-value]  # only a ROLLBACK gets here, through execute
         if reads_only(head) or head.startswith(_END):  # an end with no transaction open writes nothing
             return run()
         self._gate.enter()
