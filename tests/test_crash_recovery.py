@@ -16,6 +16,7 @@ import sqlite3
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -193,10 +194,22 @@ def test_a_fatal_error_on_a_pipeline_cursor_invalidates_the_store_once_and_inges
         store.close()
 
 
-def test_a_fatal_error_met_reading_an_answer_into_arrow_invalidates_the_store(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """DuckDB 2 makes an Arrow answer outside `execute` (the assembler's span reads, retention's archive): the fatal
-    error such a read meets must stop the collector as a statement's does, not wait for the next statement."""
+SINCE = [dt.datetime(2026, 1, 1, tzinfo=dt.UTC)]
+READS: dict[str, Callable[[duckdb.DuckDBPyConnection], object]] = {
+    # DuckDB 2 makes an Arrow answer outside `execute` (the assembler's span reads, retention's archive)
+    "an answer read into Arrow": lambda cursor: arrow_table(
+        cursor, "SELECT trace_id FROM span_records WHERE received_at > ?", SINCE),
+    # the assembled-traces index opens its own cursor from the one it is given
+    "a cursor opened from a store's cursor": lambda cursor: cursor.cursor().execute(
+        "SELECT count(*) FROM span_records").fetchall(),
+}
+
+
+@pytest.mark.parametrize("read", list(READS))
+def test_a_fatal_error_met_by_any_read_invalidates_the_store(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read: str) -> None:
+    """Every way the pipeline reads must stop the collector on DuckDB's fatal error, as a statement does, not leave
+    it to the next statement."""
     monkeypatch.setattr(span_store, "lock_down", armed(span_store.lock_down))
     store = span_store.SpanStore(tmp_path / "t.duckdb")
     told: list[span_store.StoreInvalidated] = []
@@ -204,11 +217,10 @@ def test_a_fatal_error_met_reading_an_answer_into_arrow_invalidates_the_store(
     store.open()
     try:
         with pytest.raises(duckdb.FatalException):
-            store.cursor().cursor().execute("CHECKPOINT")  # a cursor of DuckDB's own: nobody is told
+            duckdb.connect(str(tmp_path / "t.duckdb")).execute("CHECKPOINT")  # outside the store: nobody is told
         assert store.invalidated is None
         with pytest.raises(duckdb.FatalException):
-            arrow_table(store.cursor(), "SELECT trace_id FROM span_records WHERE received_at > ?",
-                        [dt.datetime(2026, 1, 1, tzinfo=dt.UTC)])
+            READS[read](store.cursor())
         assert len(told) == 1 and store.invalidated is told[0] and not store.healthy
     finally:
         store.close()

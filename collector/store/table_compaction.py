@@ -1,12 +1,12 @@
 """Give a keyed table's deleted rows back to the file.
 
 DuckDB vacuums deleted rows out of a table's row groups when it checkpoints, but 1.5 not in a table with a PRIMARY
-KEY or UNIQUE constraint (its index points at row positions: 2.0 vacuums most of them), and it drops a row group
-only once all of its 122,880 rows are deleted. Under retention such a table (`eval_jobs`, `scores`, the
-summaries...) kept every row it ever stored until a whole row group aged out: in the retention soak `eval_jobs` held
-273,000 stored rows for 16,000 live ones after 24 minutes, and the file grew while the row counts stayed flat
-(`python bench/retention.py`, BENCHMARKS.md). Rewriting the table into a new one and swapping them frees the old
-blocks at the next checkpoint.
+KEY or UNIQUE constraint (its index points at row positions; 2.0 drops or merges the row groups it can and keeps the
+deleted rows of the others), and it drops a row group only once all of its 122,880 rows are deleted. Under retention
+such a table (`eval_jobs`, `scores`, the summaries...) kept every row it ever stored until a whole row group aged
+out: in the retention soak `eval_jobs` held 273,000 stored rows for 16,000 live ones after 24 minutes, and the file
+grew while the row counts stayed flat (`python bench/retention.py`, BENCHMARKS.md). Rewriting the table into a new
+one and swapping them frees the old blocks at the next checkpoint.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class Garbage:
 
 
 def keyed_tables(con: duckdb.DuckDBPyConnection) -> list[str]:
-    """The tables DuckDB does not vacuum: those with a primary key or unique constraint."""
+    """The tables DuckDB 1.5 does not vacuum (2.0 only in part): those with a primary key or unique constraint."""
     return [t for (t,) in con.execute(
         "SELECT DISTINCT table_name FROM duckdb_constraints() WHERE constraint_type IN ('PRIMARY KEY', 'UNIQUE') "
         "AND database_name = current_database() AND schema_name = 'main' ORDER BY 1").fetchall()]

@@ -160,6 +160,11 @@ class GatedCursor:
     def executemany(self, query: str, parameters: Any = None) -> duckdb.DuckDBPyConnection:
         return self._gated(query, lambda: self._cursor.executemany(query, parameters))
 
+    def cursor(self) -> GatedCursor:
+        """Another cursor of the connection, gated as this one: a part handed a cursor and opening its own (the
+        assembled-traces index) must not write past a checkpoint, nor meet a FatalException no one hears of."""
+        return GatedCursor(self._cursor.cursor(), self._gate, self._refuse, self._on_fatal)
+
     def reading(self, query: str, read: Callable[[], _T]) -> _T:
         """`read`, which makes `query`'s answer outside `execute` (a relation read into Arrow, as DuckDB 2 reads):
         gated as the query is, and its FatalException heard by `on_fatal` as a statement's is."""
