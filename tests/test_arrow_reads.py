@@ -32,3 +32,13 @@ def test_a_streamed_answer_holds_no_more_than_a_batch_at_a_time(tmp_path: Path) 
         seen += batch.column(0).to_pylist()
     assert max(sizes) <= 2048 and len(sizes) >= 3
     assert seen == list(range(5000))
+
+
+def test_a_read_after_an_answer_left_unfinished_on_the_connection(tmp_path: Path) -> None:
+    """`fetchone()` leaves the rest of an answer unread (here a one-row answer, whose end is not fetched either);
+    DuckDB 2 refused the next relation on that connection, so an Arrow read after it failed there."""
+    con = _table(tmp_path)
+    assert con.execute("SELECT max(i) FROM t").fetchone() == (9999,)
+    assert arrow_table(con, "SELECT count(*) AS n FROM t WHERE i < ?", [10]).column("n").to_pylist() == [10]
+    con.execute("SELECT i FROM t ORDER BY i").fetchone()
+    assert sum(batch.num_rows for batch in arrow_batches(con, "SELECT i FROM t", batch_rows=4096)) == 10_000

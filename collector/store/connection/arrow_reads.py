@@ -5,7 +5,9 @@ about half as much CPU again, and the assembler's span reads three times the tim
 bench/pipeline_pace.py`); DuckDB 2 copies a statement's rows once more on the way to Arrow, so there a relation is
 the cheaper. Every Arrow read of a query's answer goes through here. A relation runs its query when its answer is
 read, outside the cursor's `execute`: on a `GatedCursor` that read goes through `reading`, so a FatalException it
-raises reaches the collector as a statement's does (a streamed reader's later batches are read by the caller).
+raises reaches the collector as a statement's does (a streamed reader's later batches are read by the caller). DuckDB
+2 also refuses a relation on a connection whose last answer was not fetched to its end, which 1.5 drops at the next
+statement: the relation read drops it first.
 """
 
 from __future__ import annotations
@@ -41,4 +43,7 @@ def arrow_batches(con: duckdb.DuckDBPyConnection, query: str, params: list[Any] 
 
 
 def _relation_read(con: duckdb.DuckDBPyConnection | GatedCursor, query: str, read: Callable[[], _T]) -> _T:
+    """`read` on DuckDB 2, which refuses a relation on a connection whose last `execute` was not fetched to its end
+    (a `fetchone()`, even of a one-row answer): that answer is dropped first, as a new statement drops it on 1.5."""
+    con.abort()
     return con.reading(query, read) if isinstance(con, GatedCursor) else read()
