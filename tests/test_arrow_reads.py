@@ -8,6 +8,7 @@ from pathlib import Path
 import duckdb
 
 from tracejudge.collector.store.connection.arrow_reads import arrow_batches, arrow_table
+from tracejudge.collector.store.connection.id_table import id_table
 
 
 def _table(tmp_path: Path) -> duckdb.DuckDBPyConnection:
@@ -34,11 +35,15 @@ def test_a_streamed_answer_holds_no_more_than_a_batch_at_a_time(tmp_path: Path) 
     assert seen == list(range(5000))
 
 
-def test_a_read_after_an_answer_left_unfinished_on_the_connection(tmp_path: Path) -> None:
+def test_reads_and_id_tables_after_an_answer_left_unfinished_on_the_connection(tmp_path: Path) -> None:
     """`fetchone()` leaves the rest of an answer unread (here a one-row answer, whose end is not fetched either);
-    DuckDB 2 refused the next relation on that connection, so an Arrow read after it failed there."""
+    DuckDB 2 refused the next relation and the next registered table on that connection, so an Arrow read or an id
+    table after it failed there."""
     con = _table(tmp_path)
     assert con.execute("SELECT max(i) FROM t").fetchone() == (9999,)
     assert arrow_table(con, "SELECT count(*) AS n FROM t WHERE i < ?", [10]).column("n").to_pylist() == [10]
     con.execute("SELECT i FROM t ORDER BY i").fetchone()
     assert sum(batch.num_rows for batch in arrow_batches(con, "SELECT i FROM t", batch_rows=4096)) == 10_000
+    con.execute("SELECT i FROM t ORDER BY i").fetchone()
+    with id_table(con, ["row 1", "row 2"]) as ids:
+        assert con.execute(f"SELECT count(*) FROM t WHERE s IN (SELECT id FROM {ids})").fetchall() == [(2,)]

@@ -6,8 +6,8 @@ bench/pipeline_pace.py`); DuckDB 2 copies a statement's rows once more on the wa
 the cheaper. Every Arrow read of a query's answer goes through here. A relation runs its query when its answer is
 read, outside the cursor's `execute`: on a `GatedCursor` that read goes through `reading`, so a FatalException it
 raises reaches the collector as a statement's does (a streamed reader's later batches are read by the caller). DuckDB
-2 also refuses a relation on a connection whose last answer was not fetched to its end, which 1.5 drops at the next
-statement: the relation read drops it first.
+2 also refuses a relation (and a registered Arrow table) on a connection whose last answer was not fetched to its
+end, which 1.5 drops at the next statement: `drop_unfinished` drops it first.
 """
 
 from __future__ import annotations
@@ -43,7 +43,13 @@ def arrow_batches(con: duckdb.DuckDBPyConnection, query: str, params: list[Any] 
 
 
 def _relation_read(con: duckdb.DuckDBPyConnection | GatedCursor, query: str, read: Callable[[], _T]) -> _T:
-    """`read` on DuckDB 2, which refuses a relation on a connection whose last `execute` was not fetched to its end
-    (a `fetchone()`, even of a one-row answer): that answer is dropped first, as a new statement drops it on 1.5."""
-    con.abort()
+    drop_unfinished(con)
     return con.reading(query, read) if isinstance(con, GatedCursor) else read()
+
+
+def drop_unfinished(con: duckdb.DuckDBPyConnection | GatedCursor) -> None:
+    """DuckDB 2 refuses a relation or an Arrow table registered on a connection whose last answer was not fetched to
+    its end (a `fetchone()`, even of a one-row answer); 1.5 drops that answer at the next statement, and so does this
+    on 2."""
+    if DUCKDB_MAJOR >= 2:
+        con.abort()

@@ -14,11 +14,14 @@ from contextlib import AbstractContextManager, contextmanager
 import duckdb
 import pyarrow as pa
 
+from tracejudge.collector.store.connection.arrow_reads import drop_unfinished
+
 
 @contextmanager
 def registered(con: duckdb.DuckDBPyConnection, table: pa.Table) -> Iterator[str]:
     """A unique name under which `table` can be queried on `con` for the block's duration."""
     name = f"arrow_{uuid.uuid4().hex}"
+    drop_unfinished(con)
     con.register(name, table)
     try:
         yield name
