@@ -26,8 +26,8 @@ import duckdb
 _READ_ONLY = ("SELECT", "WITH", "FROM", "PRAGMA", "DESCRIBE", "SHOW", "EXPLAIN", "SUMMARIZE")
 _WRITES = re.compile(r"\b(?:INSERT|UPDATE|DELETE|MERGE|COPY|CREATE|DROP|ALTER|ATTACH|CHECKPOINT)\b")
 _BEGIN = ("BEGIN",)
-_T = TypeVar("_T")
 _END = ("COMMIT", "ROLLBACK", "ABORT", "END")
+_T = TypeVar("_T")
 
 
 def reads_only(statement: str) -> bool:
