@@ -16,7 +16,7 @@ from typing import Any
 import duckdb
 
 from tracejudge.collector.history.query_result import QueryResult
-from tracejudge.collector.store.connection.arrow_reads import DUCKDB_MAJOR
+from tracejudge.collector.store.connection.arrow_reads import DUCKDB_MAJOR, drop_unfinished
 from tracejudge.errors import TracejudgeError
 
 DEFAULT_LIMIT = 10_000
@@ -250,5 +250,5 @@ def run_read_query(con: duckdb.DuckDBPyConnection, sql: str, limit: int = DEFAUL
         timer.cancel()
         if source is con:  # DuckDB 2: a statement cut off holds the connection until it is ended
             with contextlib.suppress(duckdb.Error):
-                con.abort()
+                drop_unfinished(con)
     return QueryResult(columns, rows, truncated)
