@@ -150,6 +150,11 @@ class StoreSettings(_Section):
                                       "do the exports in it (about 1.3 s at 256MB). Smaller ones pause more "
                                       "often and cost more in all: over 1.5M spans 16MB gave a p99 of 1.2 s and "
                                       "0.68x the throughput, 64MB a p99 of 300 ms (BENCHMARKS.md)")
+    journal_after: float | None = Field(0.05, gt=0, description="a commit running longer than this (a "
+                                        "checkpoint holds every commit for about a second) has the exports waiting "
+                                        "on it written to the ingest journal beside the database, synced, and "
+                                        "acknowledged; they are committed as usual, or at the next start after a "
+                                        "crash (none: exports always wait for their commit)")
     query_memory: Bytes = Field(1024 * 1024 * 1024, ge=500_000_000, description="memory one /api/query query may "
                                 "use, in a process of its own (past it the query is stopped and the caller told); "
                                 "the collector's own memory is untouched by any query. It caps the address space "
@@ -177,6 +182,13 @@ class StoreSettings(_Section):
     @classmethod
     def _threads(cls, value: Any) -> Any:
         return None if isinstance(value, str) and value.strip().lower() in ("none", "") else value
+
+    @field_validator("journal_after", mode="before")
+    @classmethod
+    def _journal_after(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return None if value.strip().lower() in ("none", "") else parse_duration(value)
+        return value
 
 
 class RetentionSettings(_Section):

@@ -81,6 +81,9 @@ class CollectorMetrics:
         self.assembly_workers_lost = Gauge("tracejudge_assembly_workers_lost_total", "Assembly workers that died "
                                            "(killed, out of memory) and were replaced; a batch one died in is built "
                                            "again after another quiet period", registry=self.registry)
+        self.journaled_spans = Gauge("tracejudge_ingest_journaled_spans_total", "Spans acknowledged from the ingest "
+                                     "journal because their commit was held up (a checkpoint), since start",
+                                     registry=self.registry)
         self.index_rebuilds = Gauge("tracejudge_assembled_index_rebuilds_total", "Times the index of assembled "
                                     "traces beside the database was found behind it and made again from it (a kill "
                                     "between their commits, a restored file, a damaged index file): about 6 s a "

@@ -70,7 +70,7 @@ class Collector:
         self.store = SpanStore(st.db, max_batch_spans=st.max_batch_spans, max_queue_spans=st.max_queue_spans,
                                retry_after_s=st.retry_after_s, on_commit=self.metrics.on_commit,
                                memory_limit=st.memory_limit, temp_limit=st.temp_limit, threads=st.threads,
-                               checkpoint_threshold=st.checkpoint_threshold)
+                               checkpoint_threshold=st.checkpoint_threshold, journal_after_s=st.journal_after)
         self.metrics.watch(lambda: self.store.queued_spans, self.store.size_bytes)
         workers, redactor = settings.server.decode_workers, settings.redaction.redactor()
         self.decoder = DecodePool(default_workers(redactor is not None) if workers < 0 else workers, redactor,
@@ -128,7 +128,11 @@ class Collector:
         raise_open_file_limit()  # connection caps, not the descriptor limit, decide who is turned away
         self._loop = asyncio.get_running_loop()
         self.store.on_invalidated = self._store_invalidated
+        self.store.on_journal_error = lambda message: self.log.error("ingest journal", reason=message)
         await asyncio.to_thread(self.store.open)
+        if self.store.stats.replayed_spans:
+            self.log.info("acknowledged spans committed from the ingest journal",
+                          spans=self.store.stats.replayed_spans)
         self.stage = ScoringStage(self.store.cursor(), stage_config(self.settings), self._log,
                                   self.metrics.on_measured, self.metrics.on_scored,
                                   redactor=self.settings.redaction.redactor())
@@ -143,6 +147,7 @@ class Collector:
                                                index=self.index)
         self.store.listeners.append(self.assembler.observe)
         self.store.on_listener_error = self._assembler_missed
+        self.metrics.journaled_spans.set_function(lambda: self.store.stats.journaled_spans)
         self.metrics.traces_waiting.set_function(self.assembler.pending_traces)
         self.metrics.conversations_waiting.set_function(self.assembler.pending_conversations)
         self.metrics.conversations_assembled.set_function(lambda: self.assembler.assembled)

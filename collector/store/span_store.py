@@ -5,6 +5,10 @@ Receivers hand decoded spans to `write()` and await it; the writer takes everyth
 waiting request. So an export is acknowledged only once its spans are committed, and many requests share
 one commit.
 
+When a commit runs longer than `journal_after_s` (a checkpoint holds every commit for about a second), the requests
+waiting on it are written to the ingest journal beside the file, synced, and acknowledged there instead
+(`ingest_journal`); they are committed as usual, and replayed at the next start if the process dies first.
+
 A redelivered request (an exporter retrying an export whose answer it never got) is recognised by the digest
 of its span ids, recorded in `ingest_requests` in the same transaction as its spans, for `DEDUP_WINDOW_S`: it
 is acknowledged and not stored again. `spans` has no primary key; its index made every append slower as the
@@ -35,6 +39,7 @@ import duckdb
 import pyarrow as pa
 
 from tracejudge.collector.store.connection.checkpoint_gate import CheckpointGate, GatedCursor
+from tracejudge.collector.store.ingest_journal import IngestJournal, JournalError, JournalFile
 from tracejudge.collector.store.schema import migrate
 from tracejudge.collector.store.span_tables import MAX_KNOWN_IDS, SpanRows
 from tracejudge.errors import TracejudgeError
@@ -47,6 +52,10 @@ FREE_SPACE_TTL_S = 1.0
 _WAITS = ("; the pipeline goes on by itself once the span writer's commits succeed again: free space where the "
           "database is (GET /readyz says what is wrong)")
 PROBE_S = 2.0  # while its last commit failed and no spans come, the writer tries a small commit this often
+# Arrow bytes of journaled requests held for their commit: past it, exports wait for their commit again. Each
+# acknowledged export lets its exporter send the next, so without a bound a held commit let the queue grow to
+# max_queue_spans (a second's checkpoint at 45k spans/s holds about 26 MB)
+JOURNAL_MAX_BYTES = 48 * 1024 * 1024
 
 
 class StoreError(TracejudgeError):
@@ -84,6 +93,8 @@ class _Pending:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[int]
     digest: bytes | None = None
+    journal: JournalFile | None = None  # the file it was acknowledged from, while its commit was held up
+    done: bool = False  # committed, or answered: never journaled after this
 
 
 @dataclass
@@ -105,6 +116,10 @@ class StoreStats:
     memory_retries: int = 0  # commits retried because a query held DuckDB's memory
     busy_s: float = 0.0  # seconds the writer spent committing: how hard ingest presses the database
     busy_since: float | None = None  # perf_counter when the commit under way began (None: the writer waits)
+    journaled_requests: int = 0  # acknowledged from the journal while their commit was held up
+    journaled_spans: int = 0
+    journal_errors: int = 0  # journal writes the disk refused (those requests waited for their commit)
+    replayed_spans: int = 0  # spans committed from the journal at start (acknowledged before a crash)
 
     def busy_now(self) -> float:
         """`busy_s` with the commit under way counted so far: a checkpoint's commit takes over a second, and
@@ -117,8 +132,12 @@ class SpanStore:
     def __init__(self, path: Path, *, max_batch_spans: int = 50_000, max_queue_spans: int = 500_000,
                  retry_after_s: int = 1, on_commit: Callable[[float, int, int], None] | None = None,
                  memory_limit: str | None = None, temp_limit: str | None = None, threads: int | None = None,
-                 checkpoint_threshold: str | None = None) -> None:
+                 checkpoint_threshold: str | None = None, journal_after_s: float | None = None) -> None:
         self.path = path
+        # a commit running this long has the requests waiting on it journaled and acknowledged (None: never)
+        self.journal_after_s = journal_after_s
+        self.journal = IngestJournal.beside(path)
+        self.on_journal_error: Callable[[str], None] | None = None  # a journal write failed, or journaled spans
         # WAL size at which a commit checkpoints it (and waits); None: DuckDB's default (16 MiB)
         self.checkpoint_threshold = checkpoint_threshold
         self.threads = threads  # DuckDB's worker threads for this database; None: DuckDB's default (the cores)
@@ -137,6 +156,11 @@ class SpanStore:
         self._known_resources: set[int] = set()
         self._known_scopes: set[int] = set()
         self._queued_spans = 0
+        self._unacked: dict[int, _Pending] = {}  # id -> a request not answered yet (the journal's candidates)
+        self._held: list[_Pending] = []  # journaled requests whose commit failed: committed again once it can be
+        self._journaled_bytes = 0  # of the journaled requests not committed yet (`JOURNAL_MAX_BYTES`)
+        self._journal_stop = threading.Event()
+        self._journal_thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.gate = CheckpointGate()  # held by the writer's commits and every cursor()'s writes
         self._thread: threading.Thread | None = None
@@ -192,9 +216,20 @@ class SpanStore:
                                    "WHERE received_at >= ? GROUP BY digest ORDER BY last_at", [since]).fetchall()
         for digest, at in recent:
             self._committed[bytes(digest)] = at.timestamp()
+        try:
+            self._replay_journal()
+        except StoreError:
+            self._con.close()
+            self._con = None
+            raise
         self.healthy = True
         self._thread = threading.Thread(target=self._run, name="tracejudge-span-writer", daemon=True)
         self._thread.start()
+        if self.journal_after_s is not None:
+            self._journal_stop.clear()
+            self._journal_thread = threading.Thread(target=self._watch_commits, name="tracejudge-ingest-journal",
+                                                    daemon=True)
+            self._journal_thread.start()
 
     async def write(self, span_rows: SpanRows, digest: bytes | None = None) -> int:
         """Return once the rows (from `spans_to_arrow`) are committed, or known to be (a redelivery of the request
@@ -212,9 +247,11 @@ class SpanStore:
                 raise Backpressure(f"{self._queued_spans} spans are waiting for the database; retry shortly",
                                    self.retry_after_s)
             self._queued_spans += rows
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[int] = loop.create_future()
-        self._queue.put(_Pending(span_rows, loop, future, digest))
+            loop = asyncio.get_running_loop()
+            future: asyncio.Future[int] = loop.create_future()
+            pending = _Pending(span_rows, loop, future, digest)
+            self._unacked[id(pending)] = pending
+        self._queue.put(pending)
         return await future
 
     def run_in_writer(self, job: Callable[[duckdb.DuckDBPyConnection], Any]) -> concurrent.futures.Future[Any]:
@@ -270,19 +307,24 @@ class SpanStore:
         return None
 
     def close(self) -> None:
-        """Commit everything queued, then stop the writer and close the file."""
+        """Commit everything queued, then stop the writer and close the file (what is journaled and not committed,
+        the store failing, stays in the journal for the next start)."""
         if self._thread is not None:
             with self._lock:
                 self._closing = True
             self._queue.put(None)
             self._thread.join()
             self._thread = None
+        if self._journal_thread is not None:
+            self._journal_stop.set()
+            self._journal_thread.join()
+            self._journal_thread = None
         if self._con is not None:
             self._con.close()
             self._con = None
 
     def size_bytes(self) -> int:
-        total = 0
+        total = self.journal.size_bytes()
         for suffix in ("", ".wal"):
             path = Path(str(self.path) + suffix)
             if path.exists():
@@ -292,15 +334,20 @@ class SpanStore:
     def _run(self) -> None:
         stopping = False
         while not stopping:
-            try:  # while the store is at fault, idle time goes to probing it: the pipeline waits on that
-                first = self._queue.get(timeout=None if self.healthy else PROBE_S)
-            except queue.Empty:
-                self.healthy = self._can_commit()
-                continue
-            if first is None:
-                break
-            job = first if isinstance(first, _WriterJob) else None
-            batch: list[_Pending] = [] if job is not None else [first]  # type: ignore[list-item]
+            job: _WriterJob | None = None
+            batch = self._take_held()  # journaled requests whose commit failed: first, once the store is well
+            if not batch:
+                try:  # while the store is at fault, idle time goes to probing it: the pipeline waits on that
+                    first = self._queue.get(timeout=None if self.healthy else PROBE_S)
+                except queue.Empty:
+                    self.healthy = self._can_commit()
+                    continue
+                if first is None:
+                    break
+                if isinstance(first, _WriterJob):
+                    job = first
+                else:
+                    batch = [first]
             count = sum(p.rows.num_rows for p in batch)
             while job is None and count < self.max_batch_spans:
                 try:
@@ -324,6 +371,9 @@ class SpanStore:
             finally:  # counted before it is cleared: a reader in between counts it twice, never not at all
                 self.stats.busy_s += time.perf_counter() - started
                 self.stats.busy_since = None
+        held = self._take_held()
+        if held:  # a last try; what fails stays in the journal for the next start
+            self._commit(held, sum(p.rows.num_rows for p in held))
         while True:  # jobs queued behind the stop are answered, not left waiting
             try:
                 item = self._queue.get_nowait()
@@ -331,6 +381,106 @@ class SpanStore:
                 break
             if isinstance(item, _WriterJob):
                 item.future.set_exception(StoreError("the span store closed before the job ran"))
+
+    def _take_held(self) -> list[_Pending]:
+        """The journaled requests to commit again, if the store takes commits now."""
+        if not self._held or not self.healthy:
+            return []
+        with self._lock:
+            held, self._held = self._held, []
+        return held
+
+    def _watch_commits(self) -> None:
+        """The journal's thread: while a commit (or a writer job) has run past `journal_after_s`, the requests
+        waiting on it are journaled and acknowledged, a round every half of that."""
+        assert self.journal_after_s is not None
+        after = self.journal_after_s
+        while not self._journal_stop.wait(max(after / 2, 0.005)):
+            since = self.stats.busy_since
+            if since is not None and time.perf_counter() - since >= after:
+                self._journal_waiting()
+
+    def _journal_waiting(self) -> None:
+        """Journal the requests not answered yet (those with a digest, by which a replay knows a committed one),
+        sync them, and acknowledge them."""
+        if self.invalidated is not None or self._closing:
+            return
+        with self._lock:
+            room = JOURNAL_MAX_BYTES - self._journaled_bytes
+            fresh = []
+            for pending in self._unacked.values():
+                if pending.journal is None and not pending.done and pending.digest is not None:
+                    room -= pending.rows.spans.nbytes
+                    if room < 0:
+                        break
+                    fresh.append(pending)
+        if not fresh:
+            return
+        try:
+            path = self.journal.write([(p.digest, p.rows) for p in fresh])  # type: ignore[misc]
+        except OSError as exc:  # the requests wait for their commit, as without a journal
+            self.stats.journal_errors += 1
+            self._journal_problem(f"cannot write the ingest journal ({exc}); exports wait for their commit")
+            return
+        file = JournalFile(path)
+        with self._lock:
+            for pending in fresh:
+                if not pending.done:  # committed meanwhile: it needs no file
+                    pending.journal = file
+                    file.outstanding.add(id(pending))
+                    self._journaled_bytes += pending.rows.spans.nbytes
+            acknowledged = [p for p in fresh if p.journal is file]
+        if not file.outstanding:
+            self._remove_journal_file(path)
+        self.stats.journaled_requests += len(acknowledged)
+        self.stats.journaled_spans += sum(p.rows.num_rows for p in acknowledged)
+        for pending in acknowledged:
+            _answer(pending, pending.rows.num_rows)
+
+    def _remove_journal_file(self, path: Path) -> None:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:  # replayed at the next start, every request in it skipped as committed
+            self._journal_problem(f"cannot remove the ingest journal file {path} ({exc})")
+
+    def _journal_problem(self, message: str) -> None:
+        self.stats.last_error = message
+        if self.on_journal_error is not None:
+            with contextlib.suppress(Exception):  # the writer must go on whatever the log does
+                self.on_journal_error(message)
+
+    def _replay_journal(self) -> None:
+        """At open: commit the requests journaled before the last stop that are not in the database, one file a
+        transaction, then remove the file. StoreOpenError when that fails (the spans were acknowledged)."""
+        for path in self.journal.files():
+            try:
+                requests = [r for r in self.journal.read(path) if r.digest not in self._committed]
+            except JournalError as exc:
+                raise StoreOpenError(str(exc)) from exc
+            digests = [r.digest for r in requests]
+            if digests:
+                assert self._con is not None
+                stored = {bytes(d) for (d,) in self._con.execute(
+                    "SELECT DISTINCT digest FROM ingest_requests WHERE list_contains(?, digest)",
+                    [digests]).fetchall()}
+                fresh: dict[bytes, SpanRows] = {}
+                for request in requests:
+                    if request.digest not in stored:
+                        fresh.setdefault(request.digest, request.rows)
+                if fresh:
+                    rows = list(fresh.values())
+                    table = pa.concat_tables([r.spans for r in rows])
+                    error = self._transaction(table, _new_rows([rows[0].resources], "resource_id", set()),
+                                              _new_rows([rows[0].scopes], "scope_id", set()), set(fresh), time.time())
+                    if error is not None:
+                        raise StoreOpenError(f"cannot store the {table.num_rows} acknowledged spans of the ingest "
+                                             f"journal file {path} ({error}); they stay there for the next start: "
+                                             "free space where the database is, then start again") from error
+                    self.stats.replayed_spans += table.num_rows
+                    now = time.time()
+                    for digest in fresh:
+                        self._committed[digest] = now
+            path.unlink()
 
     def _run_job(self, job: _WriterJob) -> None:
         assert self._con is not None
@@ -392,8 +542,9 @@ class SpanStore:
         elapsed = time.perf_counter() - started
         if error is not None and not answer_failure:
             return False
+        emptied = self._settle(batch, error)
         with self._lock:
-            self._queued_spans -= count
+            self._queued_spans -= count - sum(p.rows.num_rows for p in batch if not p.done)
         if error is None:
             self.healthy = self.invalidated is None  # a pipeline statement may have met a fatal error meanwhile
             self.stats.commits += 1
@@ -417,14 +568,47 @@ class SpanStore:
             # file gone) makes it unhealthy until a commit succeeds
             self.healthy = _memory_failure(error) and self._can_commit()
         for pending in batch:
+            if pending.journal is not None and not pending.done:
+                continue  # acknowledged from the journal: held, and committed once the store takes commits
             outcome: Any = (StoreError(f"the span store could not commit ({self.stats.last_error}); "
                                        "the export was not acknowledged and can be retried")
                             if error is not None else pending.rows.num_rows)
-            if not pending.loop.is_closed():
-                # the receiver's loop may close while we commit; then nothing is waiting any more
-                with contextlib.suppress(RuntimeError):
-                    pending.loop.call_soon_threadsafe(_resolve, pending.future, outcome)
+            _answer(pending, outcome)
+        for path in emptied:
+            self._remove_journal_file(path)
         return error is None
+
+    def _settle(self, batch: list[_Pending], error: Exception | None) -> list[Path]:
+        """After a commit (or a failed one, answered): each request is done, except a journaled one whose commit
+        failed while the store is at fault (held for the next commit). Journal files left with no request
+        outstanding are returned, to be removed."""
+        emptied: list[Path] = []
+        dropped: list[_Pending] = []
+        journaled = error is not None and any(p.journal is not None and not p.done for p in batch)
+        # a journaled request whose own commit failed is committed again later, unless the store commits a small
+        # write now: then its data is at fault, and retrying would only hold up the pipeline
+        data_at_fault = journaled and not _memory_failure(error) and self._can_commit()  # type: ignore[arg-type]
+        if data_at_fault:
+            self.healthy = True
+        with self._lock:
+            for pending in batch:
+                file = pending.journal
+                if error is not None and file is not None and not pending.done:
+                    if not data_at_fault:
+                        self._held.append(pending)
+                        continue
+                    dropped.append(pending)
+                pending.done = True
+                self._unacked.pop(id(pending), None)
+                if file is not None:
+                    self._journaled_bytes -= pending.rows.spans.nbytes
+                    file.outstanding.discard(id(pending))
+                    if not file.outstanding:
+                        emptied.append(file.path)
+        for pending in dropped:
+            self._journal_problem(f"{pending.rows.num_rows} spans acknowledged from the ingest journal cannot be "
+                                  f"stored and were dropped: {error}")
+        return emptied
 
 
     def _transaction(self, table: pa.Table, resources: pa.Table, scopes: pa.Table, digests: set[bytes],
@@ -549,6 +733,14 @@ def _new_rows(tables: list[pa.Table], column: str, known: set[int]) -> pa.Table:
     if not keep:
         return tables[0].slice(0, 0) if tables else pa.table({column: pa.array([], pa.int64())})
     return pa.concat_tables(keep) if len(keep) > 1 else keep[0]
+
+
+def _answer(pending: _Pending, outcome: Any) -> None:
+    """Answer a request's export on its receiver's loop (once: a later answer is ignored)."""
+    if not pending.loop.is_closed():
+        # the receiver's loop may close while we commit; then nothing is waiting any more
+        with contextlib.suppress(RuntimeError):
+            pending.loop.call_soon_threadsafe(_resolve, pending.future, outcome)
 
 
 def _resolve(future: asyncio.Future[int], outcome: Any) -> None:

@@ -1,0 +1,230 @@
+"""The ingest journal: exports acknowledged while the span writer's commit is held up (a checkpoint holds every
+commit), stored once whether the commit finishes or the process is killed first."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import random
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from tests.support.collector_process import CollectorProcess
+from tests.test_assembler import _spans
+from tests.test_crash_recovery import Sender
+from tests.test_pipeline import config
+from tracejudge.collector.config import Settings
+from tracejudge.collector.receivers.span_rows import spans_to_arrow
+from tracejudge.collector.store import span_store
+from tracejudge.collector.store.ingest_journal import IngestJournal
+from tracejudge.collector.store.span_store import SpanStore, StoreOpenError
+from tracejudge.collector.store.span_tables import SpanRows
+
+REPOSITORY = str(Path(__file__).resolve().parent.parent)
+
+
+def _request(trace: int) -> SpanRows:
+    return spans_to_arrow(_spans(trace, trace, session=f"chat-{trace}", turn="hello"), dt.datetime.now(dt.UTC))
+
+
+def _digest(trace: int) -> bytes:
+    return trace.to_bytes(16, "big")
+
+
+def _stored(db: Path) -> list[tuple[str, int]]:
+    with duckdb.connect(str(db), read_only=True) as con:
+        return con.execute("SELECT trace_id, count(*) FROM span_records GROUP BY 1 ORDER BY 1").fetchall()
+
+
+def _hold_writer(store: SpanStore) -> threading.Event:
+    """Hold the span writer, as a checkpoint holds a commit, until the event is set."""
+    release = threading.Event()
+    store.run_in_writer(lambda con: release.wait(60))
+    return release
+
+
+def test_exports_are_acknowledged_while_the_commit_is_held_and_stored_once_when_it_finishes(
+        tmp_path: Path) -> None:
+    db = tmp_path / "t.duckdb"
+    store = SpanStore(db, journal_after_s=0.02)
+    store.open()
+    journal = IngestJournal.beside(db)
+    try:
+        release = _hold_writer(store)
+
+        async def export_all() -> list[int]:
+            writes = [store.write(_request(trace), _digest(trace)) for trace in (1, 2, 3)]
+            return await asyncio.wait_for(asyncio.gather(*writes), 30)
+
+        assert asyncio.run(export_all()) == [1, 1, 1]  # answered with the writer still held
+        assert journal.files(), "acknowledged while held, but nothing was journaled"
+        assert store.stats.journaled_requests == 3 and store.stats.commits == 0
+        release.set()
+    finally:
+        store.close()
+    assert not journal.files(), "committed requests' journal files were kept"
+    assert [n for _, n in _stored(db)] == [1, 1, 1]
+
+
+def test_journaled_requests_held_in_memory_are_bounded_and_the_rest_wait_for_their_commit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    one = _request(1).spans.nbytes
+    monkeypatch.setattr(span_store, "JOURNAL_MAX_BYTES", 2 * one)  # room for two of the three
+    store = SpanStore(tmp_path / "t.duckdb", journal_after_s=0.02)
+    store.open()
+    try:
+        release = _hold_writer(store)
+
+        async def export_all() -> None:
+            writes = [asyncio.ensure_future(store.write(_request(t), _digest(t))) for t in (1, 2, 3)]
+            await asyncio.wait_for(asyncio.gather(*writes[:2]), 30)
+            await asyncio.sleep(0.3)  # a dozen of the journal's rounds
+            assert not writes[2].done(), "acknowledged past the journal's memory bound"
+            release.set()
+            assert await asyncio.wait_for(writes[2], 30) == 1
+
+        asyncio.run(export_all())
+        assert store.stats.journaled_requests == 2
+    finally:
+        store.close()
+    assert [n for _, n in _stored(tmp_path / "t.duckdb")] == [1, 1, 1]
+
+
+def test_without_a_journal_an_export_waits_for_its_commit(tmp_path: Path) -> None:
+    store = SpanStore(tmp_path / "t.duckdb", journal_after_s=None)
+    store.open()
+    try:
+        release = _hold_writer(store)
+
+        async def export() -> None:
+            write = asyncio.ensure_future(store.write(_request(1), _digest(1)))
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(write), 0.5)
+            release.set()
+            assert await write == 1
+
+        asyncio.run(export())
+    finally:
+        store.close()
+    assert not IngestJournal.beside(tmp_path / "t.duckdb").folder.exists()
+
+
+CHILD = """
+import asyncio, datetime as dt, json, sys, threading
+sys.path.insert(0, {repository!r})
+from tests.test_ingest_journal import _digest, _request
+from tracejudge.collector.store.span_store import SpanStore
+store = SpanStore(__import__("pathlib").Path({db!r}), journal_after_s=0.02)
+store.open()
+async def main():
+    await store.write(_request(1), _digest(1))  # committed before the writer is held
+    store.run_in_writer(lambda con: threading.Event().wait())  # held until the kill
+    # trace 2 twice (an exporter's retry while the first try waits): journaled twice, stored once
+    done = await asyncio.gather(*(store.write(_request(t), _digest(t)) for t in (2, 2, 3)))
+    print(json.dumps({{"acked": done, "files": len(store.journal.files())}}), flush=True)
+    await asyncio.sleep(3600)
+asyncio.run(main())
+"""
+
+
+def test_spans_acknowledged_from_the_journal_survive_kill_9_and_are_stored_once(tmp_path: Path) -> None:
+    db = tmp_path / "t.duckdb"
+    child = subprocess.Popen([sys.executable, "-c", CHILD.format(repository=REPOSITORY, db=str(db))],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        line = child.stdout.readline()  # type: ignore[union-attr]
+    finally:
+        child.kill()
+        child.wait(30)
+    assert json.loads(line)["acked"] == [1, 1, 1], line
+    assert IngestJournal.beside(db).files()
+
+    store = SpanStore(db)  # the journal is replayed at open, whatever journal_after is
+    store.open()
+    replayed = store.stats.replayed_spans
+    store.close()
+    assert replayed == 2
+    assert [n for _, n in _stored(db)] == [1, 1, 1]
+    assert not IngestJournal.beside(db).files()
+
+
+@pytest.mark.parametrize("down_for", [0, 3600], ids=["restarted at once", "restarted after an hour"])
+def test_a_journaled_request_committed_before_the_crash_is_not_stored_again(tmp_path: Path, down_for: int) -> None:
+    db = tmp_path / "t.duckdb"
+    store = SpanStore(db)
+    store.open()
+    asyncio.run(store.write(_request(1), _digest(1)))
+    store.close()
+    with duckdb.connect(str(db)) as con:  # an hour down: its digest is past the redelivery window the store loads
+        con.execute("UPDATE ingest_requests SET received_at = received_at - to_seconds(?)", [down_for])
+    # the file a crash left between the request's commit and the file's removal
+    IngestJournal.beside(db).write([(_digest(1), _request(1)), (_digest(2), _request(2))])
+
+    store = SpanStore(db)
+    store.open()
+    replayed = store.stats.replayed_spans
+    store.close()
+    assert replayed == 1
+    assert [n for _, n in _stored(db)] == [1, 1]
+    assert not IngestJournal.beside(db).files()
+
+
+def test_a_damaged_journal_file_stops_the_start_naming_it_and_a_torn_one_is_dropped(tmp_path: Path) -> None:
+    db = tmp_path / "t.duckdb"
+    journal = IngestJournal.beside(db)
+    journal.write([(_digest(1), _request(1))])
+    [written] = journal.files()
+    torn = journal.folder / ".never-renamed.tmp"  # a crash mid-write: never acknowledged
+    torn.write_bytes(b"tracejudge ingest")
+    damaged = journal.folder / "0-damaged.journal"
+    damaged.write_bytes(written.read_bytes()[:-40])
+
+    with pytest.raises(StoreOpenError, match="0-damaged.journal.*move it out of the folder"):
+        SpanStore(db).open()
+    assert damaged.exists() and not torn.exists()
+    damaged.rename(tmp_path / "kept.journal")
+    store = SpanStore(db)
+    store.open()
+    store.close()
+    assert [n for _, n in _stored(db)] == [1]
+
+
+def test_journal_after_takes_a_duration_or_none() -> None:
+    assert Settings().store.journal_after == 0.05
+    assert Settings.model_validate({"store": {"journal_after": "200ms"}}).store.journal_after == pytest.approx(0.2)
+    assert Settings.model_validate({"store": {"journal_after": "none"}}).store.journal_after is None
+
+
+def test_kill_9_of_a_collector_acknowledging_from_its_journal_loses_and_duplicates_no_span(tmp_path: Path) -> None:
+    """The real collector, its journal used on nearly every commit (journal_after 1ms), killed at random moments
+    while the OTel SDK exporter sends: every acknowledged span is stored, and stored once."""
+    db, cfg = tmp_path / "t.duckdb", config(tmp_path, '[store]\njournal_after = "1ms"\n')
+    rng = random.Random(20261207)
+    acked: dict[str, set[tuple[str, str]]] = {}
+    first, journaled = 0, 0.0
+    for _ in range(3):
+        collector = CollectorProcess(db, config=cfg).start()
+        sender = Sender(collector.grpc_endpoint, first, acked)
+        sender.thread.start()
+        time.sleep(rng.uniform(0.5, 1.5))
+        journaled += collector.metric("tracejudge_ingest_journaled_spans_total")
+        collector.kill()
+        sender.stopped.set()
+        sender.thread.join(30)
+        first = sender.next
+    assert acked and journaled > 0, "the journal was never used: the test proves nothing"
+    with CollectorProcess(db, config=cfg) as collector:
+        assert collector.stop() == 0
+    with duckdb.connect(str(db), read_only=True) as con:
+        rows = con.execute("SELECT trace_id, span_id FROM spans").fetchall()
+    missing = [c for c, keys in acked.items() if not keys <= set(rows)]
+    assert not missing, f"acknowledged spans lost: {missing[:5]}"
+    assert len(rows) == len(set(rows)), "a span was stored twice"
+    assert not IngestJournal.beside(db).files()
