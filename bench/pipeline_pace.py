@@ -173,7 +173,8 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
         config = Path(tmp) / "tracejudge.toml"
         workers = "" if args.assembly_workers is None else f"assembly_workers = {args.assembly_workers}\n"
         store = "".join(f"{name} = \"{value}\"\n" for name, value in (
-            ("checkpoint_threshold", args.checkpoint_threshold), ("memory_limit", args.memory_limit))
+            ("checkpoint_threshold", args.checkpoint_threshold), ("memory_limit", args.memory_limit),
+            ("journal_after", args.journal_after))
             if value is not None)
         store = f"[store]\n{store}" if store else ""
         if args.request_row_bytes is not None:
@@ -284,6 +285,9 @@ def main() -> None:
     parser.add_argument("--checkpoint-threshold", metavar="SIZE", help="[store] checkpoint_threshold (default: the "
                         "collector's own): each checkpoint holds every commit, and so the exports in them, while it "
                         "runs; one larger than what a run writes shows the latency without them")
+    parser.add_argument("--journal-after", metavar="DURATION", help="[store] journal_after (default: the "
+                        "collector's own, 50ms): a commit held this long has the exports waiting on it journaled and "
+                        "acknowledged; none: they wait for their commit, as before the journal")
     parser.add_argument("--memory-limit", metavar="SIZE", help="[store] memory_limit (default: the collector's own): "
                         "DuckDB's buffer pool, full in both runs; the collector refuses less than 96MB")
     parser.add_argument("--request-row-bytes", metavar="SIZE", help="[limits] request_row_bytes (default: the "

@@ -146,8 +146,9 @@ class StoreSettings(_Section):
                                 "heavy /api/query analytics on a many-core machine (none: DuckDB's default, one "
                                 "per core)")
     checkpoint_threshold: str = Field("256MB", description="WAL size at which DuckDB checkpoints it into the "
-                                      "database file; the commit that crosses it waits for the checkpoint and so "
-                                      "do the exports in it (about 1.3 s at 256MB). Smaller ones pause more "
+                                      "database file; the commit that crosses it waits for the checkpoint (about "
+                                      "1.3 s at 256MB), the exports in it are journaled after journal_after. "
+                                      "Smaller ones pause more "
                                       "often and cost more in all: over 1.5M spans 16MB gave a p99 of 1.2 s and "
                                       "0.68x the throughput, 64MB a p99 of 300 ms (BENCHMARKS.md)")
     journal_after: float | None = Field(0.05, gt=0, description="a commit running longer than this (a "

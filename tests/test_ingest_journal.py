@@ -4,6 +4,7 @@ commit), stored once whether the commit finishes or the process is killed first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import json
 import random
@@ -19,6 +20,7 @@ import pytest
 from tests.support.collector_process import CollectorProcess
 from tests.test_assembler import _spans
 from tests.test_crash_recovery import Sender
+from tests.test_disk_faults import small_fs  # noqa: F401 - the fixture, named by the test below
 from tests.test_pipeline import config
 from tracejudge.collector.config import Settings
 from tracejudge.collector.receivers.span_rows import spans_to_arrow
@@ -75,7 +77,7 @@ def test_exports_are_acknowledged_while_the_commit_is_held_and_stored_once_when_
 
 def test_journaled_requests_held_in_memory_are_bounded_and_the_rest_wait_for_their_commit(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    one = _request(1).spans.nbytes
+    one = _request(1).nbytes
     monkeypatch.setattr(span_store, "JOURNAL_MAX_BYTES", 2 * one)  # room for two of the three
     store = SpanStore(tmp_path / "t.duckdb", journal_after_s=0.02)
     store.open()
@@ -95,6 +97,40 @@ def test_journaled_requests_held_in_memory_are_bounded_and_the_rest_wait_for_the
     finally:
         store.close()
     assert [n for _, n in _stored(tmp_path / "t.duckdb")] == [1, 1, 1]
+
+
+def test_a_journaled_request_whose_commit_fails_on_a_full_disk_is_kept_and_committed_once_there_is_room(
+        small_fs: Path) -> None:  # noqa: F811 - the fixture imported above
+    db = small_fs / "t.duckdb"
+    store = SpanStore(db, journal_after_s=0.02)
+    store.open()
+    filler = small_fs / "filler"
+    try:
+        release = _hold_writer(store)
+        big = spans_to_arrow(_spans(1, 1, session="chat-1", turn="x" * 400_000), dt.datetime.now(dt.UTC))
+
+        async def export() -> int:
+            return await asyncio.wait_for(store.write(big, _digest(1)), 30)
+
+        assert asyncio.run(export()) == 1  # acknowledged from the journal
+        with open(filler, "wb") as handle, contextlib.suppress(OSError):  # the disk fills up before the commit
+            while True:
+                handle.write(b"\0" * 65536)
+                handle.flush()
+        release.set()
+        deadline = time.monotonic() + 30
+        while store.stats.journal_error is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "could not be committed" in (store.stats.journal_error or ""), store.stats.journal_error
+        assert IngestJournal.beside(db).files(), "the acknowledged request's file went with the failed commit"
+        filler.unlink()  # room again: the writer commits it from the journal by itself
+        while IngestJournal.beside(db).files() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not IngestJournal.beside(db).files()
+    finally:
+        filler.unlink(missing_ok=True)
+        store.close()
+    assert [n for _, n in _stored(db)] == [1]
 
 
 def test_without_a_journal_an_export_waits_for_its_commit(tmp_path: Path) -> None:

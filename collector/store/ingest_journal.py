@@ -13,6 +13,7 @@ Arrow IPC streams, each after its length: the requests (digest, spans), then the
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import struct
@@ -70,7 +71,9 @@ class IngestJournal:
     def write(self, requests: list[tuple[bytes, SpanRows]]) -> Path:
         """Write these requests to a new file and sync it (and the folder's entry): on return they survive a
         crash. OSError when the disk refuses (the requests then wait for their commit, as without a journal)."""
-        self.folder.mkdir(parents=True, exist_ok=True)
+        if not self.folder.is_dir():
+            self.folder.mkdir(parents=True, exist_ok=True)
+            fsync_path(self.folder.parent)  # the folder's own entry, or a power cut could lose the first file
         with self._lock:
             number = next(self._numbers)
         path = self.folder / f"{os.getpid()}-{number:012d}{SUFFIX}"
@@ -96,21 +99,29 @@ class IngestJournal:
                 os.fdatasync(handle.fileno())
             os.replace(tmp, path)
             fsync_path(self.folder)
-        except BaseException:
+        except BaseException:  # not acknowledged: nothing of it may stay to be replayed
             tmp.unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
             raise
         return path
 
+    def remove_unfinished(self) -> None:
+        """Remove the temporary files a crash left mid-write (never acknowledged); only before the writer runs."""
+        if self.folder.is_dir():
+            for tmp in self.folder.glob(".*.tmp"):
+                tmp.unlink(missing_ok=True)
+
     def files(self) -> list[Path]:
-        """The complete files, oldest first; a temporary one (a crash mid-write: never acknowledged) is removed."""
-        if not self.folder.is_dir():
-            return []
-        for tmp in self.folder.glob(".*.tmp"):
-            tmp.unlink(missing_ok=True)
-        return sorted(self.folder.glob(f"*{SUFFIX}"), key=lambda p: (p.stat().st_mtime_ns, p.name))
+        """The complete files, by name (a process's files in the order written)."""
+        return sorted(self.folder.glob(f"*{SUFFIX}")) if self.folder.is_dir() else []
 
     def size_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.files()) if self.folder.is_dir() else 0
+        """What the files take on disk (read while the writer removes them: one gone meanwhile counts 0)."""
+        total = 0
+        for path in self.files():
+            with contextlib.suppress(FileNotFoundError):
+                total += path.stat().st_size
+        return total
 
     @staticmethod
     def read(path: Path) -> Iterator[JournaledRequest]:

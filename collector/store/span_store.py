@@ -1,9 +1,9 @@
 """The durable span store: one DuckDB file, one writer thread, group commit, Arrow appends.
 
 Receivers hand decoded spans to `write()` and await it; the writer takes everything queued (up to
-`max_batch_spans`), appends it as one Arrow table in one transaction, and only then resolves every
-waiting request. So an export is acknowledged only once its spans are committed, and many requests share
-one commit.
+`max_batch_spans`), appends it as one Arrow table in one transaction, and then resolves every
+waiting request. So an export is acknowledged once its spans are committed (or journaled, below), and many requests
+share one commit.
 
 When a commit runs longer than `journal_after_s` (a checkpoint holds every commit for about a second), the requests
 waiting on it are written to the ingest journal beside the file, synced, and acknowledged there instead
@@ -59,7 +59,8 @@ JOURNAL_MAX_BYTES = 48 * 1024 * 1024
 
 
 class StoreError(TracejudgeError):
-    """The store cannot open or write; exporters get a retryable answer and nothing acknowledged is lost."""
+    """The store cannot open or write; exporters get a retryable answer (an acknowledged request is kept in the
+    journal until it is committed)."""
 
 
 class StoreOpenError(StoreError):
@@ -70,8 +71,9 @@ class StoreInvalidated(StoreError):
     """DuckDB invalidated the database after a fatal error (a failed checkpoint or rollback): every statement fails
     from then on, in this process, until the database is opened again."""
 
-    advice = ("restart the collector: every acknowledged span is in the database file or its WAL and is replayed "
-              "at start, and what the pipeline had in flight is taken up again. If DuckDB's error says Out of "
+    advice = ("restart the collector: every acknowledged span is in the database file, its WAL or the ingest "
+              "journal beside it, and is replayed at start, and what the pipeline had in flight is taken up again. "
+              "If DuckDB's error says Out of "
               "Memory, raise [store] memory_limit; if it names the disk, free space where the database is")
 
     def __init__(self, error: str) -> None:
@@ -119,6 +121,7 @@ class StoreStats:
     journaled_requests: int = 0  # acknowledged from the journal while their commit was held up
     journaled_spans: int = 0
     journal_errors: int = 0  # journal writes the disk refused (those requests waited for their commit)
+    journal_error: str | None = None  # the journal's last problem
     replayed_spans: int = 0  # spans committed from the journal at start (acknowledged before a crash)
 
     def busy_now(self) -> float:
@@ -157,8 +160,11 @@ class SpanStore:
         self._known_scopes: set[int] = set()
         self._queued_spans = 0
         self._unacked: dict[int, _Pending] = {}  # id -> a request not answered yet (the journal's candidates)
-        self._held: list[_Pending] = []  # journaled requests whose commit failed: committed again once it can be
+        # journal files with a request whose commit failed, committed from the file once the store takes commits
+        self._parked: set[Path] = set()
+        self._parked_retry_at = 0.0
         self._journaled_bytes = 0  # of the journaled requests not committed yet (`JOURNAL_MAX_BYTES`)
+        self._journal_retry_at = 0.0  # after a failed journal write, the journal rests until then
         self._journal_stop = threading.Event()
         self._journal_thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -232,8 +238,9 @@ class SpanStore:
             self._journal_thread.start()
 
     async def write(self, span_rows: SpanRows, digest: bytes | None = None) -> int:
-        """Return once the rows (from `spans_to_arrow`) are committed, or known to be (a redelivery of the request
-        with this `digest`); Backpressure or StoreError otherwise."""
+        """Return once the rows (from `spans_to_arrow`) are committed, known to be (a redelivery of the request
+        with this `digest`), or synced to the journal while their commit is held up; Backpressure or StoreError
+        otherwise."""
         rows = span_rows.num_rows
         if not rows:
             return 0
@@ -335,19 +342,21 @@ class SpanStore:
         stopping = False
         while not stopping:
             job: _WriterJob | None = None
-            batch = self._take_held()  # journaled requests whose commit failed: first, once the store is well
-            if not batch:
-                try:  # while the store is at fault, idle time goes to probing it: the pipeline waits on that
-                    first = self._queue.get(timeout=None if self.healthy else PROBE_S)
-                except queue.Empty:
+            batch: list[_Pending] = []
+            if self._parked and self.healthy and time.monotonic() >= self._parked_retry_at:
+                self._commit_parked()
+            try:  # while the store is at fault or files are parked, idle time goes to probing it and to them
+                first = self._queue.get(timeout=None if self.healthy and not self._parked else PROBE_S)
+            except queue.Empty:
+                if not self.healthy:
                     self.healthy = self._can_commit()
-                    continue
-                if first is None:
-                    break
-                if isinstance(first, _WriterJob):
-                    job = first
-                else:
-                    batch = [first]
+                continue
+            if first is None:
+                break
+            if isinstance(first, _WriterJob):
+                job = first
+            else:
+                batch = [first]
             count = sum(p.rows.num_rows for p in batch)
             while job is None and count < self.max_batch_spans:
                 try:
@@ -371,9 +380,8 @@ class SpanStore:
             finally:  # counted before it is cleared: a reader in between counts it twice, never not at all
                 self.stats.busy_s += time.perf_counter() - started
                 self.stats.busy_since = None
-        held = self._take_held()
-        if held:  # a last try; what fails stays in the journal for the next start
-            self._commit(held, sum(p.rows.num_rows for p in held))
+        if self._parked and self.healthy:  # a last try; what fails stays in the journal for the next start
+            self._commit_parked()
         while True:  # jobs queued behind the stop are answered, not left waiting
             try:
                 item = self._queue.get_nowait()
@@ -382,14 +390,6 @@ class SpanStore:
             if isinstance(item, _WriterJob):
                 item.future.set_exception(StoreError("the span store closed before the job ran"))
 
-    def _take_held(self) -> list[_Pending]:
-        """The journaled requests to commit again, if the store takes commits now."""
-        if not self._held or not self.healthy:
-            return []
-        with self._lock:
-            held, self._held = self._held, []
-        return held
-
     def _watch_commits(self) -> None:
         """The journal's thread: while a commit (or a writer job) has run past `journal_after_s`, the requests
         waiting on it are journaled and acknowledged, a round every half of that."""
@@ -397,8 +397,20 @@ class SpanStore:
         after = self.journal_after_s
         while not self._journal_stop.wait(max(after / 2, 0.005)):
             since = self.stats.busy_since
-            if since is not None and time.perf_counter() - since >= after:
+            if since is None or time.perf_counter() - since < after or time.monotonic() < self._journal_retry_at:
+                continue
+            try:
                 self._journal_waiting()
+            except Exception as exc:  # noqa: BLE001 - the requests wait for their commit; the thread goes on
+                self._journal_failed(exc)
+
+    def _journal_failed(self, exc: BaseException) -> None:
+        """A journal write failed: its requests wait for their commit, and the journal rests for `PROBE_S` (a full
+        disk is not written to, and logged, every round)."""
+        self.stats.journal_errors += 1
+        self._journal_retry_at = time.monotonic() + PROBE_S
+        self._journal_problem(f"cannot write the ingest journal ({type(exc).__name__}: {exc}); exports wait for "
+                              "their commit meanwhile")
 
     def _journal_waiting(self) -> None:
         """Journal the requests not answered yet (those with a digest, by which a replay knows a committed one),
@@ -410,25 +422,20 @@ class SpanStore:
             fresh = []
             for pending in self._unacked.values():
                 if pending.journal is None and not pending.done and pending.digest is not None:
-                    room -= pending.rows.spans.nbytes
+                    room -= pending.rows.nbytes
                     if room < 0:
                         break
                     fresh.append(pending)
         if not fresh:
             return
-        try:
-            path = self.journal.write([(p.digest, p.rows) for p in fresh])  # type: ignore[misc]
-        except OSError as exc:  # the requests wait for their commit, as without a journal
-            self.stats.journal_errors += 1
-            self._journal_problem(f"cannot write the ingest journal ({exc}); exports wait for their commit")
-            return
+        path = self.journal.write([(p.digest, p.rows) for p in fresh])  # type: ignore[misc]
         file = JournalFile(path)
         with self._lock:
             for pending in fresh:
                 if not pending.done:  # committed meanwhile: it needs no file
                     pending.journal = file
                     file.outstanding.add(id(pending))
-                    self._journaled_bytes += pending.rows.spans.nbytes
+                    self._journaled_bytes += pending.rows.nbytes
             acknowledged = [p for p in fresh if p.journal is file]
         if not file.outstanding:
             self._remove_journal_file(path)
@@ -444,43 +451,97 @@ class SpanStore:
             self._journal_problem(f"cannot remove the ingest journal file {path} ({exc})")
 
     def _journal_problem(self, message: str) -> None:
-        self.stats.last_error = message
+        self.stats.journal_error = message
         if self.on_journal_error is not None:
             with contextlib.suppress(Exception):  # the writer must go on whatever the log does
                 self.on_journal_error(message)
 
     def _replay_journal(self) -> None:
-        """At open: commit the requests journaled before the last stop that are not in the database, one file a
-        transaction, then remove the file. StoreOpenError when that fails (the spans were acknowledged)."""
+        """At open, before the writer runs: commit the requests journaled before the last stop that are not in the
+        database. StoreOpenError when the store cannot take them (they stay for the next start)."""
+        self.journal.remove_unfinished()
         for path in self.journal.files():
-            try:
-                requests = [r for r in self.journal.read(path) if r.digest not in self._committed]
-            except JournalError as exc:
-                raise StoreOpenError(str(exc)) from exc
-            digests = [r.digest for r in requests]
-            if digests:
-                assert self._con is not None
-                stored = {bytes(d) for (d,) in self._con.execute(
-                    "SELECT DISTINCT digest FROM ingest_requests WHERE list_contains(?, digest)",
-                    [digests]).fetchall()}
-                fresh: dict[bytes, SpanRows] = {}
-                for request in requests:
-                    if request.digest not in stored:
-                        fresh.setdefault(request.digest, request.rows)
-                if fresh:
-                    rows = list(fresh.values())
-                    table = pa.concat_tables([r.spans for r in rows])
-                    error = self._transaction(table, _new_rows([rows[0].resources], "resource_id", set()),
-                                              _new_rows([rows[0].scopes], "scope_id", set()), set(fresh), time.time())
-                    if error is not None:
-                        raise StoreOpenError(f"cannot store the {table.num_rows} acknowledged spans of the ingest "
-                                             f"journal file {path} ({error}); they stay there for the next start: "
-                                             "free space where the database is, then start again") from error
-                    self.stats.replayed_spans += table.num_rows
-                    now = time.time()
-                    for digest in fresh:
-                        self._committed[digest] = now
+            error = self._commit_file(path)
+            if error is not None:
+                raise StoreOpenError(f"cannot store the acknowledged spans of the ingest journal file {path} "
+                                     f"({error}); they stay there for the next start: {_STORE_ADVICE}") from error
+
+    def _commit_parked(self) -> None:
+        """Commit the parked journal files (between two commits, on the writer's thread); those the store cannot
+        take yet are tried again after `PROBE_S`."""
+        for path in sorted(self._parked):
+            error = self._commit_file(path)
+            if error is not None:
+                self._parked_retry_at = time.monotonic() + PROBE_S
+                return
+            self._parked.discard(path)
+        if not self._parked:
+            self._journal_problem("the acknowledged spans parked in the ingest journal are committed")
+
+    def _commit_file(self, path: Path) -> Exception | None:
+        """Commit a journal file's requests that are not in the database yet (by digest), in one transaction or, if
+        that fails, one by one, then remove the file. A request the store refuses while a small write commits (its
+        own data at fault) is moved to `rejected/` beside the files and logged, never dropped. The store's error when
+        it cannot take them (the file is kept)."""
+        try:
+            requests = list(self.journal.read(path))
+        except JournalError as exc:
+            return exc
+        stored = self._stored_digests([r.digest for r in requests])
+        fresh: dict[bytes, SpanRows] = {}
+        for request in requests:
+            if request.digest not in stored:
+                fresh.setdefault(request.digest, request.rows)
+        groups = [list(fresh.items())] if fresh else []
+        while groups:
+            group = groups.pop(0)
+            error = self._commit_requests(group)
+            if error is None:
+                continue
+            if len(group) > 1:
+                groups[:0] = [[item] for item in group]
+                continue
+            if _store_failure(error) or not self._can_commit():
+                return error
+            rejected = IngestJournal(self.journal.folder / "rejected").write(group)
+            self._journal_problem(f"an acknowledged request of {group[0][1].num_rows} spans cannot be stored "
+                                  f"({error}); kept in {rejected}")
+        with contextlib.suppress(FileNotFoundError):
             path.unlink()
+        return None
+
+    def _stored_digests(self, digests: list[bytes]) -> set[bytes]:
+        """Which of these request digests are in the database (any age: replay runs before any prune)."""
+        assert self._con is not None
+        found = {d for d in digests if d in self._committed}
+        rest = [d for d in digests if d not in found]
+        if rest:
+            found.update(bytes(d) for (d,) in self._con.execute(
+                "SELECT DISTINCT digest FROM ingest_requests WHERE list_contains(?, digest)", [rest]).fetchall())
+        return found
+
+    def _commit_requests(self, requests: list[tuple[bytes, SpanRows]]) -> Exception | None:
+        """Commit journaled requests (digests recorded with them) and tell the listeners; the error, if any."""
+        rows = [r for _, r in requests]
+        table = pa.concat_tables([r.spans for r in rows]) if len(rows) > 1 else rows[0].spans
+        resources = _new_rows([r.resources for r in rows], "resource_id", set())
+        scopes = _new_rows([r.scopes for r in rows], "scope_id", set())
+        now = time.time()
+        error = self._transaction(table, resources, scopes, {d for d, _ in requests}, now)
+        if error is not None:
+            return error
+        self.stats.replayed_spans += table.num_rows
+        for digest, _ in requests:
+            self._committed[digest] = now
+        for listener in self.listeners:
+            try:
+                listener(table)
+            except Exception as exc:  # noqa: BLE001 - committed: a listener failing must not undo that
+                self.stats.listener_errors += 1
+                if self.on_listener_error is not None:
+                    with contextlib.suppress(Exception):
+                        self.on_listener_error(exc)
+        return None
 
     def _run_job(self, job: _WriterJob) -> None:
         assert self._con is not None
@@ -544,7 +605,7 @@ class SpanStore:
             return False
         emptied = self._settle(batch, error)
         with self._lock:
-            self._queued_spans -= count - sum(p.rows.num_rows for p in batch if not p.done)
+            self._queued_spans -= count
         if error is None:
             self.healthy = self.invalidated is None  # a pipeline statement may have met a fatal error meanwhile
             self.stats.commits += 1
@@ -568,8 +629,6 @@ class SpanStore:
             # file gone) makes it unhealthy until a commit succeeds
             self.healthy = _memory_failure(error) and self._can_commit()
         for pending in batch:
-            if pending.journal is not None and not pending.done:
-                continue  # acknowledged from the journal: held, and committed once the store takes commits
             outcome: Any = (StoreError(f"the span store could not commit ({self.stats.last_error}); "
                                        "the export was not acknowledged and can be retried")
                             if error is not None else pending.rows.num_rows)
@@ -579,37 +638,30 @@ class SpanStore:
         return error is None
 
     def _settle(self, batch: list[_Pending], error: Exception | None) -> list[Path]:
-        """After a commit (or a failed one, answered): each request is done, except a journaled one whose commit
-        failed while the store is at fault (held for the next commit). Journal files left with no request
-        outstanding are returned, to be removed."""
+        """After a commit, or a failed one answered: every request is done. A journaled one whose commit failed
+        (already acknowledged) leaves its file parked: the writer commits it from there once the store takes
+        commits, or the next start does. Journal files with no request outstanding are returned, to be removed."""
         emptied: list[Path] = []
-        dropped: list[_Pending] = []
-        journaled = error is not None and any(p.journal is not None and not p.done for p in batch)
-        # a journaled request whose own commit failed is committed again later, unless the store commits a small
-        # write now: then its data is at fault, and retrying would only hold up the pipeline
-        data_at_fault = journaled and not _memory_failure(error) and self._can_commit()  # type: ignore[arg-type]
-        if data_at_fault:
-            self.healthy = True
+        parked = 0
         with self._lock:
             for pending in batch:
                 file = pending.journal
-                if error is not None and file is not None and not pending.done:
-                    if not data_at_fault:
-                        self._held.append(pending)
-                        continue
-                    dropped.append(pending)
                 pending.done = True
                 self._unacked.pop(id(pending), None)
-                if file is not None:
-                    self._journaled_bytes -= pending.rows.spans.nbytes
-                    file.outstanding.discard(id(pending))
-                    if not file.outstanding:
-                        emptied.append(file.path)
-        for pending in dropped:
-            self._journal_problem(f"{pending.rows.num_rows} spans acknowledged from the ingest journal cannot be "
-                                  f"stored and were dropped: {error}")
+                if file is None:
+                    continue
+                self._journaled_bytes -= pending.rows.nbytes
+                file.outstanding.discard(id(pending))
+                if error is not None and file.path not in self._parked:
+                    self._parked.add(file.path)
+                    parked += pending.rows.num_rows
+                elif not file.outstanding and file.path not in self._parked:
+                    emptied.append(file.path)
+        if parked:
+            self._parked_retry_at = time.monotonic() + PROBE_S
+            self._journal_problem(f"{parked} acknowledged spans could not be committed ({error}); they stay in the "
+                                  "ingest journal and are committed from it once the store takes commits")
         return emptied
-
 
     def _transaction(self, table: pa.Table, resources: pa.Table, scopes: pa.Table, digests: set[bytes],
                      now: float) -> Exception | None:
@@ -676,6 +728,8 @@ class SpanStore:
         if now - self._last_prune < 60 or self._con is None:
             return
         self._last_prune = now
+        with contextlib.suppress(OSError):  # a digest a journal file may hold is kept while the file is
+            horizon = min([horizon] + [p.stat().st_mtime - 60 for p in self.journal.files()])
         try:
             with self.gate.writing():
                 self._con.execute("DELETE FROM ingest_requests WHERE received_at < ?",
@@ -708,6 +762,17 @@ def lock_down(con: duckdb.DuckDBPyConnection) -> None:
     """No file access from SQL (read_csv('/etc/...') in a query) and no settings changes afterwards."""
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
+
+
+_STORE_ADVICE = ("free space where the database is, or raise [store] memory_limit if DuckDB's error says Out of "
+                 "Memory, then start again")
+
+
+def _store_failure(error: Exception) -> bool:
+    """The store could not take a write, whatever its data: out of memory, a disk or file error, an invalid
+    database (a request's own bad data raises none of these)."""
+    return _memory_failure(error) or isinstance(error, duckdb.IOException | duckdb.OutOfMemoryException
+                                                 | duckdb.FatalException | StoreInvalidated | OSError)
 
 
 def _memory_failure(error: Exception) -> bool:

@@ -33,6 +33,11 @@ class SpanRows:
     def num_rows(self) -> int:
         return self.spans.num_rows
 
+    @property
+    def nbytes(self) -> int:
+        """The Arrow bytes the request holds (its resources and scopes can be larger than its spans)."""
+        return self.spans.nbytes + self.resources.nbytes + self.scopes.nbytes
+
 
 # What the store's writer keeps in memory of the ids already stored, so a commit inserts only new ones.
 MAX_KNOWN_IDS = 65_536
