@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
@@ -113,20 +114,51 @@ def test_a_journaled_request_whose_commit_fails_on_a_full_disk_is_kept_and_commi
             return await asyncio.wait_for(store.write(big, _digest(1)), 30)
 
         assert asyncio.run(export()) == 1  # acknowledged from the journal
-        with open(filler, "wb") as handle, contextlib.suppress(OSError):  # the disk fills up before the commit
-            while True:
-                handle.write(b"\0" * 65536)
-                handle.flush()
+        _fill(small_fs)  # the disk fills up before the commit
         release.set()
-        deadline = time.monotonic() + 30
-        while store.stats.journal_error is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        assert _wait_until(lambda: store.stats.journal_error is not None)
         assert "could not be committed" in (store.stats.journal_error or ""), store.stats.journal_error
         assert IngestJournal.beside(db).files(), "the acknowledged request's file went with the failed commit"
         filler.unlink()  # room again: the writer commits it from the journal by itself
-        while IngestJournal.beside(db).files() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not IngestJournal.beside(db).files()
+        assert _wait_until(lambda: not IngestJournal.beside(db).files()), store.stats.journal_error
+    finally:
+        filler.unlink(missing_ok=True)
+        store.close()
+    assert [n for _, n in _stored(db)] == [1]
+
+
+def _fill(folder: Path) -> Path:
+    filler = folder / "filler"
+    with open(filler, "wb") as handle, contextlib.suppress(OSError):
+        while True:
+            handle.write(b"\0" * 65536)
+            handle.flush()
+    return filler
+
+
+def _wait_until(done: Callable[[], bool], timeout: float = 30) -> bool:
+    deadline = time.monotonic() + timeout
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return done()
+
+
+def test_a_journal_file_the_store_cannot_take_at_start_does_not_stop_it_and_is_committed_later(
+        small_fs: Path) -> None:  # noqa: F811 - the fixture imported above
+    db = small_fs / "t.duckdb"
+    store = SpanStore(db)
+    store.open()
+    store.close()
+    big = spans_to_arrow(_spans(1, 1, session="chat-1", turn="x" * 400_000), dt.datetime.now(dt.UTC))
+    IngestJournal.beside(db).write([(_digest(1), big)])
+    filler = _fill(small_fs)
+    store = SpanStore(db)
+    try:
+        store.open()  # the disk is full: the file is parked, the collector starts
+        assert "could not be committed" in (store.stats.journal_error or ""), store.stats.journal_error
+        assert IngestJournal.beside(db).files()
+        filler.unlink()
+        assert _wait_until(lambda: not IngestJournal.beside(db).files()), store.stats.journal_error
     finally:
         filler.unlink(missing_ok=True)
         store.close()

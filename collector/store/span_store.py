@@ -52,6 +52,7 @@ FREE_SPACE_TTL_S = 1.0
 _WAITS = ("; the pipeline goes on by itself once the span writer's commits succeed again: free space where the "
           "database is (GET /readyz says what is wrong)")
 PROBE_S = 2.0  # while its last commit failed and no spans come, the writer tries a small commit this often
+PARKED_MAX_WAIT_S = 60.0  # the longest wait between two tries of a journal file whose commit failed
 # Arrow bytes of journaled requests held for their commit: past it, exports wait for their commit again. Each
 # acknowledged export lets its exporter send the next, so without a bound a held commit let the queue grow to
 # max_queue_spans (a second's checkpoint at 45k spans/s holds about 26 MB)
@@ -163,6 +164,7 @@ class SpanStore:
         # journal files with a request whose commit failed, committed from the file once the store takes commits
         self._parked: set[Path] = set()
         self._parked_retry_at = 0.0
+        self._parked_wait_s = PROBE_S
         self._journaled_bytes = 0  # of the journaled requests not committed yet (`JOURNAL_MAX_BYTES`)
         self._journal_retry_at = 0.0  # after a failed journal write, the journal rests until then
         self._journal_stop = threading.Event()
@@ -344,7 +346,12 @@ class SpanStore:
             job: _WriterJob | None = None
             batch: list[_Pending] = []
             if self._parked and self.healthy and time.monotonic() >= self._parked_retry_at:
-                self._commit_parked()
+                started = self.stats.busy_since = time.perf_counter()
+                try:
+                    self._commit_parked()
+                finally:
+                    self.stats.busy_s += time.perf_counter() - started
+                    self.stats.busy_since = None
             try:  # while the store is at fault or files are parked, idle time goes to probing it and to them
                 first = self._queue.get(timeout=None if self.healthy and not self._parked else PROBE_S)
             except queue.Empty:
@@ -458,57 +465,72 @@ class SpanStore:
 
     def _replay_journal(self) -> None:
         """At open, before the writer runs: commit the requests journaled before the last stop that are not in the
-        database. StoreOpenError when the store cannot take them (they stay for the next start)."""
+        database. A file the store cannot take now is parked for the writer to commit (the start goes on); one that
+        cannot be read stops the start (StoreOpenError), naming it."""
         self.journal.remove_unfinished()
         for path in self.journal.files():
-            error = self._commit_file(path)
+            try:
+                error = self._commit_file(path)
+            except Exception as exc:  # noqa: BLE001 - kept for the writer to try again; the start goes on
+                error = exc
+            if isinstance(error, JournalError):
+                raise StoreOpenError(str(error)) from error
             if error is not None:
-                raise StoreOpenError(f"cannot store the acknowledged spans of the ingest journal file {path} "
-                                     f"({error}); they stay there for the next start: {_STORE_ADVICE}") from error
+                self._park_file(path, error)
+
+    def _park_file(self, path: Path, error: Exception) -> None:
+        """Keep a journal file whose requests could not all be committed; the writer tries it again, waiting twice
+        as long each time, up to a minute."""
+        if path in self._parked:
+            self._parked_wait_s = min(self._parked_wait_s * 2, PARKED_MAX_WAIT_S)
+        else:
+            self._parked.add(path)
+        self._parked_retry_at = time.monotonic() + self._parked_wait_s
+        self._journal_problem(f"acknowledged spans in the ingest journal file {path} could not be committed "
+                              f"({type(error).__name__}: {error}); tried again in {self._parked_wait_s:.0f} s. They "
+                              "are kept: free space or raise [store] memory_limit if DuckDB's error says so")
 
     def _commit_parked(self) -> None:
-        """Commit the parked journal files (between two commits, on the writer's thread); those the store cannot
-        take yet are tried again after `PROBE_S`."""
+        """Commit the parked journal files (on the writer's thread, between two commits)."""
         for path in sorted(self._parked):
-            error = self._commit_file(path)
+            try:
+                error = self._commit_file(path)
+            except Exception as exc:  # noqa: BLE001 - the writer must go on; the file is kept
+                error = exc
             if error is not None:
-                self._parked_retry_at = time.monotonic() + PROBE_S
+                self._park_file(path, error)
                 return
             self._parked.discard(path)
-        if not self._parked:
-            self._journal_problem("the acknowledged spans parked in the ingest journal are committed")
+        self._parked_wait_s = PROBE_S
+        self._journal_problem("the acknowledged spans parked in the ingest journal are committed")
 
     def _commit_file(self, path: Path) -> Exception | None:
         """Commit a journal file's requests that are not in the database yet (by digest), in one transaction or, if
-        that fails, one by one, then remove the file. A request the store refuses while a small write commits (its
-        own data at fault) is moved to `rejected/` beside the files and logged, never dropped. The store's error when
-        it cannot take them (the file is kept)."""
+        that fails, one by one, and remove the file once all are in; the first error otherwise (the file is kept,
+        and its committed requests are skipped by digest next time). Nothing acknowledged is ever dropped."""
         try:
             requests = list(self.journal.read(path))
-        except JournalError as exc:
+            stored = self._stored_digests([r.digest for r in requests])
+        except (JournalError, duckdb.Error) as exc:
+            self.note_fatal(exc)
             return exc
-        stored = self._stored_digests([r.digest for r in requests])
         fresh: dict[bytes, SpanRows] = {}
         for request in requests:
             if request.digest not in stored:
                 fresh.setdefault(request.digest, request.rows)
+        failed: Exception | None = None
         groups = [list(fresh.items())] if fresh else []
         while groups:
             group = groups.pop(0)
             error = self._commit_requests(group)
-            if error is None:
-                continue
-            if len(group) > 1:
+            if error is not None and len(group) > 1:
                 groups[:0] = [[item] for item in group]
-                continue
-            if _store_failure(error) or not self._can_commit():
-                return error
-            rejected = IngestJournal(self.journal.folder / "rejected").write(group)
-            self._journal_problem(f"an acknowledged request of {group[0][1].num_rows} spans cannot be stored "
-                                  f"({error}); kept in {rejected}")
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        return None
+            elif error is not None:
+                failed = failed or error
+        if failed is None:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        return failed
 
     def _stored_digests(self, digests: list[bytes]) -> set[bytes]:
         """Which of these request digests are in the database (any age: replay runs before any prune)."""
@@ -728,8 +750,9 @@ class SpanStore:
         if now - self._last_prune < 60 or self._con is None:
             return
         self._last_prune = now
-        with contextlib.suppress(OSError):  # a digest a journal file may hold is kept while the file is
-            horizon = min([horizon] + [p.stat().st_mtime - 60 for p in self.journal.files()])
+        for path in self.journal.files():  # the digests a journal file's requests may be checked against stay
+            with contextlib.suppress(OSError):
+                horizon = min(horizon, path.stat().st_mtime - DEDUP_WINDOW_S)
         try:
             with self.gate.writing():
                 self._con.execute("DELETE FROM ingest_requests WHERE received_at < ?",
@@ -762,17 +785,6 @@ def lock_down(con: duckdb.DuckDBPyConnection) -> None:
     """No file access from SQL (read_csv('/etc/...') in a query) and no settings changes afterwards."""
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
-
-
-_STORE_ADVICE = ("free space where the database is, or raise [store] memory_limit if DuckDB's error says Out of "
-                 "Memory, then start again")
-
-
-def _store_failure(error: Exception) -> bool:
-    """The store could not take a write, whatever its data: out of memory, a disk or file error, an invalid
-    database (a request's own bad data raises none of these)."""
-    return _memory_failure(error) or isinstance(error, duckdb.IOException | duckdb.OutOfMemoryException
-                                                 | duckdb.FatalException | StoreInvalidated | OSError)
 
 
 def _memory_failure(error: Exception) -> bool:
