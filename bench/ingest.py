@@ -1,6 +1,7 @@
 """Ingest benchmark: pre-built OTLP requests of realistic GenAI/MCP spans against `tracejudge serve`.
 
-Every export is acknowledged only after its spans are committed, so acknowledged spans/s is durable spans/s.
+Every export is acknowledged only after its spans are committed, or synced to the ingest journal while a checkpoint
+holds their commit, so acknowledged spans/s is durable spans/s.
 Prints throughput at full speed over gRPC and HTTP, latency percentiles at half that rate, and the server's
 peak RSS. With `--phoenix-python`, the same requests also go to Arize Phoenix's OTLP/gRPC receiver (its
 own venv: `python3 -m venv /tmp/venv-phoenix && /tmp/venv-phoenix/bin/pip install arize-phoenix`; working

@@ -53,10 +53,11 @@ _WAITS = ("; the pipeline goes on by itself once the span writer's commits succe
           "database is (GET /readyz says what is wrong)")
 PROBE_S = 2.0  # while its last commit failed and no spans come, the writer tries a small commit this often
 PARKED_MAX_WAIT_S = 60.0  # the longest wait between two tries of a journal file whose commit failed
-# Arrow bytes of journaled requests held for their commit: past it, exports wait for their commit again. Each
-# acknowledged export lets its exporter send the next, so without a bound a held commit let the queue grow to
-# max_queue_spans (a second's checkpoint at 45k spans/s holds about 26 MB)
-JOURNAL_MAX_BYTES = 48 * 1024 * 1024
+# Arrow bytes of journaled requests not committed yet (on disk: their rows are dropped from memory once synced and
+# read back for the commit): past it, exports wait for their commit again (a second's checkpoint at 45k spans/s
+# journals about 40 MB)
+JOURNAL_MAX_BYTES = 256 * 1024 * 1024
+JOURNAL_FILE_BYTES = 8 * 1024 * 1024  # of requests a journal file holds: the copy its write makes in memory
 
 
 class StoreError(TracejudgeError):
@@ -92,9 +93,11 @@ class Backpressure(StoreError):
 
 @dataclass
 class _Pending:
-    rows: SpanRows
+    rows: SpanRows | None  # None once journaled: the writer reads them back from the file (`_rows_of`)
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[int]
+    count: int  # spans
+    nbytes: int  # Arrow bytes of its rows
     digest: bytes | None = None
     journal: JournalFile | None = None  # the file it was acknowledged from, while its commit was held up
     done: bool = False  # committed, or answered: never journaled after this
@@ -258,7 +261,7 @@ class SpanStore:
             self._queued_spans += rows
             loop = asyncio.get_running_loop()
             future: asyncio.Future[int] = loop.create_future()
-            pending = _Pending(span_rows, loop, future, digest)
+            pending = _Pending(span_rows, loop, future, rows, span_rows.nbytes, digest)
             self._unacked[id(pending)] = pending
         self._queue.put(pending)
         return await future
@@ -364,7 +367,7 @@ class SpanStore:
                 job = first
             else:
                 batch = [first]
-            count = sum(p.rows.num_rows for p in batch)
+            count = sum(p.count for p in batch)
             while job is None and count < self.max_batch_spans:
                 try:
                     item = self._queue.get_nowait()
@@ -377,7 +380,7 @@ class SpanStore:
                     job = item  # after the batch gathered so far
                     break
                 batch.append(item)
-                count += item.rows.num_rows
+                count += item.count
             started = self.stats.busy_since = time.perf_counter()
             try:
                 if batch:
@@ -424,17 +427,26 @@ class SpanStore:
         sync them, and acknowledge them."""
         if self.invalidated is not None or self._closing:
             return
+        while self._journal_some():
+            pass
+
+    def _journal_some(self) -> bool:
+        """Journal and acknowledge up to `JOURNAL_FILE_BYTES` of the requests waiting, in one file; whether it
+        did."""
         with self._lock:
             room = JOURNAL_MAX_BYTES - self._journaled_bytes
-            fresh = []
+            fresh: list[_Pending] = []
+            size = 0
             for pending in self._unacked.values():
-                if pending.journal is None and not pending.done and pending.digest is not None:
-                    room -= pending.rows.nbytes
-                    if room < 0:
+                if pending.journal is None and not pending.done and pending.digest is not None \
+                        and pending.rows is not None:
+                    room -= pending.nbytes
+                    if room < 0 or (fresh and size + pending.nbytes > JOURNAL_FILE_BYTES):
                         break
                     fresh.append(pending)
+                    size += pending.nbytes
         if not fresh:
-            return
+            return False
         path = self.journal.write([(p.digest, p.rows) for p in fresh])  # type: ignore[misc]
         file = JournalFile(path)
         with self._lock:
@@ -442,14 +454,16 @@ class SpanStore:
                 if not pending.done:  # committed meanwhile: it needs no file
                     pending.journal = file
                     file.outstanding.add(id(pending))
-                    self._journaled_bytes += pending.rows.nbytes
+                    self._journaled_bytes += pending.nbytes
+                    pending.rows = None  # held on disk, not in memory, until its commit (set after `journal`)
             acknowledged = [p for p in fresh if p.journal is file]
         if not file.outstanding:
             self._remove_journal_file(path)
         self.stats.journaled_requests += len(acknowledged)
-        self.stats.journaled_spans += sum(p.rows.num_rows for p in acknowledged)
+        self.stats.journaled_spans += sum(p.count for p in acknowledged)
         for pending in acknowledged:
-            _answer(pending, pending.rows.num_rows)
+            _answer(pending, pending.count)
+        return True
 
     def _remove_journal_file(self, path: Path) -> None:
         try:
@@ -584,7 +598,7 @@ class SpanStore:
             self._commit_group(batch, count, answer_failure=True)
         elif not self._commit_group(batch, count, answer_failure=False):
             for pending in batch:  # one request's bad data must not fail the others it was grouped with
-                self._commit_group([pending], pending.rows.num_rows, answer_failure=True)
+                self._commit_group([pending], pending.count, answer_failure=True)
 
     def _commit_group(self, batch: list[_Pending], count: int, answer_failure: bool) -> bool:
         """Commit the batch in one transaction and answer its requests; on failure answer them only if asked."""
@@ -598,10 +612,12 @@ class SpanStore:
             fresh.append(pending)
             if pending.digest is not None:
                 digests.add(pending.digest)
-        table = pa.concat_tables([p.rows.spans for p in fresh]) if len(fresh) > 1 else \
-            fresh[0].rows.spans if fresh else batch[0].rows.spans.slice(0, 0)
-        resources = _new_rows([p.rows.resources for p in fresh], "resource_id", self._known_resources)
-        scopes = _new_rows([p.rows.scopes for p in fresh], "scope_id", self._known_scopes)
+        rows = self._rows_of(fresh or batch[:1])
+        table = pa.concat_tables([r.spans for r in rows]) if len(rows) > 1 else \
+            rows[0].spans if fresh else rows[0].spans.slice(0, 0)
+        resources = _new_rows([r.resources for r in rows], "resource_id", self._known_resources)
+        scopes = _new_rows([r.scopes for r in rows], "scope_id", self._known_scopes)
+        del rows
         inserted = table.num_rows
         now = time.time()
         error = self._transaction(table, resources, scopes, digests, now)
@@ -653,11 +669,27 @@ class SpanStore:
         for pending in batch:
             outcome: Any = (StoreError(f"the span store could not commit ({self.stats.last_error}); "
                                        "the export was not acknowledged and can be retried")
-                            if error is not None else pending.rows.num_rows)
+                            if error is not None else pending.count)
             _answer(pending, outcome)
         for path in emptied:
             self._remove_journal_file(path)
         return error is None
+
+    def _rows_of(self, pending: list[_Pending]) -> list[SpanRows]:
+        """Each request's rows: in memory, or read back from the journal file it was acknowledged from (each file
+        once)."""
+        files: dict[Path, dict[bytes, SpanRows]] = {}
+        out = []
+        for p in pending:
+            rows = p.rows  # read once: the journal's thread may release it meanwhile, having set `journal` first
+            if rows is None:
+                assert p.journal is not None and p.digest is not None
+                path = p.journal.path
+                if path not in files:
+                    files[path] = {r.digest: r.rows for r in self.journal.read(path)}
+                rows = files[path][p.digest]
+            out.append(rows)
+        return out
 
     def _settle(self, batch: list[_Pending], error: Exception | None) -> list[Path]:
         """After a commit, or a failed one answered: every request is done. A journaled one whose commit failed
@@ -669,14 +701,15 @@ class SpanStore:
             for pending in batch:
                 file = pending.journal
                 pending.done = True
+                pending.rows = None
                 self._unacked.pop(id(pending), None)
                 if file is None:
                     continue
-                self._journaled_bytes -= pending.rows.nbytes
+                self._journaled_bytes -= pending.nbytes
                 file.outstanding.discard(id(pending))
                 if error is not None and file.path not in self._parked:
                     self._parked.add(file.path)
-                    parked += pending.rows.num_rows
+                    parked += pending.count
                 elif not file.outstanding and file.path not in self._parked:
                     emptied.append(file.path)
         if parked:
