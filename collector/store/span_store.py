@@ -612,32 +612,41 @@ class SpanStore:
             fresh.append(pending)
             if pending.digest is not None:
                 digests.add(pending.digest)
-        rows = self._rows_of(fresh or batch[:1])
-        table = pa.concat_tables([r.spans for r in rows]) if len(rows) > 1 else \
-            rows[0].spans if fresh else rows[0].spans.slice(0, 0)
-        resources = _new_rows([r.resources for r in rows], "resource_id", self._known_resources)
-        scopes = _new_rows([r.scopes for r in rows], "scope_id", self._known_scopes)
-        del rows
-        inserted = table.num_rows
+        # nothing to write when every request is a redelivery (its journal file may be gone: committed from there)
+        error: Exception | None = None
+        table = resources = scopes = None
+        if fresh:
+            try:
+                rows = self._rows_of(fresh)
+            except (JournalError, OSError, KeyError) as exc:  # a journal file damaged or gone: the request stays
+                error = exc
+            else:
+                table = pa.concat_tables([r.spans for r in rows]) if len(rows) > 1 else rows[0].spans
+                resources = _new_rows([r.resources for r in rows], "resource_id", self._known_resources)
+                scopes = _new_rows([r.scopes for r in rows], "scope_id", self._known_scopes)
+                del rows
+        inserted = table.num_rows if table is not None else 0
         now = time.time()
-        error = self._transaction(table, resources, scopes, digests, now)
-        for pause in MEMORY_RETRY_PAUSES_S:
-            if error is None or not _memory_failure(error):
-                break
-            # the buffer pool is shared with /api/query: a query holding it fails or ends within moments, so
-            # wait for it here rather than make the exporter back off for a second or more
-            self.stats.memory_retries += 1
-            time.sleep(pause)
+        if table is not None and resources is not None and scopes is not None:
             error = self._transaction(table, resources, scopes, digests, now)
+            for pause in MEMORY_RETRY_PAUSES_S:
+                if error is None or not _memory_failure(error):
+                    break
+                # the buffer pool is shared with /api/query: a query holding it fails or ends within moments, so
+                # wait for it here rather than make the exporter back off for a second or more
+                self.stats.memory_retries += 1
+                time.sleep(pause)
+                error = self._transaction(table, resources, scopes, digests, now)
+            if error is None:
+                for known, new, column in ((self._known_resources, resources, "resource_id"),
+                                           (self._known_scopes, scopes, "scope_id")):
+                    if len(known) + new.num_rows > MAX_KNOWN_IDS:
+                        known.clear()  # a cache: a commit that meets an id not in it inserts it again, ignored
+                    known.update(new.column(column).to_pylist())
         if error is None:
             for digest in digests:
                 self._committed[digest] = now
             self._prune(now)
-            for known, new, column in ((self._known_resources, resources, "resource_id"),
-                                       (self._known_scopes, scopes, "scope_id")):
-                if len(known) + new.num_rows > MAX_KNOWN_IDS:
-                    known.clear()  # a cache: a commit that meets an id not in it inserts it again, ignored
-                known.update(new.column(column).to_pylist())
         elapsed = time.perf_counter() - started
         if error is not None and not answer_failure:
             return False
