@@ -151,7 +151,8 @@ class StoreSettings(_Section):
                                       "Smaller ones pause more "
                                       "often and cost more in all: over 1.5M spans 16MB gave a p99 of 1.2 s and "
                                       "0.68x the throughput, 64MB a p99 of 300 ms (BENCHMARKS.md)")
-    journal_after: float | None = Field(0.05, gt=0, description="a commit running longer than this (a "
+    journal_after: float | None = Field(0.05, gt=0, description="seconds, or a duration like 50ms: a commit "
+                                        "running longer than this (a "
                                         "checkpoint holds every commit for about a second) has the exports waiting "
                                         "on it written to the ingest journal beside the database, synced, and "
                                         "acknowledged; they are committed as usual, or at the next start after a "

@@ -165,6 +165,30 @@ def test_a_journal_file_the_store_cannot_take_at_start_does_not_stop_it_and_is_c
     assert [n for _, n in _stored(db)] == [1]
 
 
+def test_a_journal_file_removed_from_outside_fails_only_its_request_and_the_writer_goes_on(tmp_path: Path) -> None:
+    db = tmp_path / "t.duckdb"
+    store = SpanStore(db, journal_after_s=0.02)
+    store.open()
+    journal = IngestJournal.beside(db)
+    try:
+        release = _hold_writer(store)
+
+        async def export(trace: int) -> int:
+            return await asyncio.wait_for(store.write(_request(trace), _digest(trace)), 30)
+
+        assert asyncio.run(export(1)) == 1
+        assert asyncio.run(export(2)) == 1  # a file each: the second round found only the second request
+        first, second = journal.files()
+        first.unlink()  # its request's rows were only there
+        release.set()
+        assert asyncio.run(export(3)) == 1  # the writer is alive and commits
+        assert _wait_until(lambda: not second.exists())
+        assert "could not be committed" in (store.stats.journal_error or ""), store.stats.journal_error
+    finally:
+        store.close()
+    assert [t for t, _ in _stored(db)] == [f"{2:032x}", f"{3:032x}"]
+
+
 def test_without_a_journal_an_export_waits_for_its_commit(tmp_path: Path) -> None:
     store = SpanStore(tmp_path / "t.duckdb", journal_after_s=None)
     store.open()

@@ -57,7 +57,8 @@ PARKED_MAX_WAIT_S = 60.0  # the longest wait between two tries of a journal file
 # read back for the commit): past it, exports wait for their commit again (a second's checkpoint at 45k spans/s
 # journals about 40 MB)
 JOURNAL_MAX_BYTES = 256 * 1024 * 1024
-JOURNAL_FILE_BYTES = 8 * 1024 * 1024  # of requests a journal file holds: the copy its write makes in memory
+# of requests a journal file holds (the copy its write makes in memory); a larger request is never journaled
+JOURNAL_FILE_BYTES = 8 * 1024 * 1024
 
 
 class StoreError(TracejudgeError):
@@ -437,17 +438,22 @@ class SpanStore:
             room = JOURNAL_MAX_BYTES - self._journaled_bytes
             fresh: list[_Pending] = []
             size = 0
+            requests: list[tuple[bytes, SpanRows]] = []  # taken under the lock: a commit ending drops the rows
             for pending in self._unacked.values():
+                # a request larger than a file waits for its commit: one past DuckDB's buffer pool (a raised
+                # [limits] request_row_bytes) must get its retryable failure, not an acknowledgment it never commits
                 if pending.journal is None and not pending.done and pending.digest is not None \
-                        and pending.rows is not None:
+                        and pending.rows is not None and pending.nbytes <= JOURNAL_FILE_BYTES:
                     room -= pending.nbytes
                     if room < 0 or (fresh and size + pending.nbytes > JOURNAL_FILE_BYTES):
                         break
                     fresh.append(pending)
+                    requests.append((pending.digest, pending.rows))
                     size += pending.nbytes
         if not fresh:
             return False
-        path = self.journal.write([(p.digest, p.rows) for p in fresh])  # type: ignore[misc]
+        path = self.journal.write(requests)
+        del requests
         file = JournalFile(path)
         with self._lock:
             for pending in fresh:
@@ -493,8 +499,8 @@ class SpanStore:
                 self._park_file(path, error)
 
     def _park_file(self, path: Path, error: Exception) -> None:
-        """Keep a journal file whose requests could not all be committed; the writer tries it again, waiting twice
-        as long each time, up to a minute."""
+        """Keep a journal file whose requests could not all be committed; the writer tries the parked files again,
+        waiting twice as long each round they fail, up to a minute."""
         if path in self._parked:
             self._parked_wait_s = min(self._parked_wait_s * 2, PARKED_MAX_WAIT_S)
         else:
@@ -506,17 +512,20 @@ class SpanStore:
 
     def _commit_parked(self) -> None:
         """Commit the parked journal files (on the writer's thread, between two commits)."""
-        for path in sorted(self._parked):
+        failed = False
+        for path in sorted(self._parked):  # each one: a file that cannot be read must not hold up the others
             try:
                 error = self._commit_file(path)
             except Exception as exc:  # noqa: BLE001 - the writer must go on; the file is kept
                 error = exc
             if error is not None:
                 self._park_file(path, error)
-                return
-            self._parked.discard(path)
-        self._parked_wait_s = PROBE_S
-        self._journal_problem("the acknowledged spans parked in the ingest journal are committed")
+                failed = True
+            else:
+                self._parked.discard(path)
+        if not failed:
+            self._parked_wait_s = PROBE_S
+            self._journal_problem("the acknowledged spans parked in the ingest journal are committed")
 
     def _commit_file(self, path: Path) -> Exception | None:
         """Commit a journal file's requests that are not in the database yet (by digest), in one transaction or, if
@@ -597,6 +606,9 @@ class SpanStore:
         if len(batch) == 1:
             self._commit_group(batch, count, answer_failure=True)
         elif not self._commit_group(batch, count, answer_failure=False):
+            with contextlib.suppress(JournalError, OSError, KeyError):  # each request's own commit says it again
+                for pending, rows in zip(batch, self._rows_of(batch), strict=True):
+                    pending.rows = rows  # journal files read once, not once a request (dropped when settled)
             for pending in batch:  # one request's bad data must not fail the others it was grouped with
                 self._commit_group([pending], pending.count, answer_failure=True)
 
@@ -672,9 +684,10 @@ class SpanStore:
         else:
             self.stats.last_error = f"{type(error).__name__}: {error}"
             # a request too large for the memory left must not make the collector unready for everyone: after a
-            # memory failure the store is unhealthy only if a small write fails too; any other failure (disk full,
-            # file gone) makes it unhealthy until a commit succeeds
-            self.healthy = _memory_failure(error) and self._can_commit()
+            # memory failure (or a journal file that cannot be read back) the store is unhealthy only if a small
+            # write fails too; any other failure (disk full, file gone) makes it unhealthy until a commit succeeds
+            self.healthy = (_memory_failure(error) or isinstance(error, JournalError | OSError | KeyError)) \
+                and self._can_commit()
         for pending in batch:
             outcome: Any = (StoreError(f"the span store could not commit ({self.stats.last_error}); "
                                        "the export was not acknowledged and can be retried")
