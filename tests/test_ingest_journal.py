@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import duckdb
@@ -46,6 +46,17 @@ def _stored(db: Path) -> list[tuple[str, int]]:
         return con.execute("SELECT trace_id, count(*) FROM span_records GROUP BY 1 ORDER BY 1").fetchall()
 
 
+@contextlib.contextmanager
+def _journaling(db: Path) -> Iterator[SpanStore]:
+    """An open store that journals a commit held past 20 ms, closed after the block."""
+    store = SpanStore(db, journal_after_s=0.02)
+    store.open()
+    try:
+        yield store
+    finally:
+        store.close()
+
+
 def _hold_writer(store: SpanStore) -> threading.Event:
     """Hold the span writer, as a checkpoint holds a commit, until the event is set."""
     release = threading.Event()
@@ -56,10 +67,8 @@ def _hold_writer(store: SpanStore) -> threading.Event:
 def test_exports_are_acknowledged_while_the_commit_is_held_and_stored_once_when_it_finishes(
         tmp_path: Path) -> None:
     db = tmp_path / "t.duckdb"
-    store = SpanStore(db, journal_after_s=0.02)
-    store.open()
-    journal = IngestJournal.beside(db)
-    try:
+    with _journaling(db) as store:
+        journal = IngestJournal.beside(db)
         release = _hold_writer(store)
 
         async def export_all() -> list[int]:
@@ -70,19 +79,15 @@ def test_exports_are_acknowledged_while_the_commit_is_held_and_stored_once_when_
         assert journal.files(), "acknowledged while held, but nothing was journaled"
         assert store.stats.journaled_requests == 3 and store.stats.commits == 0
         release.set()
-    finally:
-        store.close()
     assert not journal.files(), "committed requests' journal files were kept"
     assert [n for _, n in _stored(db)] == [1, 1, 1]
 
 
-def test_journaled_requests_held_in_memory_are_bounded_and_the_rest_wait_for_their_commit(
+def test_journaled_requests_not_yet_committed_are_bounded_and_the_rest_wait_for_their_commit(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     one = _request(1).nbytes
     monkeypatch.setattr(span_store, "JOURNAL_MAX_BYTES", 2 * one)  # room for two of the three
-    store = SpanStore(tmp_path / "t.duckdb", journal_after_s=0.02)
-    store.open()
-    try:
+    with _journaling(tmp_path / "t.duckdb") as store:
         release = _hold_writer(store)
 
         async def export_all() -> None:
@@ -95,8 +100,6 @@ def test_journaled_requests_held_in_memory_are_bounded_and_the_rest_wait_for_the
 
         asyncio.run(export_all())
         assert store.stats.journaled_requests == 2
-    finally:
-        store.close()
     assert [n for _, n in _stored(tmp_path / "t.duckdb")] == [1, 1, 1]
 
 
@@ -167,10 +170,8 @@ def test_a_journal_file_the_store_cannot_take_at_start_does_not_stop_it_and_is_c
 
 def test_a_journal_file_removed_from_outside_fails_only_its_request_and_the_writer_goes_on(tmp_path: Path) -> None:
     db = tmp_path / "t.duckdb"
-    store = SpanStore(db, journal_after_s=0.02)
-    store.open()
-    journal = IngestJournal.beside(db)
-    try:
+    with _journaling(db) as store:
+        journal = IngestJournal.beside(db)
         release = _hold_writer(store)
 
         async def export(trace: int) -> int:
@@ -184,8 +185,6 @@ def test_a_journal_file_removed_from_outside_fails_only_its_request_and_the_writ
         assert asyncio.run(export(3)) == 1  # the writer is alive and commits
         assert _wait_until(lambda: not second.exists())
         assert "could not be committed" in (store.stats.journal_error or ""), store.stats.journal_error
-    finally:
-        store.close()
     assert [t for t, _ in _stored(db)] == [f"{2:032x}", f"{3:032x}"]
 
 
