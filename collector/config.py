@@ -161,7 +161,8 @@ class StoreSettings(_Section):
                                 "use, in a process of its own (past it the query is stopped and the caller told); "
                                 "the collector's own memory is untouched by any query. It caps the address space "
                                 "DuckDB reserves too, so under about 300 MB even small queries fail: at least 500MB")
-    max_disk: Bytes | None = Field(None, ge=1, description="disk budget of the database file and its WAL, like 50GB: "
+    max_disk: Bytes | None = Field(None, ge=1, description="disk budget of the database file, its WAL and its ingest "
+                                 "journal, like 50GB: "
                                  "near it the oldest complete conversations' spans are pruned (archived first when "
                                  "[retention] archive_dir is set); ingest answers 503 only when nothing can be freed")
 
