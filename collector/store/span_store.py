@@ -127,7 +127,7 @@ class StoreStats:
     journaled_spans: int = 0
     journal_errors: int = 0  # journal writes the disk refused (those requests waited for their commit)
     journal_error: str | None = None  # the journal's last problem
-    replayed_spans: int = 0  # spans committed from the journal at start (acknowledged before a crash)
+    replayed_spans: int = 0  # spans committed from journal files: at start (left by a crash), or parked ones
 
     def busy_now(self) -> float:
         """`busy_s` with the commit under way counted so far: a checkpoint's commit takes over a second, and
