@@ -111,23 +111,33 @@ def test_a_journaled_request_whose_commit_fails_on_a_full_disk_is_kept_and_commi
     filler = small_fs / "filler"
     try:
         release = _hold_writer(store)
-        big = spans_to_arrow(_spans(1, 1, session="chat-1", turn="x" * 400_000), dt.datetime.now(dt.UTC))
 
         async def export() -> int:
-            return await asyncio.wait_for(store.write(big, _digest(1)), 30)
+            return await asyncio.wait_for(store.write(_big_request(), _digest(1)), 30)
 
         assert asyncio.run(export()) == 1  # acknowledged from the journal
         _fill(small_fs)  # the disk fills up before the commit
         release.set()
         assert _wait_until(lambda: store.stats.journal_error is not None)
-        assert "could not be committed" in (store.stats.journal_error or ""), store.stats.journal_error
-        assert IngestJournal.beside(db).files(), "the acknowledged request's file went with the failed commit"
-        filler.unlink()  # room again: the writer commits it from the journal by itself
-        assert _wait_until(lambda: not IngestJournal.beside(db).files()), store.stats.journal_error
+        _kept_until_there_is_room(store, filler)
     finally:
         filler.unlink(missing_ok=True)
         store.close()
     assert [n for _, n in _stored(db)] == [1]
+
+
+def _big_request() -> SpanRows:
+    """A request of 400 KB, more than a full 3 MB file system has left for its commit."""
+    return spans_to_arrow(_spans(1, 1, session="chat-1", turn="x" * 400_000), dt.datetime.now(dt.UTC))
+
+
+def _kept_until_there_is_room(store: SpanStore, filler: Path) -> None:
+    """The journaled request could not be committed and its file is kept; once the filler goes, the writer commits
+    it by itself and removes the file."""
+    assert "could not be committed" in (store.stats.journal_error or ""), store.stats.journal_error
+    assert store.journal.files(), "the acknowledged request's file went with the failed commit"
+    filler.unlink()
+    assert _wait_until(lambda: not store.journal.files()), store.stats.journal_error
 
 
 def _fill(folder: Path) -> Path:
@@ -152,16 +162,12 @@ def test_a_journal_file_the_store_cannot_take_at_start_does_not_stop_it_and_is_c
     store = SpanStore(db)
     store.open()
     store.close()
-    big = spans_to_arrow(_spans(1, 1, session="chat-1", turn="x" * 400_000), dt.datetime.now(dt.UTC))
-    IngestJournal.beside(db).write([(_digest(1), big)])
+    IngestJournal.beside(db).write([(_digest(1), _big_request())])
     filler = _fill(small_fs)
     store = SpanStore(db)
     try:
         store.open()  # the disk is full: the file is parked, the collector starts
-        assert "could not be committed" in (store.stats.journal_error or ""), store.stats.journal_error
-        assert IngestJournal.beside(db).files()
-        filler.unlink()
-        assert _wait_until(lambda: not IngestJournal.beside(db).files()), store.stats.journal_error
+        _kept_until_there_is_room(store, filler)
     finally:
         filler.unlink(missing_ok=True)
         store.close()
@@ -285,6 +291,14 @@ def test_a_damaged_journal_file_stops_the_start_naming_it_and_a_torn_one_is_drop
     store.open()
     store.close()
     assert [n for _, n in _stored(db)] == [1]
+
+
+def test_journal_files_of_two_starts_never_replace_each_other(tmp_path: Path) -> None:
+    """A file parked at one start must survive the next process's first write (in a container every start is the
+    same PID)."""
+    for _ in range(2):
+        IngestJournal.beside(tmp_path / "t.duckdb").write([(_digest(1), _request(1))])
+    assert len(IngestJournal.beside(tmp_path / "t.duckdb").files()) == 2
 
 
 def test_journal_after_takes_a_duration_or_none() -> None:

@@ -17,7 +17,7 @@ import contextlib
 import itertools
 import os
 import struct
-import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -61,8 +61,7 @@ class IngestJournal:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self._numbers = itertools.count(1)
-        self._lock = threading.Lock()
+        self._numbers = itertools.count(1)  # thread-safe: next() on a count holds the GIL
 
     @classmethod
     def beside(cls, database: Path) -> IngestJournal:
@@ -74,9 +73,9 @@ class IngestJournal:
         if not self.folder.is_dir():
             self.folder.mkdir(parents=True, exist_ok=True)
             fsync_path(self.folder.parent)  # the folder's own entry, or a power cut could lose the first file
-        with self._lock:
-            number = next(self._numbers)
-        path = self.folder / f"{os.getpid()}-{number:012d}{SUFFIX}"
+        # named by time first, so `files()` sorts them in the order written, and never reused: a file parked at start
+        # must not be replaced by the next process's first (in a container every start is PID 1)
+        path = self.folder / f"{time.time_ns():020d}-{os.getpid()}-{next(self._numbers)}{SUFFIX}"
         tmp = self.folder / f".{path.name}.{uuid.uuid4().hex}.tmp"
         parts = [
             pa.table({"digest": pa.array([d for d, _ in requests], pa.binary()),
@@ -112,7 +111,7 @@ class IngestJournal:
                 tmp.unlink(missing_ok=True)
 
     def files(self) -> list[Path]:
-        """The complete files, by name (a process's files in the order written)."""
+        """The complete files, in the order written (by name)."""
         return sorted(self.folder.glob(f"*{SUFFIX}")) if self.folder.is_dir() else []
 
     def size_bytes(self) -> int:

@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -260,9 +260,10 @@ class SpanStore:
                 raise Backpressure(f"{self._queued_spans} spans are waiting for the database; retry shortly",
                                    self.retry_after_s)
             self._queued_spans += rows
-            loop = asyncio.get_running_loop()
-            future: asyncio.Future[int] = loop.create_future()
-            pending = _Pending(span_rows, loop, future, rows, span_rows.nbytes, digest)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[int] = loop.create_future()
+        pending = _Pending(span_rows, loop, future, rows, span_rows.nbytes, digest)
+        with self._lock:
             self._unacked[id(pending)] = pending
         self._queue.put(pending)
         return await future
@@ -350,12 +351,8 @@ class SpanStore:
             job: _WriterJob | None = None
             batch: list[_Pending] = []
             if self._parked and self.healthy and time.monotonic() >= self._parked_retry_at:
-                started = self.stats.busy_since = time.perf_counter()
-                try:
+                with self._busy():
                     self._commit_parked()
-                finally:
-                    self.stats.busy_s += time.perf_counter() - started
-                    self.stats.busy_since = None
             try:  # while the store is at fault or files are parked, idle time goes to probing it and to them
                 first = self._queue.get(timeout=None if self.healthy and not self._parked else PROBE_S)
             except queue.Empty:
@@ -382,15 +379,11 @@ class SpanStore:
                     break
                 batch.append(item)
                 count += item.count
-            started = self.stats.busy_since = time.perf_counter()
-            try:
+            with self._busy():
                 if batch:
                     self._commit(batch, count)
                 if job is not None:
                     self._run_job(job)
-            finally:  # counted before it is cleared: a reader in between counts it twice, never not at all
-                self.stats.busy_s += time.perf_counter() - started
-                self.stats.busy_since = None
         if self._parked and self.healthy:  # a last try; what fails stays in the journal for the next start
             self._commit_parked()
         while True:  # jobs queued behind the stop are answered, not left waiting
@@ -400,6 +393,17 @@ class SpanStore:
                 break
             if isinstance(item, _WriterJob):
                 item.future.set_exception(StoreError("the span store closed before the job ran"))
+
+    @contextlib.contextmanager
+    def _busy(self) -> Iterator[None]:
+        """The writer's work in the block counts as busy (`busy_since` while it runs: the journal's thread and the
+        assembler's pacing read it)."""
+        started = self.stats.busy_since = time.perf_counter()
+        try:
+            yield
+        finally:  # counted before it is cleared: a reader in between counts it twice, never not at all
+            self.stats.busy_s += time.perf_counter() - started
+            self.stats.busy_since = None
 
     def _watch_commits(self) -> None:
         """The journal's thread: while a commit (or a writer job) has run past `journal_after_s`, the requests
@@ -567,10 +571,7 @@ class SpanStore:
 
     def _commit_requests(self, requests: list[tuple[bytes, SpanRows]]) -> Exception | None:
         """Commit journaled requests (digests recorded with them) and tell the listeners; the error, if any."""
-        rows = [r for _, r in requests]
-        table = pa.concat_tables([r.spans for r in rows]) if len(rows) > 1 else rows[0].spans
-        resources = _new_rows([r.resources for r in rows], "resource_id", set())
-        scopes = _new_rows([r.scopes for r in rows], "scope_id", set())
+        table, resources, scopes = _combined([r for _, r in requests], set(), set())
         now = time.time()
         error = self._transaction(table, resources, scopes, {d for d, _ in requests}, now)
         if error is not None:
@@ -578,15 +579,19 @@ class SpanStore:
         self.stats.replayed_spans += table.num_rows
         for digest, _ in requests:
             self._committed[digest] = now
+        self._tell_listeners(table)
+        return None
+
+    def _tell_listeners(self, table: pa.Table) -> None:
+        """Hand committed spans to the listeners (the assembler); one failing never fails the commit."""
         for listener in self.listeners:
             try:
                 listener(table)
-            except Exception as exc:  # noqa: BLE001 - committed: a listener failing must not undo that
+            except Exception as exc:  # noqa: BLE001 - a listener must never fail a commit already made
                 self.stats.listener_errors += 1
                 if self.on_listener_error is not None:
-                    with contextlib.suppress(Exception):
+                    with contextlib.suppress(Exception):  # counted above; the exporters still get their answer
                         self.on_listener_error(exc)
-        return None
 
     def _run_job(self, job: _WriterJob) -> None:
         assert self._con is not None
@@ -626,20 +631,16 @@ class SpanStore:
                 digests.add(pending.digest)
         # nothing to write when every request is a redelivery (its journal file may be gone: committed from there)
         error: Exception | None = None
-        table = resources = scopes = None
+        tables: tuple[pa.Table, pa.Table, pa.Table] | None = None
         if fresh:
             try:
-                rows = self._rows_of(fresh)
+                tables = _combined(self._rows_of(fresh), self._known_resources, self._known_scopes)
             except (JournalError, OSError, KeyError) as exc:  # a journal file damaged or gone: the request stays
                 error = exc
-            else:
-                table = pa.concat_tables([r.spans for r in rows]) if len(rows) > 1 else rows[0].spans
-                resources = _new_rows([r.resources for r in rows], "resource_id", self._known_resources)
-                scopes = _new_rows([r.scopes for r in rows], "scope_id", self._known_scopes)
-                del rows
-        inserted = table.num_rows if table is not None else 0
+        inserted = tables[0].num_rows if tables is not None else 0
         now = time.time()
-        if table is not None and resources is not None and scopes is not None:
+        if tables is not None:
+            table, resources, scopes = tables
             error = self._transaction(table, resources, scopes, digests, now)
             for pause in MEMORY_RETRY_PAUSES_S:
                 if error is None or not _memory_failure(error):
@@ -673,14 +674,8 @@ class SpanStore:
             self.stats.last_commit_s = elapsed
             if self.on_commit is not None:
                 self.on_commit(elapsed, inserted, count - inserted)
-            for listener in self.listeners if inserted else ():
-                try:
-                    listener(table)
-                except Exception as exc:  # noqa: BLE001 - a listener must never fail a commit already made
-                    self.stats.listener_errors += 1
-                    if self.on_listener_error is not None:
-                        with contextlib.suppress(Exception):  # counted above; the exporters still get their answer
-                            self.on_listener_error(exc)
+            if tables is not None and inserted:
+                self._tell_listeners(tables[0])
         else:
             self.stats.last_error = f"{type(error).__name__}: {error}"
             # a request too large for the memory left must not make the collector unready for everyone: after a
@@ -718,7 +713,7 @@ class SpanStore:
         (already acknowledged) leaves its file parked: the writer commits it from there once the store takes
         commits, or the next start does. Journal files with no request outstanding are returned, to be removed."""
         emptied: list[Path] = []
-        parked = 0
+        failed: set[Path] = set()
         with self._lock:
             for pending in batch:
                 file = pending.journal
@@ -729,15 +724,12 @@ class SpanStore:
                     continue
                 self._journaled_bytes -= pending.nbytes
                 file.outstanding.discard(id(pending))
-                if error is not None and file.path not in self._parked:
-                    self._parked.add(file.path)
-                    parked += pending.count
+                if error is not None:
+                    failed.add(file.path)
                 elif not file.outstanding and file.path not in self._parked:
                     emptied.append(file.path)
-        if parked:
-            self._parked_retry_at = time.monotonic() + PROBE_S
-            self._journal_problem(f"{parked} acknowledged spans could not be committed ({error}); they stay in the "
-                                  "ingest journal and are committed from it once the store takes commits")
+        for path in failed - self._parked:  # `_parked` is the writer's own (this thread): no lock
+            self._park_file(path, error)  # type: ignore[arg-type]
         return emptied
 
     def _transaction(self, table: pa.Table, resources: pa.Table, scopes: pa.Table, digests: set[bytes],
@@ -865,6 +857,14 @@ def _new_rows(tables: list[pa.Table], column: str, known: set[int]) -> pa.Table:
     if not keep:
         return tables[0].slice(0, 0) if tables else pa.table({column: pa.array([], pa.int64())})
     return pa.concat_tables(keep) if len(keep) > 1 else keep[0]
+
+
+def _combined(rows: list[SpanRows], known_resources: set[int], known_scopes: set[int]
+              ) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """Requests' rows as one append: their spans, and the resources and scopes not known to be stored."""
+    spans = pa.concat_tables([r.spans for r in rows]) if len(rows) > 1 else rows[0].spans
+    return (spans, _new_rows([r.resources for r in rows], "resource_id", known_resources),
+            _new_rows([r.scopes for r in rows], "scope_id", known_scopes))
 
 
 def _answer(pending: _Pending, outcome: Any) -> None:
