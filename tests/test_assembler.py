@@ -1004,3 +1004,40 @@ def test_take_in_notes_traces_a_chunk_per_hold_so_commits_are_noted_in_between(t
         assert max(holds.noted) == 2 and sum(holds.noted) == 7
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("quiet_period_s", [4.0, 3600.0])
+def test_the_workers_start_ahead_of_the_first_conversation_due_and_not_for_one_far_off(tmp_path: Path,
+                                                                                       quiet_period_s: float) -> None:
+    """The assembly workers start while the first conversation still waits out its quiet period, once it is due
+    within a poll and a second: their start (imports, a core for a few tenths of a second each) then does not land
+    on the exports of the moment conversations begin to complete. A collector whose conversations go quiet an hour
+    from now starts none yet (55 MB each)."""
+    store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=quiet_period_s, assembly_workers=1)
+    assembler.settings.conversations.poll_s = 0.1
+    sent_before_start: list[int] = []
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        running = asyncio.create_task(assembler.run(stop))
+        await _write_turn(store, 1, 1, "chat-1", "hello", dt.datetime.now(dt.UTC))
+        for _ in range(int((quiet_period_s + 30 if quiet_period_s < 60 else 3) / 0.02)):
+            if assembler.pool.started:
+                sent_before_start.append(assembler.pool._spilled)  # batches sent to workers before they ran
+                break
+            await asyncio.sleep(0.02)
+        if quiet_period_s < 60:
+            await _until(store.cursor(), "SELECT count(*) FROM conversations", [(1,)], seconds=30)
+        stop.set()
+        await running
+
+    try:
+        asyncio.run(scenario())
+        if quiet_period_s < 60:
+            assert sent_before_start == [0]  # started ahead of its first batch, not by it
+            assert _versions(store) == [("chat-1", 1, 1)]
+        else:
+            assert sent_before_start == [] and not assembler.pool.started
+    finally:
+        assembler.pool.stop()
+        store.close()

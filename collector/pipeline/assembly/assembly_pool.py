@@ -213,8 +213,8 @@ class _Worker:
 
 
 class AssemblyPool:
-    """Started by the first batch (a collector that only ingests, or sees few conversations, runs none: each
-    worker peaked at 55 MB in `python bench/pipeline_pace.py`)."""
+    """Started by the assembler shortly before its first conversation is due, or by the first batch (a collector
+    that only ingests runs none: each worker peaked at 55 MB in `python bench/pipeline_pace.py`)."""
 
     def __init__(self, workers: int, config: BuildConfig, on_start: Callable[[int], None] | None = None) -> None:
         self.workers = workers
@@ -265,6 +265,11 @@ class AssemblyPool:
         left out until it is replaced)."""
         return [process.pid for w in list(self._running)
                 if (process := w.process) is not None and process.returncode is None and _alive(process.pid)]
+
+    @property
+    def started(self) -> bool:
+        """Whether its workers run (or start now)."""
+        return self._tasks is not None
 
     def start(self) -> None:
         if self.workers:

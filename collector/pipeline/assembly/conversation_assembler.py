@@ -71,6 +71,7 @@ from tracejudge.mapping.conversation_key import KEY_PRECEDENCE, TRACE_KEY
 _T = TypeVar("_T")
 PAUSE_STEP_S = 0.25  # how often a pause for ingest looks whether ingest stopped
 WRITER_IDLE = 0.1  # a step in which the span writer was busy less than this share of it ends the pause
+WORKER_START_LEAD_S = 1.0  # the workers start this long (and a poll) before the first conversation is due
 MAX_PER_POLL = 512  # conversations assembled per poll: a backlog never hides a newly end-marked one for long
 WRITE_AT_ONCE = 128  # conversations written per transaction while exports come in (`write_versions`)
 # where the assembly's CPU goes (tracejudge_assembly_cpu_seconds_total): choosing and planning polls, reading spans
@@ -520,6 +521,8 @@ class ConversationAssembler:
                 done, deferred = 0, False
                 started, busy, waited = time.monotonic(), self._writer_busy(), self.pool_wait_s
                 try:
+                    if self._workers_due():
+                        await asyncio.to_thread(self.pool.start)
                     await asyncio.to_thread(self.take_in)
                     writable = self.store_writable()  # a failing disk: a commit now would fail, and DuckDB can abort
                     if writable != self._writable:  # the process reverting it; said once each way
@@ -551,6 +554,18 @@ class ConversationAssembler:
         finally:
             if pending is not None:  # built already: written now, not built again after the restart
                 await asyncio.to_thread(self._last_poll, pending)
+
+    def _workers_due(self) -> bool:
+        """Whether to start the assembly workers now: the first waiting conversation goes quiet within the next
+        polls. Started by its batch, their start (imports, 0.3-0.5 s of a core each) landed on the exports of the
+        moment conversations began to complete (`python bench/pipeline_pace.py --tail`)."""
+        if not self.pool.workers or self.pool.started:
+            return False
+        with self._lock:
+            oldest = next(iter(self._last.values()), None)
+        conversations = self.settings.conversations
+        return oldest is not None and time.monotonic() - oldest >= \
+            conversations.quiet_period_s - conversations.poll_s - WORKER_START_LEAD_S
 
     @_plan_stage
     def _last_poll(self, poll: _Poll) -> None:
