@@ -19,7 +19,7 @@ import duckdb
 import pytest
 
 from tests.support.collector_process import CollectorProcess
-from tests.test_assembler import _spans
+from tests.test_assembler import _assembling_store, _drain, _spans, _versions, _write_turn
 from tests.test_crash_recovery import Sender
 from tests.test_disk_faults import small_fs  # noqa: F401 - the fixture, named by the test below
 from tests.test_pipeline import config
@@ -333,3 +333,31 @@ def test_kill_9_of_a_collector_acknowledging_from_its_journal_loses_and_duplicat
     assert not missing, f"acknowledged spans lost: {missing[:5]}"
     assert len(rows) == len(set(rows)), "a span was stored twice"
     assert not IngestJournal.beside(db).files()
+
+
+def test_a_span_replayed_after_a_crash_that_was_received_before_its_trace_was_assembled_gets_it_a_new_version(
+        tmp_path: Path) -> None:
+    """A journaled request whose commit was held past the quiet period (a full disk parks it) was received before
+    its trace's assembly; the process dies before the commit. After the restart the replayed span's conversation
+    is assembled again with it, though the span is older than that assembly."""
+    db = tmp_path / "t.duckdb"
+    received = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=30)
+    store, assembler = _assembling_store(db, quiet_period_s=0.0, assembly_workers=0)
+    try:
+        asyncio.run(_write_turn(store, 1, 1, "chat-1", "hello", received + dt.timedelta(seconds=1)))
+        _drain(assembler)
+        assert _versions(store) == [("chat-1", 1, 1)]
+    finally:
+        store.close()
+    late = spans_to_arrow(_spans(1, 2, session="chat-1", turn="and tomorrow?"), received)
+    IngestJournal.beside(db).write([(_digest(2), late)])  # acknowledged, then the crash
+
+    store, assembler = _assembling_store(db, quiet_period_s=0.0, assembly_workers=0)
+    try:
+        assert store.stats.replayed_spans == 1
+        assembler.recover(store.take_replayed())
+        _drain(assembler)
+        assert _versions(store) == [("chat-1", 1, 1), ("chat-1", 2, 2)]
+        assert store.take_replayed() == {}  # told once
+    finally:
+        store.close()

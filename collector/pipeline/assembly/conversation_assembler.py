@@ -485,11 +485,15 @@ class ConversationAssembler:
         self._key_rank.pop(group, None)
         return True
 
-    def recover(self) -> None:
+    def recover(self, replayed: dict[str, int] | None = None) -> None:
         """After a restart: every trace with spans newer than its last assembly waits for a quiet period again (as
-        many as the index holds; the rest as it has room)."""
+        many as the index holds; the rest as it has room), and so does each trace the span store `replayed` from its
+        journal (trace -> the oldest received_at of those spans, µs), whose spans may be older than its assembly."""
         with self._lock:
             self._left_out_since = 0  # its spans may be as old as the file
+        if replayed:
+            room = max(0, self.settings.conversations.max_waiting_traces - len(self._group_of))
+            self._wait_for(sorted(replayed.items(), key=lambda item: item[1])[:room])
         self.take_in()
 
     @_plan_stage
