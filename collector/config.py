@@ -430,11 +430,18 @@ class LakeSettings(_Section):
                                       "published")
 
     def check_publishing(self) -> None:
-        """A collector publishing to a lake needs its replica name (queries of the lake do not)."""
+        """A collector publishing to a lake needs its replica name (queries of the lake do not) and the lake's
+        extensions installed."""
         if self.catalog and not self.replica:
             raise ConfigError("[lake] replica is required with a catalog: a unique name that stays the same "
                               "across restarts (TRACEJUDGE_REPLICA or --replica); a host name that changes "
                               "would publish the history again under a new name")
+        if self.catalog:
+            from tracejudge.collector.history.lake import LakeError, check_extensions
+            try:
+                check_extensions()
+            except LakeError as exc:  # at start, not as a failed publish every interval
+                raise ConfigError(f"[lake] catalog is set, but {exc}") from exc
 
     def lake_config(self) -> LakeConfig | None:
         """The lake to publish to and query, or None when none is configured."""

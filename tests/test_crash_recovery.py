@@ -38,6 +38,7 @@ from tracejudge.collector.store import span_store
 from tracejudge.collector.store.assembled_index import LATEST_VERSIONS, index_path
 from tracejudge.collector.store.connection.arrow_reads import arrow_table
 from tracejudge.collector.store.connection.checkpoint_gate import WritesRefused
+from tracejudge.collector.store.connection.database_file import connect_file
 
 ROUNDS, SEED = 5, 20261202
 METRICS = 3
@@ -217,7 +218,7 @@ def test_a_fatal_error_met_by_any_read_invalidates_the_store(
     store.open()
     try:
         with pytest.raises(duckdb.FatalException):
-            duckdb.connect(str(tmp_path / "t.duckdb")).execute("CHECKPOINT")  # outside the store: nobody is told
+            connect_file(tmp_path / "t.duckdb").execute("CHECKPOINT")  # outside the store: nobody is told
         assert store.invalidated is None
         with pytest.raises(duckdb.FatalException):
             READS[read](store.cursor())

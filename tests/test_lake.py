@@ -81,6 +81,7 @@ def _wait_scores(collector: CollectorProcess, expected: int) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.lake
 def test_two_replicas_publish_concurrently_without_loss_or_duplicates(tmp_path: Path, lake: LakeConfig,
                                                                       judge_server) -> None:
     judge_server.script = lambda r: completion({"reason": "final"} if r.judge == "final_reason"
@@ -142,6 +143,7 @@ def test_two_replicas_publish_concurrently_without_loss_or_duplicates(tmp_path: 
     assert json.loads(union.stdout)["rows"] == [["replica_a", 9], ["replica_b", 9]]
 
 
+@pytest.mark.lake
 def test_publishing_is_idempotent_and_picks_up_rows_scored_later(tmp_path: Path, lake: LakeConfig) -> None:
     store = SpanStore(tmp_path / "t.duckdb")
     store.open()
@@ -161,6 +163,7 @@ def test_publishing_is_idempotent_and_picks_up_rows_scored_later(tmp_path: Path,
     store.close()
 
 
+@pytest.mark.lake
 def test_lake_queries_are_read_only_and_confined(tmp_path: Path, lake: LakeConfig) -> None:
     store = SpanStore(tmp_path / "t.duckdb")
     store.open()
@@ -196,6 +199,7 @@ def test_a_publishing_collector_needs_a_stable_replica_name(tmp_path: Path) -> N
     assert done.returncode == 2 and "[lake] replica is required" in done.stderr
 
 
+@pytest.mark.lake
 def test_lake_errors_never_show_the_catalog_password(tmp_path: Path, postgres: PostgresServer) -> None:
     from tracejudge.collector.history.lake import LakeError, open_lake
 
@@ -205,6 +209,7 @@ def test_lake_errors_never_show_the_catalog_password(tmp_path: Path, postgres: P
     assert "hunter2-secret" not in str(caught.value) and "password=***" in str(caught.value)
 
 
+@pytest.mark.lake
 def test_a_catalog_crash_mid_run_loses_and_duplicates_nothing(tmp_path: Path, lake: LakeConfig,
                                                               postgres: PostgresServer, judge_server) -> None:
     judge_server.script = lambda r: completion({"reason": "final"} if r.judge == "final_reason"
@@ -231,3 +236,46 @@ def test_a_catalog_crash_mid_run_loses_and_duplicates_nothing(tmp_path: Path, la
                        "metric_config)) FROM scores WHERE replica = 'replica-c'").fetchone()
     con.close()
     assert rows == (2 * CONVERSATIONS * METRICS, 2 * CONVERSATIONS * METRICS)
+
+
+def test_a_lake_without_its_extensions_or_with_another_duckdbs_says_to_install_the_lake_extra(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default install has DuckDB 2 and no lake extensions (they exist for 1.5.5 only): opening a lake says
+    which install brings both, whether the package is missing or built for another DuckDB."""
+    import importlib
+
+    from tracejudge.collector.history.lake import LakeError, _extension_file, open_lake
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(LakeError, match=r"extension \w+, which is not installed: pip install 'tracejudge\[lake\]'"):
+        open_lake(LakeConfig(str(tmp_path / "history.ducklake"), None, "r"))
+    monkeypatch.undo()
+
+    package = tmp_path / "packages" / "duckdb_extension_nosuch"
+    (package / "extensions" / "v0.0.1").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "extensions" / "v0.0.1" / "nosuch.duckdb_extension").write_bytes(b"\0")
+    monkeypatch.syspath_prepend(str(tmp_path / "packages"))
+    importlib.invalidate_caches()
+    with pytest.raises(LakeError, match=rf"built for DuckDB 0\.0\.1, and this is DuckDB {duckdb.__version__}: "
+                                        r"pip install 'tracejudge\[lake\]'"):
+        _extension_file("nosuch")
+
+
+def test_a_publishing_collector_without_the_lake_extra_refuses_to_start_saying_what_to_install(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """On the default install (no lake extensions) `serve` with a `[lake]` catalog stops at start with the install
+    to run, instead of starting and failing every publish."""
+    import importlib
+
+    from tracejudge.collector.cli import main
+
+    (tmp_path / "tracejudge.toml").write_text('[lake]\ncatalog = "postgres:dbname=x host=127.0.0.1"\nreplica = "r1"\n')
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    # a collector that got past the check would serve until stopped: fail at once instead
+    monkeypatch.setattr("tracejudge.collector.commands.serve.serve", lambda *a: pytest.fail("the collector started"))
+    code = main(["serve", "--config", str(tmp_path / "tracejudge.toml"), "--db", str(tmp_path / "t.duckdb"),
+                 "--grpc-port", "0", "--http-port", "0", "--admin-port", "0"])
+    assert code == 2
+    assert "[lake] catalog is set, but the lake needs the DuckDB extension" in capsys.readouterr().err
+    assert not (tmp_path / "t.duckdb").exists()

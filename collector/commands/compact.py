@@ -10,6 +10,7 @@ from pathlib import Path
 import duckdb
 
 from tracejudge.collector.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS
+from tracejudge.collector.store.connection.database_file import connect_file
 from tracejudge.collector.store.durable_files import fsync_path
 
 
@@ -26,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     for leftover in (fresh, Path(str(fresh) + ".wal")):
         leftover.unlink(missing_ok=True)  # an interrupted earlier run
     try:
-        con = duckdb.connect(str(path))
+        con = connect_file(path)
     except duckdb.Error as exc:
         print(f"tracejudge compact: cannot open {path} ({exc}); stop the collector first", file=sys.stderr)
         return EXIT_FAIL

@@ -52,17 +52,31 @@ class LakeConfig:
     replica: str
 
 
+INSTALL_LAKE = "pip install 'tracejudge[lake]'"  # the extension packages and the one DuckDB they are built for
+
+
 def _extension_file(name: str) -> Path:
-    """The extension binary shipped by the `duckdb-extension-<name>` package (no download at run time)."""
+    """The extension binary shipped by the `duckdb-extension-<name>` package (no download at run time), built for
+    the DuckDB running (DuckDB refuses any other)."""
     spec = importlib.util.find_spec(f"duckdb_extension_{name}")
     if spec is None or not spec.submodule_search_locations:
-        raise LakeError(f"the DuckDB extension {name} is not installed; pip install duckdb-extension-"
-                        f"{name.replace('_', '-')}=={duckdb.__version__}")
+        raise LakeError(f"the lake needs the DuckDB extension {name}, which is not installed: {INSTALL_LAKE} "
+                        "installs it with the DuckDB it is built for (1.5.5)")
     root = Path(next(iter(spec.submodule_search_locations)))
     found = sorted(root.glob(f"extensions/*/{name}.duckdb_extension"))
     if not found:
         raise LakeError(f"the package duckdb-extension-{name} holds no extension binary under {root}")
+    built_for = found[-1].parent.name.removeprefix("v")
+    if built_for != duckdb.__version__:
+        raise LakeError(f"the DuckDB extension {name} is built for DuckDB {built_for}, and this is DuckDB "
+                        f"{duckdb.__version__}: {INSTALL_LAKE} installs the DuckDB the lake's extensions need")
     return found[-1]
+
+
+def check_extensions() -> None:
+    """LakeError unless every extension the lake loads is installed for the DuckDB running."""
+    for name in EXTENSIONS:
+        _extension_file(name)
 
 
 def _attach_sql(config: LakeConfig, read_only: bool) -> str:

@@ -31,12 +31,11 @@ class ScoredCase:
 def write_results(path: Path, scored: Sequence[ScoredCase], service: str, config_prefix: str) -> None:
     """Each case as version 1 of its conversation, each metric result as its score (metric_config
     `<config_prefix>:<position>`, so the same metric twice keeps both rows), in one transaction."""
-    import duckdb
-
+    from tracejudge.collector.store.connection.database_file import connect_file
     from tracejudge.collector.store.schema import migrate
 
     now = dt.datetime.now(dt.UTC)
-    with duckdb.connect(str(path)) as con:
+    with connect_file(path) as con:
         migrate(con)
         con.execute("BEGIN TRANSACTION")
         for item in scored:

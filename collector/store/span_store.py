@@ -39,6 +39,7 @@ import duckdb
 import pyarrow as pa
 
 from tracejudge.collector.store.connection.checkpoint_gate import CheckpointGate, GatedCursor
+from tracejudge.collector.store.connection.database_file import connect_file
 from tracejudge.collector.store.ingest_journal import IngestJournal, JournalError, JournalFile
 from tracejudge.collector.store.schema import migrate
 from tracejudge.collector.store.span_tables import MAX_KNOWN_IDS, SpanRows
@@ -201,7 +202,7 @@ class SpanStore:
         """Open (or create and migrate) the file and start the writer; StoreOpenError says why not."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._con = duckdb.connect(str(self.path))
+            self._con = connect_file(self.path)
         except (duckdb.Error, OSError) as exc:
             raise StoreOpenError(f"cannot open the database file {self.path}: {exc}") from exc
         migrate(self._con)
