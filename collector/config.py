@@ -145,12 +145,12 @@ class StoreSettings(_Section):
                                 "spans with the least CPU, leaving the cores to the decode workers; raise it for "
                                 "heavy /api/query analytics on a many-core machine (none: DuckDB's default, one "
                                 "per core)")
-    checkpoint_threshold: str = Field("256MB", description="WAL size at which DuckDB checkpoints it into the "
-                                      "database file; the commit that crosses it waits for the checkpoint (about "
-                                      "1.3 s at 256MB), the exports in it are journaled after journal_after. "
-                                      "Smaller ones pause more "
-                                      "often and cost more in all: over 1.5M spans 16MB gave a p99 of 1.2 s and "
-                                      "0.68x the throughput, 64MB a p99 of 300 ms (BENCHMARKS.md)")
+    checkpoint_threshold: str = Field("64MB", description="WAL size at which DuckDB checkpoints it into the "
+                                      "database file; the commit that crosses it waits for the checkpoint, the "
+                                      "exports in it are journaled after journal_after. With conversations "
+                                      "completing, 64MB finished the pipeline 11-13% sooner than 256MB (DuckDB's "
+                                      "default), at 8-10% less ingest throughput when none completes; without the "
+                                      "journal, smaller ones hold exports longer (BENCHMARKS.md)")
     journal_after: float | None = Field(0.05, gt=0, description="seconds, or a duration like 50ms: a commit "
                                         "running longer than this (a "
                                         "checkpoint holds every commit for about a second) has the exports waiting "
