@@ -145,12 +145,19 @@ class StoreSettings(_Section):
                                 "spans with the least CPU, leaving the cores to the decode workers; raise it for "
                                 "heavy /api/query analytics on a many-core machine (none: DuckDB's default, one "
                                 "per core)")
-    checkpoint_threshold: str = Field("64MB", description="WAL size at which DuckDB checkpoints it into the "
-                                      "database file; the commit that crosses it waits for the checkpoint, the "
-                                      "exports in it are journaled after journal_after. With conversations "
-                                      "completing, 64MB finished the pipeline 11-13% sooner than 256MB (DuckDB's "
-                                      "default), at 8-10% less ingest throughput when none completes; without the "
-                                      "journal, smaller ones hold exports longer (BENCHMARKS.md)")
+    checkpoint_threshold: str = Field("256MB", description="WAL size at which DuckDB checkpoints it into the "
+                                      "database file (DuckDB's default: the fewest checkpoints, the fastest "
+                                      "ingest; see assembling_checkpoint_threshold); the commit that crosses it "
+                                      "waits for the checkpoint, the exports in it are journaled after "
+                                      "journal_after. Without the journal, smaller ones hold exports more often: "
+                                      "over 1.5M spans 16MB gave a p99 of 1.2 s, 64MB 300 ms (BENCHMARKS.md)")
+    assembling_checkpoint_threshold: str | None = Field("64MB", description="WAL size at which the assembler "
+                                                        "checkpoints it after its writes: with conversations "
+                                                        "completing the whole pipeline finished sooner (the read "
+                                                        "of recent spans back costs twice the CPU beside a large "
+                                                        "WAL on DuckDB 2), while ingest alone keeps "
+                                                        "checkpoint_threshold's fewer checkpoints (BENCHMARKS.md); "
+                                                        "none: only DuckDB's own checkpoints")
     journal_after: float | None = Field(0.05, gt=0, description="seconds, or a duration like 50ms: a commit "
                                         "running longer than this (a "
                                         "checkpoint holds every commit for about a second) has the exports waiting "
@@ -179,6 +186,14 @@ class StoreSettings(_Section):
     @classmethod
     def _checkpoint_size(cls, value: str) -> str:
         parse_size(value)  # a size, not "none": DuckDB reads that as never, and the WAL would grow without end
+        return value
+
+    @field_validator("assembling_checkpoint_threshold", mode="before")
+    @classmethod
+    def _assembling_checkpoint_size(cls, value: Any) -> Any:
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
+            return None
+        parse_size(value)
         return value
 
     @field_validator("threads", mode="before")

@@ -303,6 +303,9 @@ class ConversationAssembler:
         self.writer_busy_s = writer_busy_s  # the span writer's seconds spent committing so far (None: not known)
         self._busy_at_write = 0.0  # `writer_busy_s` when versions were last written
         self.store_writable: Callable[[], bool] = lambda: True  # False while the store takes no pipeline write
+        # after each poll's writes, on this cursor: the store checkpoints the WAL once it is past its assembling
+        # threshold (`SpanStore.fold_wal`), so reads of recent spans stay cheap while conversations are assembled
+        self.fold_wal: Callable[[duckdb.DuckDBPyConnection], object] = lambda con: None
         self._writable = True
         self._group_of: dict[str, str] = {}  # waiting trace -> the conversation its spans name so far
         # a waiting trace's key precedence (_UNKEYED: none) is its conversation's in _key_rank, except where it
@@ -728,6 +731,8 @@ class ConversationAssembler:
         """Build the rest of the poll, write it, and drop what it assembled from the waiting set; how many
         conversations it assembled."""
         failed, mapped = self._finish_all(poll)
+        with self._stage("write"):
+            self.fold_wal(self.con)
         owners = poll.owners
         # once the trace is in its new conversation's version, its old one gets a version without it
         left = {old for trace, old in poll.moved.items()
