@@ -146,8 +146,9 @@ class StoreSettings(_Section):
                                 "heavy /api/query analytics on a many-core machine (none: DuckDB's default, one "
                                 "per core)")
     checkpoint_threshold: str = Field("256MB", description="WAL size at which DuckDB checkpoints it into the "
-                                      "database file (DuckDB's default: the fewest checkpoints, the fastest "
-                                      "ingest; see assembling_checkpoint_threshold); the commit that crosses it "
+                                      "database file (DuckDB's own default is 16MiB; 256MB checkpoints far less "
+                                      "often, the fastest ingest; see assembling_checkpoint_threshold); the commit "
+                                      "that crosses it "
                                       "waits for the checkpoint, the exports in it are journaled after "
                                       "journal_after. Without the journal, smaller ones hold exports more often: "
                                       "over 1.5M spans 16MB gave a p99 of 1.2 s, 64MB 300 ms (BENCHMARKS.md)")

@@ -602,7 +602,7 @@ class SpanStore:
         self.stats.replayed_spans += table.num_rows
         for digest, _ in requests:
             self._committed[digest] = now
-        if self._replaying:
+        if self._replaying or not self.listeners:  # at open, or parked then committed before anyone listened
             self._note_replayed(table)
         self._tell_listeners(table)
         return None

@@ -528,8 +528,10 @@ class ConversationAssembler:
                 done, deferred = 0, False
                 started, busy, waited = time.monotonic(), self._writer_busy(), self.pool_wait_s
                 try:
-                    if self._workers_due():
-                        await asyncio.to_thread(self.pool.start)
+                    await asyncio.to_thread(self._start_workers_if_due)
+                except Exception as exc:  # the first batch starts them (or builds here), as without this
+                    self.log.error("assembly workers could not start", reason=f"{type(exc).__name__}: {exc}")
+                try:
                     await asyncio.to_thread(self.take_in)
                     writable = self.store_writable()  # a failing disk: a commit now would fail, and DuckDB can abort
                     if writable != self._writable:  # the process reverting it; said once each way
@@ -561,6 +563,10 @@ class ConversationAssembler:
         finally:
             if pending is not None:  # built already: written now, not built again after the restart
                 await asyncio.to_thread(self._last_poll, pending)
+
+    def _start_workers_if_due(self) -> None:
+        if self._workers_due():
+            self.pool.start()
 
     def _workers_due(self) -> bool:
         """Whether to start the assembly workers now: the first waiting conversation goes quiet within the next
