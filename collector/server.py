@@ -167,7 +167,7 @@ class Collector:
         self.metrics.trace_cache_bytes.set_function(lambda: cache.size)
         self.metrics.trace_cache_lookups.labels("hit").set_function(lambda: cache.hits)
         self.metrics.trace_cache_lookups.labels("miss").set_function(lambda: cache.misses)
-        await asyncio.to_thread(self.assembler.recover, self.store.take_replayed())
+        await asyncio.to_thread(self.assembler.recover)
         try:
             await asyncio.to_thread(self.stage.recover)
         except WritesRefused as exc:  # a full disk must not stop the collector from starting and taking spans

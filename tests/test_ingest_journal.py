@@ -339,7 +339,8 @@ def test_a_span_replayed_after_a_crash_that_was_received_before_its_trace_was_as
         tmp_path: Path) -> None:
     """A journaled request whose commit was held past the quiet period (a full disk parks it) was received before
     its trace's assembly; the process dies before the commit. After the restart the replayed span's conversation
-    is assembled again with it, though the span is older than that assembly."""
+    is assembled again with it, though the span is older than that assembly, even when the collector stops again
+    before that (the record of the replay is in the database, written with the spans)."""
     db = tmp_path / "t.duckdb"
     received = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=30)
     store, assembler = _assembling_store(db, quiet_period_s=0.0, assembly_workers=0)
@@ -352,12 +353,16 @@ def test_a_span_replayed_after_a_crash_that_was_received_before_its_trace_was_as
     late = spans_to_arrow(_spans(1, 2, session="chat-1", turn="and tomorrow?"), received)
     IngestJournal.beside(db).write([(_digest(2), late)])  # acknowledged, then the crash
 
+    store = SpanStore(db)
+    store.open()  # replayed, then stopped again before anything was assembled
+    replayed = store.stats.replayed_spans
+    store.close()
     store, assembler = _assembling_store(db, quiet_period_s=0.0, assembly_workers=0)
     try:
-        assert store.stats.replayed_spans == 1
-        assembler.recover(store.take_replayed())
+        assembler.recover()
         _drain(assembler)
+        assert replayed == 1
         assert _versions(store) == [("chat-1", 1, 1), ("chat-1", 2, 2)]
-        assert store.take_replayed() == {}  # told once
+        assert store.cursor().execute("SELECT count(*) FROM journal_replays").fetchone() == (0,)  # taken up once
     finally:
         store.close()

@@ -319,7 +319,7 @@ def summary_tables_ddl(temporary: bool = False) -> str:
     """.replace("{create}", create)
 
 
-SCHEMA_VERSION = 28
+SCHEMA_VERSION = 29
 # SQL, or a function of the connection where the migration needs Python (ids computed as ingest computes them)
 MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     1: f"""
@@ -659,6 +659,12 @@ MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     CREATE TABLE assembled_index (generation BIGINT NOT NULL);
     INSERT INTO assembled_index VALUES (0);
     ALTER TABLE assembled_traces ADD COLUMN marked_at TIMESTAMPTZ;
+    """,
+    # the traces of spans committed from the ingest journal (a crash's leftovers, or files parked on a full disk), with
+    # the oldest receipt of those spans, written in their commit: such a span may have been received before its
+    # trace's last assembly, so only this row makes the assembler take the trace up again; deleted once it has
+    29: """
+    CREATE TABLE journal_replays (trace_id VARCHAR NOT NULL, received_at TIMESTAMPTZ NOT NULL);
     """,
 }
 

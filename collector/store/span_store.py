@@ -165,10 +165,6 @@ class SpanStore:
         self.temp_limit = temp_limit  # what a query may spill to disk
         self.on_commit = on_commit
         self.listeners: list[Callable[[pa.Table], None]] = []  # told of every committed table (writer thread)
-        # trace -> the oldest received_at (µs) of its spans replayed from the journal at open, before anyone listened:
-        # their receipt may predate the trace's last assembly, so the assembler is told of them (`take_replayed`)
-        self._replayed_traces: dict[str, int] = {}
-        self._replaying = False
         self.on_listener_error: Callable[[Exception], None] | None = None  # a listener failed on a commit
         self.max_batch_spans = max_batch_spans
         self.max_queue_spans = max_queue_spans
@@ -508,13 +504,6 @@ class SpanStore:
         database. A file the store cannot take now is parked for the writer to commit (the start goes on); one that
         cannot be read stops the start (StoreOpenError), naming it."""
         self.journal.remove_unfinished()
-        self._replaying = True
-        try:
-            self._replay_files()
-        finally:
-            self._replaying = False
-
-    def _replay_files(self) -> None:
         for path in self.journal.files():
             try:
                 error = self._commit_file(path)
@@ -596,31 +585,17 @@ class SpanStore:
         """Commit journaled requests (digests recorded with them) and tell the listeners; the error, if any."""
         table, resources, scopes = _combined([r for _, r in requests], set(), set())
         now = time.time()
-        error = self._transaction(table, resources, scopes, {d for d, _ in requests}, now)
+        oldest = table.group_by("trace_id").aggregate([("received_at", "min")])
+        # in the same commit: a span of the journal may be older than its trace's last assembly (`journal_replays`)
+        replays = pa.table({"trace_id": oldest.column("trace_id"), "received_at": oldest.column("received_at_min")})
+        error = self._transaction(table, resources, scopes, {d for d, _ in requests}, now, replays)
         if error is not None:
             return error
         self.stats.replayed_spans += table.num_rows
         for digest, _ in requests:
             self._committed[digest] = now
-        if self._replaying or not self.listeners:  # at open, or parked then committed before anyone listened
-            self._note_replayed(table)
         self._tell_listeners(table)
         return None
-
-    def _note_replayed(self, table: pa.Table) -> None:
-        """Remember the traces of spans committed from the journal at open, with the oldest receipt of each."""
-        oldest = table.group_by("trace_id").aggregate([("received_at", "min")])
-        for trace, received in zip(oldest.column("trace_id").to_pylist(),
-                                   oldest.column("received_at_min").cast(pa.int64()).to_pylist(), strict=True):
-            seen = self._replayed_traces.get(trace)
-            self._replayed_traces[trace] = received if seen is None else min(seen, received)
-
-    def take_replayed(self) -> dict[str, int]:
-        """The traces the journal's replay at open committed spans of (trace -> their oldest received_at, µs), once:
-        a span acknowledged from the journal before a crash may have been received before its trace's last
-        assembly, so only this says that trace has more to assemble."""
-        replayed, self._replayed_traces = self._replayed_traces, {}
-        return replayed
 
     def _tell_listeners(self, table: pa.Table) -> None:
         """Hand committed spans to the listeners (the assembler); one failing never fails the commit."""
@@ -793,9 +768,9 @@ class SpanStore:
         return done
 
     def _transaction(self, table: pa.Table, resources: pa.Table, scopes: pa.Table, digests: set[bytes],
-                     now: float) -> Exception | None:
-        """Append the spans, the resources and scopes not stored yet, and the request digests in one transaction;
-        the error that stopped it, if any."""
+                     now: float, replays: pa.Table | None = None) -> Exception | None:
+        """Append the spans, the resources and scopes not stored yet, the request digests, and for spans committed
+        from the journal their traces (`replays`), in one transaction; the error that stopped it, if any."""
         assert self._con is not None
         if self.invalidated is not None:  # every statement would fail: the exporters are answered at once
             return self.invalidated
@@ -806,6 +781,8 @@ class SpanStore:
                 self._append("span_resources", resources, "INSERT OR IGNORE")
                 self._append("span_scopes", scopes, "INSERT OR IGNORE")
                 self._append("span_records", table)
+                if replays is not None:
+                    self._append("journal_replays", replays)
                 if digests:
                     self._append("ingest_requests", pa.table({
                         "digest": pa.array(list(digests), pa.binary()),

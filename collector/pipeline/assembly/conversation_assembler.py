@@ -330,6 +330,7 @@ class ConversationAssembler:
         self.left_out = 0  # traces left out of the full index (taken in later), since the start
         self.assembled = 0
         self.deferred = 0  # conversations a poll left to the next because the poll pending was building them
+        self._replays_waiting = False  # `recover` found traces in journal_replays: assembling one deletes its rows
         self.late_after_prune = 0  # conversations that got spans after retention pruned theirs (not assembled)
 
     def observe(self, table: pa.Table) -> None:
@@ -488,15 +489,21 @@ class ConversationAssembler:
         self._key_rank.pop(group, None)
         return True
 
-    def recover(self, replayed: dict[str, int] | None = None) -> None:
+    def recover(self) -> None:
         """After a restart: every trace with spans newer than its last assembly waits for a quiet period again (as
-        many as the index holds; the rest as it has room), and so does each trace the span store `replayed` from its
-        journal (trace -> the oldest received_at of those spans, µs), whose spans may be older than its assembly."""
+        many as the index holds; the rest as it has room), and so does each trace with spans committed from the
+        ingest journal (`journal_replays`), which may be older than its last assembly: its row goes once it is
+        assembled again (or its spans are gone), so one not taken now is taken at a later start."""
         with self._lock:
             self._left_out_since = 0  # its spans may be as old as the file
-        if replayed:
+        if self.con.execute("SELECT count(*) FROM journal_replays").fetchone()[0]:
+            self._replays_waiting = True
+            self.con.execute("DELETE FROM journal_replays r WHERE NOT EXISTS (SELECT 1 FROM span_records s WHERE "
+                             "s.trace_id = r.trace_id AND s.received_at >= r.received_at)")  # pruned since
+            replays = self.con.execute("SELECT trace_id, epoch_us(min(received_at)) AS since FROM journal_replays "
+                                       "GROUP BY trace_id ORDER BY since, trace_id").fetchall()
             room = max(0, self.settings.conversations.max_waiting_traces - len(self._group_of))
-            self._wait_for(sorted(replayed.items(), key=lambda item: item[1])[:room])
+            self._wait_for([(trace, since) for trace, since in replays[:room]])
         self.take_in()
 
     @_plan_stage
@@ -1122,6 +1129,8 @@ class ConversationAssembler:
                 if marks:
                     self.index.delete_earlier(self.con, ids, marks)
                 self.con.execute(f"INSERT INTO assembled_traces BY NAME SELECT * FROM {name}")
+                if self._replays_waiting:
+                    self.con.execute(f"DELETE FROM journal_replays WHERE trace_id IN (SELECT id FROM {ids})")
             self.index.write(self.con, work, Change(put=rows))
 
     def _dictionaries(self, scope_ids: set[int], resource_ids: set[int]) -> tuple[Scopes, Resources]:
