@@ -174,11 +174,11 @@ class StoreSettings(_Section):
                                  "near it the oldest complete conversations' spans are pruned (archived first when "
                                  "[retention] archive_dir is set); ingest answers 503 only when nothing can be freed")
 
-    @field_validator("memory_limit", mode="before")
+    @field_validator("memory_limit", "assembling_checkpoint_threshold", mode="before")
     @classmethod
-    def _memory_size(cls, value: Any) -> Any:
+    def _size_or_none(cls, value: Any) -> Any:
         if isinstance(value, str) and value.strip().lower() in ("none", ""):
-            return None  # DuckDB's own default
+            return None  # DuckDB's own default; no fold by the assembler
         if value is not None:
             parse_size(value)  # a size DuckDB reads the same way (MB, MiB, ...)
         return value
@@ -187,14 +187,6 @@ class StoreSettings(_Section):
     @classmethod
     def _checkpoint_size(cls, value: str) -> str:
         parse_size(value)  # a size, not "none": DuckDB reads that as never, and the WAL would grow without end
-        return value
-
-    @field_validator("assembling_checkpoint_threshold", mode="before")
-    @classmethod
-    def _assembling_checkpoint_size(cls, value: Any) -> Any:
-        if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
-            return None
-        parse_size(value)
         return value
 
     @field_validator("threads", mode="before")

@@ -149,6 +149,7 @@ class SpanStore:
                  checkpoint_threshold: str | None = None, journal_after_s: float | None = None,
                  assembling_checkpoint_threshold: str | None = None) -> None:
         self.path = path
+        self.wal_path = Path(str(path) + ".wal")  # DuckDB's write-ahead log beside the file
         # a commit running this long has the requests waiting on it journaled and acknowledged (None: never)
         self.journal_after_s = journal_after_s
         self.journal = IngestJournal.beside(path)
@@ -351,8 +352,7 @@ class SpanStore:
 
     def size_bytes(self) -> int:
         total = self.journal.size_bytes()
-        for suffix in ("", ".wal"):
-            path = Path(str(self.path) + suffix)
+        for path in (self.path, self.wal_path):
             if path.exists():
                 total += path.stat().st_size
         return total
@@ -756,7 +756,7 @@ class SpanStore:
         if self._assembling_bytes is None:
             return False
         try:
-            if self.path.with_name(self.path.name + ".wal").stat().st_size < self._assembling_bytes:
+            if self.wal_path.stat().st_size < self._assembling_bytes:
                 return False
         except OSError:
             return False

@@ -572,20 +572,17 @@ class ConversationAssembler:
                 await asyncio.to_thread(self._last_poll, pending)
 
     def _start_workers_if_due(self) -> None:
-        if self._workers_due():
-            self.pool.start()
-
-    def _workers_due(self) -> bool:
-        """Whether to start the assembly workers now: the first waiting conversation goes quiet within the next
-        polls. Started by its batch, their start (imports, 0.3-0.5 s of a core each) landed on the exports of the
-        moment conversations began to complete (`python bench/pipeline_pace.py --tail`)."""
+        """Start the assembly workers once the first waiting conversation goes quiet within the next polls. Started
+        by its batch, their start (imports, 0.3-0.5 s of a core each) landed on the exports of the moment
+        conversations began to complete (`python bench/pipeline_pace.py --tail`)."""
         if not self.pool.workers or self.pool.started:
-            return False
+            return
         with self._lock:
             oldest = next(iter(self._last.values()), None)
         conversations = self.settings.conversations
-        return oldest is not None and time.monotonic() - oldest >= \
-            conversations.quiet_period_s - conversations.poll_s - WORKER_START_LEAD_S
+        if oldest is not None and time.monotonic() - oldest >= \
+                conversations.quiet_period_s - conversations.poll_s - WORKER_START_LEAD_S:
+            self.pool.start()
 
     @_plan_stage
     def _last_poll(self, poll: _Poll) -> None:
