@@ -175,6 +175,55 @@ def test_a_conversations_earlier_turns_received_hours_ago_are_in_its_next_versio
         store.close()
 
 
+def test_a_delayed_turn_received_before_its_conversations_earlier_trace_gets_a_version_with_both(
+        tmp_path: Path) -> None:
+    """A poll reads only the spans received up to the newest its conversations' commits brought (so in a backlog it
+    does not scan every span stored after them); a trace assembled before, read again with a new one whose request
+    was stamped earlier (it waited in a retry), is bounded by its own assembly, not by the new trace's receipt."""
+    store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=0.0)
+    now = dt.datetime.now(dt.UTC)
+
+    async def scenario() -> None:
+        await _write_turn(store, 1, 1, "chat-1", "second question", now)
+        assert assembler.assemble_due() == 1
+        await _write_turn(store, 2, 2, "chat-1", "first question", now - dt.timedelta(minutes=30))
+        assert assembler.assemble_due() == 1
+
+    try:
+        asyncio.run(scenario())
+        rows = store.cursor().execute("SELECT version, turns FROM conversations ORDER BY version").fetchall()
+        assert rows == [(1, 1), (2, 2)], rows
+    finally:
+        store.close()
+
+
+def test_a_poll_in_a_backlog_reads_up_to_its_conversations_newest_receipt_and_a_later_span_goes_in_the_next(
+        tmp_path: Path) -> None:
+    """The span read of a poll stops at the newest receipt its conversations' commits brought when it was
+    planned: a span of one of its traces committed after the plan (received later) is not lost, its conversation
+    waits again and gets the next version with it."""
+    store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=0.0)
+    now = dt.datetime.now(dt.UTC)
+
+    async def scenario() -> None:
+        await _write_turn(store, 1, 1, "chat-1", "first question", now)
+        poll = assembler.plan()
+        assert poll is not None and poll.until_us == int(now.timestamp() * 1_000_000)
+        await _write_turn(store, 1, 2, None, "more of it", now + dt.timedelta(seconds=1))  # after the plan
+        assert assembler.finish(poll) == 1 and assembler.pending_conversations() == 1  # changed meanwhile: waits
+        assert assembler.assemble_due() == 1
+
+    try:
+        asyncio.run(scenario())
+        rows = store.cursor().execute("SELECT version, turns FROM conversations ORDER BY version").fetchall()
+        [whole] = build_conversations(_stored_spans(store))
+        assert rows == [(1, 1), (2, 2)], rows
+        assert store.cursor().execute("SELECT content_hash FROM conversations WHERE version = 2").fetchone()[0] == \
+            whole.content_hash
+    finally:
+        store.close()
+
+
 # each trace's conversation key under gen_ai.conversation.id and under the weaker session.id (None: it has none),
 # then steps: a span of trace N (carrying the strong key, the weak one or none), a poll that assembles what is due,
 # or a round as `tracejudge serve` runs them: the next poll planned and sent to the workers, then the one pending

@@ -79,6 +79,8 @@ WRITE_AT_ONCE = 128  # conversations written per transaction while exports come 
 # writer (on its thread); `python bench/pipeline_pace.py` prints it per conversation
 CPU_STAGES = ("plan", "read", "build", "write", "observe")
 WAIT_FOR_AT_ONCE = 1000  # traces taken into the waiting index per hold of its lock (`_wait_for`)
+MARK_SLACK_US = 600_000_000  # an assembled trace's spans may be this much newer than its row's write (a clock set back)
+UNBOUNDED = 1 << 62  # a conversation's newest receipt when not known (a trace taken in from the store): no bound
 SPANS_PER_READ = 16_000  # spans read back in one query while assembling; with the batches in flight (workers + 1)
 # it bounds the assembler's memory
 END_MARKER = '"tracejudge.conversation.end":true'
@@ -114,6 +116,7 @@ class _Due(NamedTuple):
     last: float  # the conversation's last span (monotonic) when chosen: a later one means it changed meanwhile
     first_us: int  # received_at (µs) its waiting traces' spans are no older than (0: unknown)
     traces: set[str]
+    newest_us: int  # received_at (µs) its waiting traces' spans committed so far are no newer than (UNBOUNDED)
 
 
 class _Batch(NamedTuple):
@@ -146,6 +149,7 @@ class _Poll:
     moved: dict[str, str]
     conversations: dict[str, set[str]]
     since_us: int
+    until_us: int | None  # the newest receipt its reads need (None: no bound): `_received`
     kept: dict[str, KeptTrace]
     going_on: set[str]
     work: _Work
@@ -210,6 +214,15 @@ class _Rows:
 def _only(table: pa.Table, traces: list[str]) -> pa.Table:
     """The rows of these traces."""
     return table.filter(pc.is_in(table.column("trace_id"), pa.array(traces, pa.string())))
+
+
+def _received(since_us: int, until_us: int | None) -> tuple[str, list[datetime]]:
+    """The condition on received_at of a poll's span reads, and its parameters: from the oldest receipt its traces
+    need to the newest (None: no upper bound). The upper bound lets DuckDB skip the row groups received after: in a
+    backlog, a poll read every span since its oldest conversation's, most of the table."""
+    if until_us is None:
+        return "received_at >= ?", [at_epoch_us(since_us)]
+    return "received_at BETWEEN ? AND ?", [at_epoch_us(since_us), at_epoch_us(until_us)]
 
 
 def _built_here_cpu(future: Future[BatchResult]) -> float:
@@ -318,6 +331,10 @@ class ConversationAssembler:
         self._last: OrderedDict[str, float] = OrderedDict()  # conversation -> last span (monotonic), oldest first
         # conversation -> the oldest received_at (µs) of the commits that brought its waiting traces (0: unknown)
         self._first: dict[str, int] = {}
+        # conversation -> the newest received_at (µs) of those commits (UNBOUNDED: not known), so a poll reads the
+        # spans received between its conversations' first and last commits, not every span received since its first
+        # (in a backlog, most of the table: `python bench/pipeline_pace.py`)
+        self._newest: dict[str, int] = {}
         self._ended: set[str] = set()  # traces with a span that carried the end marker
         self.cache = MappedTraceCache(settings.conversations.trace_cache)  # traces assembled before, mapped
         self.sessions = SessionIndex(SESSIONS_KEPT)  # MCP sessions -> their conversation, context waiting on them
@@ -366,8 +383,10 @@ class ConversationAssembler:
         traces = pc.unique(table.column("trace_id")).to_pylist()
         end_marked = pc.match_substring(plain_strings(table.column("attributes")), END_MARKER)
         ended = table.filter(end_marked).column("trace_id")
-        oldest = pc.min(table.column("received_at")).value
-        first_us = oldest or 0
+        received = pc.min_max(table.column("received_at"))
+        first_us = received["min"].value or 0
+        newest_us = received["max"].value
+        newest_us = UNBOUNDED if newest_us is None else newest_us
         limit = self.settings.conversations.max_waiting_traces
         with self._lock:
             now = time.monotonic()
@@ -375,12 +394,13 @@ class ConversationAssembler:
                 if self.cache.size:
                     self.cache.discard(trace)  # its mapped part no longer holds: it is read again when it is due
                 if trace in self._group_of:
-                    self._note(trace, keys.get(trace), now, first_us)
+                    self._note(trace, keys.get(trace), now, first_us, newest_us)
                 elif len(self._group_of) >= limit:
                     self._leave_out(first_us)
                 else:  # it may be one of the traces left out earlier, not taken in yet: its spans from then on
                     left = self._left_out_since
-                    self._note(trace, keys.get(trace), now, first_us if left is None else min(first_us, left))
+                    self._note(trace, keys.get(trace), now, first_us if left is None else min(first_us, left),
+                               newest_us)
             self._ended.update(t for t in ended.to_pylist() if t in self._group_of)
 
     def _leave_out(self, first_us: int) -> None:
@@ -398,9 +418,10 @@ class ConversationAssembler:
         self._left_out_since = min(first_us, self._left_out_since if self._left_out_since is not None else first_us)
         self.left_out += 1
 
-    def _note(self, trace: str, key: tuple[int, str] | None, now: float, first_us: int) -> None:
-        """A trace has new spans (`key`: their strongest conversation key; none received before `first_us`); the
-        lock is held."""
+    def _note(self, trace: str, key: tuple[int, str] | None, now: float, first_us: int,
+              newest_us: int = UNBOUNDED) -> None:
+        """A trace has new spans (`key`: their strongest conversation key; none received before `first_us`, nor
+        after `newest_us`); the lock is held."""
         old = self._group_of.get(trace)
         group = old or trace
         rank = self._rank(trace, old) if old is not None else _UNKEYED
@@ -412,20 +433,24 @@ class ConversationAssembler:
         if group != old:
             if old is not None:  # the trace's earlier spans came with its old conversation's commits
                 first_us = min(first_us, self._first.get(old, 0))
+                newest_us = max(newest_us, self._newest.get(old, UNBOUNDED))
                 self._leave(trace, old)
-            self._join(trace, group, first_us, rank)
+            self._join(trace, group, first_us, rank, newest_us)
         else:  # a later commit may bring spans received before the first's (they waited longer to be written)
             if first_us < self._first.get(group, first_us):
                 self._first[group] = first_us
+            if newest_us > self._newest.get(group, newest_us):
+                self._newest[group] = newest_us
             if key is not None and rank == key[0]:  # a stronger key naming the same conversation
                 self._set_rank(trace, group, rank)
         self._last[group] = now
         self._last.move_to_end(group)
 
-    def _join(self, trace: str, group: str, first_us: int, rank: int) -> None:
-        """The trace waits with this conversation from now on (its spans received from `first_us` on, its key of
-        precedence `rank`); the lock is held."""
+    def _join(self, trace: str, group: str, first_us: int, rank: int, newest_us: int) -> None:
+        """The trace waits with this conversation from now on (its spans received from `first_us` to `newest_us`,
+        its key of precedence `rank`); the lock is held."""
         self._first[group] = min(first_us, self._first.get(group, first_us))
+        self._newest[group] = max(newest_us, self._newest.get(group, newest_us))
         self._group_of[trace] = group
         members = self._members.get(group)
         if members is not None:
@@ -464,6 +489,7 @@ class ConversationAssembler:
         if empty:
             self._last.pop(group, None)
             self._first.pop(group, None)
+            self._newest.pop(group, None)
             self._key_rank.pop(group, None)
 
     def _own_trace(self, group: str) -> set[str]:
@@ -486,6 +512,7 @@ class ConversationAssembler:
         self._members.pop(group, None)
         self._last.pop(group, None)
         self._first.pop(group, None)
+        self._newest.pop(group, None)
         self._key_rank.pop(group, None)
         return True
 
@@ -641,7 +668,8 @@ class ConversationAssembler:
                     break  # ordered by last span: every later one is newer still
                 if group not in chosen and group not in taken:
                     chosen.append(group)
-            return {g: _Due(self._last[g], self._first.get(g, 0), self._traces_of(g)) for g in chosen[:limit]}
+            return {g: _Due(self._last[g], self._first.get(g, 0), self._traces_of(g),
+                         self._newest.get(g, UNBOUNDED)) for g in chosen[:limit]}
 
     @_plan_stage
     def assemble_due(self, force: bool = False, limit: int | None = None) -> int:
@@ -689,7 +717,9 @@ class ConversationAssembler:
         since = min(d.first_us for d in due.values())
         assembled_before = self._assembled(waiting)
         since = min([since, *self._assembled_since(assembled_before)])
-        owners = self._trace_keys(waiting, since)  # the stored spans decide: a late span may carry no key itself
+        # and no newer than the newest their commits brought, or (of spans assembled before) than their assembly
+        until = max([*(d.newest_us for d in due.values()), *self._assembled_until(assembled_before)])
+        owners = self._trace_keys(waiting, since, until)  # the stored spans decide: a late span may carry no key itself
         # a trace that a stronger key moved to another conversation leaves its old one short of it
         moved = {row.trace_id: row.conversation_id for row in assembled_before
                  if row.conversation_id != owners.get(row.trace_id, row.trace_id)}
@@ -723,13 +753,15 @@ class ConversationAssembler:
                             owners.setdefault(trace, into if unkeyed else hit.mapped.conversation_id)
             unread = [row for row in earlier if row.trace_id not in kept]
             since = min([since, *self._assembled_since(unread)])
-            owners.update(self._trace_keys({row.trace_id for row in unread} - set(owners), since))
+            until = max([until, *self._assembled_until(unread)])
+            owners.update(self._trace_keys({row.trace_id for row in unread} - set(owners), since, until))
             for trace, key, _, _ in earlier:
                 if owners.get(trace, trace) == key:
                     conversations[key].add(trace)
                     going_on.add(key)
-        poll = _Poll(due, owners, moved, conversations, since, kept, going_on,
-                     self._batches(conversations, since, kept), self.left_out)
+        until_us = until if until < UNBOUNDED else None
+        poll = _Poll(due, owners, moved, conversations, since, until_us, kept, going_on,
+                     self._batches(conversations, since, until_us, kept), self.left_out)
         try:
             self._send(poll, self.pool.workers + 1)
         except Exception:
@@ -803,8 +835,10 @@ class ConversationAssembler:
                     if group is None:
                         self._note(trace, keys.get(trace), now, since)
                         taken += 1
-                    elif since < self._first.get(group, since):  # waiting since a later commit: read from here
-                        self._first[group] = since
+                    else:  # its stored spans may be older than its first commit noted, or newer than its last
+                        self._newest[group] = UNBOUNDED
+                        if since < self._first.get(group, since):  # waiting since a later commit: read from here
+                            self._first[group] = since
         return taken
 
     def _wait_with_active(self, due: dict[str, _Due], owners: dict[str, str],
@@ -819,29 +853,33 @@ class ConversationAssembler:
                     target = owners.get(trace, trace)
                     if target in active and self._group_of.get(trace) == group:
                         first_us, rank = self._first.get(group, 0), self._rank(trace, group)
+                        newest_us = self._newest.get(group, UNBOUNDED)
                         self._leave(trace, group)
-                        self._join(trace, target, first_us, rank)
+                        self._join(trace, target, first_us, rank, newest_us)
         for conversation_id in active:
             del conversations[conversation_id]
 
-    def _strongest_keys(self, traces: set[str] | list[str], since_us: int = 0) -> dict[str, tuple[int, str]]:
-        """Each trace's strongest conversation key over all its stored spans (received from `since_us` on):
-        (precedence, value)."""
+    def _strongest_keys(self, traces: set[str] | list[str], since_us: int = 0,
+                        until_us: int | None = None) -> dict[str, tuple[int, str]]:
+        """Each trace's strongest conversation key over all its stored spans (received from `since_us` on, up to
+        `until_us`): (precedence, value)."""
         if not traces:
             return {}
+        received, bounds = _received(since_us, until_us)
         with id_table(self.con, traces) as ids:
             # span_records, not the `spans` view: its joins (resources, scopes) were a third of these reads' CPU
             rows = self.con.execute(
                 f"SELECT trace_id, min(rank), arg_min(key, rank) FROM (SELECT trace_id, {_RANK} AS rank, "
-                f"conversation_key AS key FROM span_records WHERE received_at >= ? AND trace_id IN "
+                f"conversation_key AS key FROM span_records WHERE {received} AND trace_id IN "
                 f"(SELECT id FROM {ids}) AND conversation_key IS NOT NULL UNION ALL SELECT trace_id, {_ATTACHED}, "
                 f"conversation_id FROM trace_attachments WHERE trace_id IN (SELECT id FROM {ids})) GROUP BY trace_id",
-                [at_epoch_us(since_us)]).fetchall()
+                bounds).fetchall()
         return {trace: (rank if rank is not None else _UNKEYED, key) for trace, rank, key in rows}
 
-    def _trace_keys(self, traces: set[str], since_us: int) -> dict[str, str]:
+    def _trace_keys(self, traces: set[str], since_us: int, until_us: int) -> dict[str, str]:
         """Each trace's conversation: the highest-precedence key on any of its spans (as the mapping does)."""
-        return {trace: key for trace, (_, key) in self._strongest_keys(traces, since_us).items()}
+        return {trace: key for trace, (_, key) in
+                self._strongest_keys(traces, since_us, until_us if until_us < UNBOUNDED else None).items()}
 
     def _assembled(self, traces: set[str]) -> list[Assembled]:
         """(trace, conversation, its oldest span's received_at in µs or None, ...) of these traces, assembled
@@ -854,20 +892,28 @@ class ConversationAssembler:
         return self.index.by_conversation(keys)
 
     @staticmethod
+    def _assembled_until(rows: list[Assembled]) -> list[int]:
+        """The received_at bound (µs) these traces' assembled spans are no newer than: when their rows were written,
+        with `MARK_SLACK_US` for a wall clock set back since (UNBOUNDED where it is not known)."""
+        return [row.marked_us + MARK_SLACK_US if row.marked_us is not None else UNBOUNDED for row in rows]
+
+    @staticmethod
     def _assembled_since(rows: list[Assembled]) -> list[int]:
         """The received_at bound (µs) these traces' spans need; 0 where it is not known (traces assembled by a
         version that did not keep it)."""
         return [row.first_us if row.first_us is not None else 0 for row in rows]
 
-    def _batches(self, conversations: dict[str, set[str]], since_us: int, kept: dict[str, KeptTrace]) -> _Work:
+    def _batches(self, conversations: dict[str, set[str]], since_us: int, until_us: int | None,
+                 kept: dict[str, KeptTrace]) -> _Work:
         """The conversations in batches of a bounded number of spans to read back (the spans received from
-        `since_us` on, of every trace not `kept` from before); one too large to assemble is marked assembled and
-        left out."""
+        `since_us` to `until_us`, of every trace not `kept` from before); one too large to assemble is marked
+        assembled and left out."""
         unread = set().union(*conversations.values()) - kept.keys()
+        received, bounds = _received(since_us, until_us)
         with id_table(self.con, unread) as ids:
             counts = dict(self.con.execute(
-                f"SELECT trace_id, count(*) FROM span_records WHERE received_at >= ? AND trace_id IN "
-                f"(SELECT id FROM {ids}) GROUP BY trace_id", [at_epoch_us(since_us)]).fetchall())
+                f"SELECT trace_id, count(*) FROM span_records WHERE {received} AND trace_id IN "
+                f"(SELECT id FROM {ids}) GROUP BY trace_id", bounds).fetchall())
         counts.update((t, k.spans) for t, k in kept.items())
         limit = self.settings.conversations.max_spans
         sizes: dict[str, int] = {}  # conversation -> its spans to read
@@ -903,7 +949,7 @@ class ConversationAssembler:
         work = poll.work
         while work.batches and len(work.in_flight) < in_flight:
             work.in_flight.append(self._read_and_submit(work.batches.popleft(), poll.conversations, poll.since_us,
-                                                        poll.kept, poll.going_on))
+                                                        poll.until_us, poll.kept, poll.going_on))
 
     def _finish_all(self, poll: _Poll) -> tuple[set[str], dict[str, KeptTrace]]:
         """Build every batch of the poll, then compose and write every conversation. The ids that failed (retried
@@ -926,11 +972,11 @@ class ConversationAssembler:
         return failed, mapped
 
     def _read_and_submit(self, batch: list[str], conversations: dict[str, set[str]], since_us: int,
-                         kept: dict[str, KeptTrace], going_on: set[str]) -> _Batch:
+                         until_us: int | None, kept: dict[str, KeptTrace], going_on: set[str]) -> _Batch:
         """Read these conversations' spans and send those seen for the first time (nearly all) to the workers;
         those that went on are built here, where the traces kept from their earlier versions are."""
         with self._stage("read"):
-            read = self._read_batch(batch, conversations, since_us, kept, going_on)
+            read = self._read_batch(batch, conversations, since_us, until_us, kept, going_on)
             # without workers the pool built the batch at submit, in this thread: that is the build stage's
             built = _built_here_cpu(read.future)
             self.cpu_seconds["read"] -= built
@@ -938,16 +984,17 @@ class ConversationAssembler:
         return read
 
     def _read_batch(self, batch: list[str], conversations: dict[str, set[str]], since_us: int,
-                    kept: dict[str, KeptTrace], going_on: set[str]) -> _Batch:
+                    until_us: int | None, kept: dict[str, KeptTrace], going_on: set[str]) -> _Batch:
         unread = {t for c in batch for t in conversations[c]} - kept.keys()
         started = time.perf_counter()
         self.con.execute("BEGIN TRANSACTION")  # the spans and their resources from one snapshot: none pruned between
         try:
             with id_table(self.con, unread) as ids:
                 # every stored copy of a span: the last received counts, once (`conversation_builder.latest_copies`)
+                received, bounds = _received(since_us, until_us)
                 table = arrow_table(
-                    self.con, f"SELECT {SPAN_SELECT} FROM span_records WHERE received_at >= ? AND trace_id IN "
-                    f"(SELECT id FROM {ids})", [at_epoch_us(since_us)])
+                    self.con, f"SELECT {SPAN_SELECT} FROM span_records WHERE {received} AND trace_id IN "
+                    f"(SELECT id FROM {ids})", bounds)
             scopes, resources = self._dictionaries(set(pc.unique(table.column("scope_id")).to_pylist()),
                                                    set(pc.unique(table.column("resource_id")).to_pylist()))
         finally:
