@@ -39,6 +39,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import duckdb
 import grpc
 import httpx
 
@@ -92,6 +93,13 @@ def scored(url: str) -> int:
     text = httpx.get(f"{url}/metrics", timeout=60).text
     return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                    if line.startswith("tracejudge_score_count{") and 'metric="mcp_call_validity"' in line))
+
+
+def last_score_at(db: Path) -> float:
+    """When the collector wrote its last call validity score (epoch seconds), from its stopped database file."""
+    with duckdb.connect(str(db), read_only=True) as con:
+        return con.execute("SELECT epoch_us(max(scored_at)) FROM scores WHERE metric = 'mcp_call_validity'"
+                           ).fetchone()[0] / 1e6
 
 
 TAIL_WINDOW_S = 0.5  # `--tail`: the paced exports in windows of this long, by when they were due
@@ -195,7 +203,7 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
                                             options=[("grpc.max_send_message_length", 64 * 1024 * 1024)])
             export = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
             timeline = Timeline(pid)
-            started = time.perf_counter()
+            started, started_wall = time.perf_counter(), time.time()
             wall, latencies = run(lambda body: export_retrying(export, body), requests, args.in_flight, rate,
                                   args.spans)
             done_at, last = None, 0
@@ -233,6 +241,8 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
             channel.close()
         finally:
             collector.stop()
+        if done_at is not None:  # when the last score was written, not when a poll of /metrics saw it (0.5 s apart)
+            done_at = last_score_at(Path(tmp) / "pace.duckdb") - started_wall
     return {"ingest_wall_s": round(wall, 2), "pipeline_wall_s": round(done_at, 2) if done_at else None,
             "scored": last, "cpu_s_server": round(cpu.get(pid, 0.0), 1),
             "cpu_s_children": round(sum(v for p, v in cpu.items() if p != pid), 1),

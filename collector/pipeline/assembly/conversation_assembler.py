@@ -585,7 +585,8 @@ class ConversationAssembler:
                 # a backlog: go on at once (looking again for end-marked conversations first), unless ingest
                 # presses; the time the workers built (on other cores) is not time taken from ingest
                 spent = time.monotonic() - started - (self.pool_wait_s - waited)
-                paused = await self.pause(self.pause_for_ingest(spent, self._writer_busy() - busy), stop)
+                paused = await self.pause(self.pause_for_ingest(spent, self._writer_busy() - busy,
+                                                                worked=bool(done) or pending is not None), stop)
                 backlog = done >= MAX_PER_POLL or pending is not None or deferred
                 wait = 0.0 if backlog else self.settings.conversations.poll_s - paused
                 if wait > 0:
@@ -642,13 +643,15 @@ class ConversationAssembler:
     def _writer_busy(self) -> float:
         return self.writer_busy_s() if self.writer_busy_s is not None else 0.0
 
-    def pause_for_ingest(self, spent_s: float, writer_busy_s: float) -> float:
-        """How long to pause after a full batch that took `spent_s`, during which the span writer was committing
+    def pause_for_ingest(self, spent_s: float, writer_busy_s: float, worked: bool = True) -> float:
+        """How long to pause after a round that took `spent_s`, during which the span writer was committing
         for `writer_busy_s`. Both share two cores and one database: when the writer was busy half the time or
         more, the assembler keeps to `[conversations] share_under_load` so exports stay fast (its backlog waits,
-        stored); otherwise it goes on at once."""
+        stored); otherwise it goes on at once. A round that neither wrote nor sent a poll (`worked` False) took
+        next to nothing from ingest, however long it waited for the GIL: no pause (one of 1.4 s, after a round that
+        found nothing due yet, held back the first conversations due, `python bench/pipeline_pace.py`)."""
         share = self.settings.conversations.share_under_load
-        if spent_s <= 0 or writer_busy_s < spent_s / 2 or share >= 1:
+        if not worked or spent_s <= 0 or writer_busy_s < spent_s / 2 or share >= 1:
             return 0.0
         return spent_s * (1 - share) / share
 
