@@ -495,14 +495,13 @@ def test_an_end_marked_conversation_is_assembled_in_the_first_poll_even_behind_a
 def test_the_assembler_keeps_to_its_share_only_while_ingest_keeps_the_writer_busy(tmp_path: Path) -> None:
     store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=1)
     assembler.settings.conversations.share_under_load = 0.25
-    assert assembler.pause_for_ingest(1.0, 0.9, 1.0) == 3.0  # a quarter of the CPU: 1 s of work, 3 s of pause
-    assert assembler.pause_for_ingest(1.0, 0.5, 1.0) == 3.0
-    assert assembler.pause_for_ingest(1.0, 0.9, 0.4) == pytest.approx(1.2)  # the rest of the round waited for the GIL
-    assert assembler.pause_for_ingest(1.0, 0.4, 1.0) == 0.0  # light ingest: a backlog is worked through at once
-    assert assembler.pause_for_ingest(0.0, 0.0, 0.0) == 0.0
-    assert assembler.pause_for_ingest(0.5, 0.5, 0.5, worked=False) == 0.0  # nothing was due: nothing taken
+    assert assembler.pause_for_ingest(1.0, 0.9) == 3.0  # a quarter of the time: 1 s of work, 3 s of pause
+    assert assembler.pause_for_ingest(1.0, 0.5) == 3.0
+    assert assembler.pause_for_ingest(1.0, 0.4) == 0.0  # light ingest: a backlog is worked through at once
+    assert assembler.pause_for_ingest(0.0, 0.0) == 0.0
+    assert assembler.pause_for_ingest(0.5, 0.5, worked=False) == 0.0  # nothing was due: nothing taken from ingest
     assembler.settings.conversations.share_under_load = 1
-    assert assembler.pause_for_ingest(1.0, 1.0, 1.0) == 0.0
+    assert assembler.pause_for_ingest(1.0, 1.0) == 0.0
     store.close()
 
 

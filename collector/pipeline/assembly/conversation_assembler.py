@@ -216,21 +216,6 @@ def _only(table: pa.Table, traces: list[str]) -> pa.Table:
     return table.filter(pc.is_in(table.column("trace_id"), pa.array(traces, pa.string())))
 
 
-class _RoundCPU:
-    """The CPU one round of the assembler's loop took in the threads it ran in (`of`), for its share under load."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-
-    def of(self, function: Callable[..., _T], *args: Any) -> _T:
-        """`function(*args)`, its thread's CPU for it added (run in the worker thread)."""
-        started = time.thread_time()
-        try:
-            return function(*args)
-        finally:
-            self.seconds += time.thread_time() - started
-
-
 def _received(since_us: int, until_us: int | None) -> tuple[str, list[datetime]]:
     """The condition on received_at of a poll's span reads, and its parameters: from the oldest receipt its traces
     need to the newest (None: no upper bound). The upper bound lets DuckDB skip the row groups received after: in a
@@ -571,14 +556,14 @@ class ConversationAssembler:
         pending: _Poll | None = None  # sent to the workers, written in the next round (`assemble_next`)
         try:
             while not stop.is_set():
-                done, deferred, cpu = 0, False, _RoundCPU()
+                done, deferred = 0, False
                 started, busy, waited = time.monotonic(), self._writer_busy(), self.pool_wait_s
                 try:
-                    await asyncio.to_thread(cpu.of, self._start_workers_if_due)
+                    await asyncio.to_thread(self._start_workers_if_due)
                 except Exception as exc:  # the first batch starts them (or builds here), as without this
                     self.log.error("assembly workers could not start", reason=f"{type(exc).__name__}: {exc}")
                 try:
-                    await asyncio.to_thread(cpu.of, self.take_in)
+                    await asyncio.to_thread(self.take_in)
                     writable = self.store_writable()  # a failing disk: a commit now would fail, and DuckDB can abort
                     if writable != self._writable:  # the process reverting it; said once each way
                         self._writable = writable
@@ -588,16 +573,16 @@ class ConversationAssembler:
                     poll, pending = pending, None  # the thread owns it now: written or dropped there
                     if writable:
                         deferred = self.deferred
-                        done, pending = await asyncio.to_thread(cpu.of, self.assemble_next, poll, MAX_PER_POLL)
+                        done, pending = await asyncio.to_thread(self.assemble_next, poll, MAX_PER_POLL)
                         deferred = self.deferred > deferred
                     elif poll is not None:
-                        await asyncio.to_thread(cpu.of, self.abandon, poll)
+                        await asyncio.to_thread(self.abandon, poll)
                 except Exception as exc:  # a bad conversation must not stop the loop; it is logged and retried
                     self.log.error("assembly failed", reason=f"{type(exc).__name__}: {exc}")
                 # a backlog: go on at once (looking again for end-marked conversations first), unless ingest
                 # presses; the time the workers built (on other cores) is not time taken from ingest
                 spent = time.monotonic() - started - (self.pool_wait_s - waited)
-                paused = await self.pause(self.pause_for_ingest(spent, self._writer_busy() - busy, cpu.seconds,
+                paused = await self.pause(self.pause_for_ingest(spent, self._writer_busy() - busy,
                                                                 worked=bool(done) or pending is not None), stop)
                 backlog = done >= MAX_PER_POLL or pending is not None or deferred
                 wait = 0.0 if backlog else self.settings.conversations.poll_s - paused
@@ -655,20 +640,17 @@ class ConversationAssembler:
     def _writer_busy(self) -> float:
         return self.writer_busy_s() if self.writer_busy_s is not None else 0.0
 
-    def pause_for_ingest(self, spent_s: float, writer_busy_s: float, cpu_s: float, worked: bool = True) -> float:
+    def pause_for_ingest(self, spent_s: float, writer_busy_s: float, worked: bool = True) -> float:
         """How long to pause after a round that took `spent_s`, during which the span writer was committing
-        for `writer_busy_s` and the assembler's own thread used `cpu_s` of CPU. Both share two cores and one
-        database: when the writer was busy half the time or more, the assembler keeps its CPU to `[conversations]
-        share_under_load` so exports stay fast (its backlog waits, stored); otherwise it goes on at once. The share
-        counts the CPU the round took, not its wall time: a round that waited for the GIL while ingest held it had
-        given ingest its priority already, and paused three times that wait as well it fell behind at a steady
-        20,000 spans/s (`python bench/pipeline_pace.py --rates 20000 --requests 1500`). A round that neither wrote
-        nor sent a poll (`worked` False) took next to nothing: no pause (one of 1.4 s, after a round that found
-        nothing due yet, held back the first conversations due)."""
+        for `writer_busy_s`. Both share two cores and one database: when the writer was busy half the time or
+        more, the assembler keeps to `[conversations] share_under_load` so exports stay fast (its backlog waits,
+        stored); otherwise it goes on at once. A round that neither wrote nor sent a poll (`worked` False) took
+        next to nothing from ingest, however long it waited for the GIL: no pause (one of 1.4 s, after a round that
+        found nothing due yet, held back the first conversations due, `python bench/pipeline_pace.py`)."""
         share = self.settings.conversations.share_under_load
         if not worked or spent_s <= 0 or writer_busy_s < spent_s / 2 or share >= 1:
             return 0.0
-        return cpu_s * (1 - share) / share
+        return spent_s * (1 - share) / share
 
     def _due(self, force: bool, limit: int | None, busy: _Poll | None = None) -> dict[str, _Due]:
         """End-marked conversations first, then those quiet for the quiet period, oldest first; none of those the
