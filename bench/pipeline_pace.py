@@ -20,7 +20,7 @@ keeps up with.
     python bench/pipeline_pace.py --timeline           # and the whole pipeline run second by second
     python bench/pipeline_pace.py --tail               # and the half-load run's exports half a second at a time
     python bench/pipeline_pace.py --rates 10000,20000  # the whole pipeline paced at 10k, then 20k spans/s
-    python bench/pipeline_pace.py --rates 10000 --checkpoint-threshold 4GB
+    python bench/pipeline_pace.py --rates 10000 --checkpoint-threshold 4GB --assembling-checkpoint-threshold none
                                                        # no checkpoint within the run
 """
 
@@ -185,6 +185,7 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
             workers += f"share_under_load = {args.share_under_load}\n"
         store = "".join(f"{name} = \"{value}\"\n" for name, value in (
             ("checkpoint_threshold", args.checkpoint_threshold),
+            ("assembling_checkpoint_threshold", args.assembling_checkpoint_threshold),
             ("memory_limit", args.memory_limit),
             ("journal_after", args.journal_after))
             if value is not None)
@@ -302,6 +303,9 @@ def main() -> None:
     parser.add_argument("--checkpoint-threshold", metavar="SIZE", help="[store] checkpoint_threshold (default: the "
                         "collector's own): each checkpoint holds every commit, and so the exports in them, while it "
                         "runs; one larger than what a run writes shows the latency without them")
+    parser.add_argument("--assembling-checkpoint-threshold", metavar="SIZE", help="[store] "
+                        "assembling_checkpoint_threshold (default: the collector's own, 64MB): the assembler folds the "
+                        "WAL at this size after its writes; none: only DuckDB's checkpoints, at checkpoint_threshold")
     parser.add_argument("--journal-after", metavar="DURATION", help="[store] journal_after (default: the "
                         "collector's own, 50ms): a commit held this long has the exports waiting on it journaled and "
                         "acknowledged; none: they wait for their commit, as before the journal")

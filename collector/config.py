@@ -147,11 +147,19 @@ class StoreSettings(_Section):
                                 "per core)")
     checkpoint_threshold: str = Field("256MB", description="WAL size at which DuckDB checkpoints it into the "
                                       "database file (DuckDB's own default is 16MiB; 256MB checkpoints far less "
-                                      "often, the fastest ingest); the commit "
+                                      "often, the fastest ingest; see assembling_checkpoint_threshold); the commit "
                                       "that crosses it "
                                       "waits for the checkpoint, the exports in it are journaled after "
                                       "journal_after. Without the journal, smaller ones hold exports more often: "
                                       "over 1.5M spans 16MB gave a p99 of 1.2 s, 64MB 300 ms (BENCHMARKS.md)")
+    assembling_checkpoint_threshold: str | None = Field("64MB", description="WAL size at which the assembler "
+                                                        "checkpoints it after its writes: while conversations "
+                                                        "complete, checkpoints stay small (DuckDB's own, at "
+                                                        "checkpoint_threshold, landing while exports came in at "
+                                                        "half load, held 10-21 of them past 100 ms in two runs of "
+                                                        "eight), while ingest alone keeps checkpoint_threshold's "
+                                                        "fewer checkpoints (BENCHMARKS.md); none: only DuckDB's "
+                                                        "own checkpoints")
     journal_after: float | None = Field(0.05, gt=0, description="seconds, or a duration like 50ms: a commit "
                                         "running longer than this (a "
                                         "checkpoint holds every commit for about a second) has the exports waiting "
@@ -167,11 +175,11 @@ class StoreSettings(_Section):
                                  "near it the oldest complete conversations' spans are pruned (archived first when "
                                  "[retention] archive_dir is set); ingest answers 503 only when nothing can be freed")
 
-    @field_validator("memory_limit", mode="before")
+    @field_validator("memory_limit", "assembling_checkpoint_threshold", mode="before")
     @classmethod
     def _size_or_none(cls, value: Any) -> Any:
         if isinstance(value, str) and value.strip().lower() in ("none", ""):
-            return None  # DuckDB's own default
+            return None  # DuckDB's own default; no fold by the assembler
         if value is not None:
             parse_size(value)  # a size DuckDB reads the same way (MB, MiB, ...)
         return value

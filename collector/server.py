@@ -70,7 +70,8 @@ class Collector:
         self.store = SpanStore(st.db, max_batch_spans=st.max_batch_spans, max_queue_spans=st.max_queue_spans,
                                retry_after_s=st.retry_after_s, on_commit=self.metrics.on_commit,
                                memory_limit=st.memory_limit, temp_limit=st.temp_limit, threads=st.threads,
-                               checkpoint_threshold=st.checkpoint_threshold, journal_after_s=st.journal_after)
+                               checkpoint_threshold=st.checkpoint_threshold, journal_after_s=st.journal_after,
+                               assembling_checkpoint_threshold=st.assembling_checkpoint_threshold)
         self.metrics.watch(lambda: self.store.queued_spans, self.store.size_bytes)
         workers, redactor = settings.server.decode_workers, settings.redaction.redactor()
         self.decoder = DecodePool(default_workers(redactor is not None) if workers < 0 else workers, redactor,
@@ -180,6 +181,7 @@ class Collector:
                                    gate=self.store.gate, index=self.index, waiting=self.assembler.waiting_traces)
         self.store.refusal = lambda: self.retention.stats.disk_full if self.retention else None
         self.assembler.store_writable = self.stage.store_writable = lambda: self.store.write_refusal() is None
+        self.assembler.fold_wal = self.store.fold_wal
         self.admin.ui.storage = self.retention.report
         await asyncio.to_thread(self.decoder.start)  # before gRPC starts its threads
         s, sc = self.settings.server, self.settings.scoring

@@ -1091,3 +1091,36 @@ def test_the_workers_start_ahead_of_the_first_conversation_due_and_not_for_one_f
     finally:
         assembler.pool.stop()
         store.close()
+
+
+def test_the_wal_is_folded_at_the_smaller_threshold_after_the_assemblers_writes(tmp_path: Path) -> None:
+    """After a poll's writes the WAL is folded into the file once it is past `[store]
+    assembling_checkpoint_threshold`: on DuckDB 2 a read of recent spans beside a large WAL costs twice the CPU.
+    While nothing is assembled only DuckDB's own checkpoint, at the larger `checkpoint_threshold`, runs: the fewest
+    checkpoints for ingest alone."""
+    db = tmp_path / "t.duckdb"
+    store = SpanStore(db, checkpoint_threshold="256MiB", assembling_checkpoint_threshold="1KiB")
+    store.open()
+    config = Settings()
+    config.conversations.quiet_period_s = 0.0
+    config.conversations.assembly_workers = 0
+    assembler = ConversationAssembler(store.cursor(), config, Logger(stream=io.StringIO()),
+                                      lambda metric: "pending", {m: "x" for m in config.scoring.metrics})
+    store.listeners.append(assembler.observe)
+    assembler.fold_wal = store.fold_wal  # as `serve` wires them
+    wal = Path(str(db) + ".wal")
+
+    def ingest(*conversations: int) -> int:
+        for n in conversations:
+            asyncio.run(_write_turn(store, n, n, f"chat-{n}", "hello", dt.datetime.now(dt.UTC)))
+        return wal.stat().st_size
+
+    try:
+        ingested = ingest(1, 2)  # past 1 KiB, not folded: nothing assembled
+        assert assembler.assemble_due() == 2
+        assembled = wal.stat().st_size if wal.exists() else 0
+        ingested_again = ingest(3, 4)
+        assert (store.stats.assembling_checkpoints, ingested > 1024, assembled, ingested_again > 1024) == \
+            (1, True, 0, True)
+    finally:
+        store.close()

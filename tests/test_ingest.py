@@ -274,9 +274,10 @@ async def test_the_wal_is_checkpointed_at_the_configured_size_and_a_size_duckdb_
         SpanStore(tmp_path / "typo.duckdb", checkpoint_threshold="lots").open()
     with pytest.raises(ValueError, match="'none' is not a size"):  # DuckDB would take it as never: an endless WAL
         StoreSettings(checkpoint_threshold="none")
-    assert StoreSettings(memory_limit="none").memory_limit is None
+    assert StoreSettings(assembling_checkpoint_threshold="none").assembling_checkpoint_threshold is None
+    assert StoreSettings().assembling_checkpoint_threshold == "64MB"
     with pytest.raises(ValueError, match="'lots' is not a size"):
-        StoreSettings(memory_limit="lots")
+        StoreSettings(assembling_checkpoint_threshold="lots")
 
 
 def test_ingest_token_is_required_when_configured(db: Path) -> None:

@@ -38,6 +38,7 @@ from typing import Any, cast
 import duckdb
 import pyarrow as pa
 
+from tracejudge.collector.sizes import parse_size
 from tracejudge.collector.store.connection.checkpoint_gate import CheckpointGate, GatedCursor
 from tracejudge.collector.store.connection.database_file import connect_file
 from tracejudge.collector.store.ingest_journal import IngestJournal, JournalError, JournalFile
@@ -129,6 +130,7 @@ class StoreStats:
     journal_errors: int = 0  # journal writes the disk refused (those requests waited for their commit)
     journal_error: str | None = None  # the journal's last problem
     replayed_spans: int = 0  # spans committed from journal files: at start (left by a crash), or parked ones
+    assembling_checkpoints: int = 0  # WAL folds made after the assembler's writes (`fold_wal`)
 
     def busy_now(self) -> float:
         """`busy_s` with the commit under way counted so far: a checkpoint's commit takes over a second, and
@@ -137,11 +139,15 @@ class StoreStats:
         return self.busy_s + (time.perf_counter() - since if since is not None else 0.0)
 
 
+FOLD_WAIT_S = 0.5  # how long the assembler's checkpoint waits for the other writers to leave the gate
+
+
 class SpanStore:
     def __init__(self, path: Path, *, max_batch_spans: int = 50_000, max_queue_spans: int = 500_000,
                  retry_after_s: int = 1, on_commit: Callable[[float, int, int], None] | None = None,
                  memory_limit: str | None = None, temp_limit: str | None = None, threads: int | None = None,
-                 checkpoint_threshold: str | None = None, journal_after_s: float | None = None) -> None:
+                 checkpoint_threshold: str | None = None, journal_after_s: float | None = None,
+                 assembling_checkpoint_threshold: str | None = None) -> None:
         self.path = path
         self.wal_path = Path(str(path) + ".wal")  # DuckDB's write-ahead log beside the file
         # a commit running this long has the requests waiting on it journaled and acknowledged (None: never)
@@ -150,6 +156,11 @@ class SpanStore:
         self.on_journal_error: Callable[[str], None] | None = None  # a journal write failed, or journaled spans
         # WAL size at which a commit checkpoints it (and waits); None: DuckDB's default (16 MiB)
         self.checkpoint_threshold = checkpoint_threshold
+        # the WAL size the assembler folds it at after its writes (`fold_wal`; None: only DuckDB's own checkpoints): a
+        # read of recent spans beside a large WAL costs twice the CPU on DuckDB 2
+        self.assembling_checkpoint_threshold = assembling_checkpoint_threshold
+        self._assembling_bytes = parse_size(assembling_checkpoint_threshold) if assembling_checkpoint_threshold \
+            else None
         self.threads = threads  # DuckDB's worker threads for this database; None: DuckDB's default (the cores)
         self.memory_limit = memory_limit  # DuckDB's buffer pool, shared by ingest and every query
         self.temp_limit = temp_limit  # what a query may spill to disk
@@ -735,6 +746,26 @@ class SpanStore:
         for path in failed - self._parked:  # `_parked` is the writer's own (this thread): no lock
             self._park_file(path, error)  # type: ignore[arg-type]
         return emptied
+
+    def fold_wal(self, con: duckdb.DuckDBPyConnection) -> bool:
+        """Checkpoint the WAL into the file on `con` (the assembler's cursor, after a poll's writes) once it has
+        reached `assembling_checkpoint_threshold`; whether it did. DuckDB's own threshold cannot be lowered while
+        conversations are assembled (the configuration is locked, `lock_down`), and ingest alone keeps DuckDB's
+        larger one. Taken through the gate like retention's checkpoint; one that cannot be taken soon, or that
+        DuckDB refuses, is left to the next poll."""
+        if self._assembling_bytes is None:
+            return False
+        try:
+            if self.wal_path.stat().st_size < self._assembling_bytes:
+                return False
+        except OSError:
+            return False
+        try:
+            done = self.gate.alone(lambda: con.execute("CHECKPOINT"), FOLD_WAIT_S)
+        except duckdb.Error:  # a row updated in place outside the gate: the next poll tries again
+            return False
+        self.stats.assembling_checkpoints += done
+        return done
 
     def _transaction(self, table: pa.Table, resources: pa.Table, scopes: pa.Table, digests: set[bytes],
                      now: float, replays: pa.Table | None = None) -> Exception | None:

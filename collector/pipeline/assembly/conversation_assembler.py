@@ -302,6 +302,7 @@ class ConversationAssembler:
         self.pool = AssemblyPool(default_workers() if workers < 0 else workers, self.build_config,
                                  on_start=lambda n: self.log.info("assembly workers started", workers=n))
         self.pool_wait_s = 0.0  # seconds spent waiting for the workers (not the server's CPU)
+        self.fold_s = 0.0  # seconds spent folding the WAL (`fold_wal`): ingest's checkpoint, not assembly's work
         # spans read back for assembly and the time those reads took: a read's cost follows what it scans, which
         # its received_at bound keeps to the spans since the poll's oldest waiting conversation began
         # (tracejudge_assembly_read_*)
@@ -316,6 +317,9 @@ class ConversationAssembler:
         self.writer_busy_s = writer_busy_s  # the span writer's seconds spent committing so far (None: not known)
         self._busy_at_write = 0.0  # `writer_busy_s` when versions were last written
         self.store_writable: Callable[[], bool] = lambda: True  # False while the store takes no pipeline write
+        # after each poll's writes, on this cursor: the store checkpoints the WAL once it is past its assembling
+        # threshold (`SpanStore.fold_wal`), in smaller folds than DuckDB's own while conversations are assembled
+        self.fold_wal: Callable[[duckdb.DuckDBPyConnection], object] = lambda con: None
         self._writable = True
         self._group_of: dict[str, str] = {}  # waiting trace -> the conversation its spans name so far
         # a waiting trace's key precedence (_UNKEYED: none) is its conversation's in _key_rank, except where it
@@ -557,7 +561,7 @@ class ConversationAssembler:
         try:
             while not stop.is_set():
                 done, deferred = 0, False
-                started, busy, waited = time.monotonic(), self._writer_busy(), self.pool_wait_s
+                started, busy, waited, folded = time.monotonic(), self._writer_busy(), self.pool_wait_s, self.fold_s
                 try:
                     await asyncio.to_thread(self._start_workers_if_due)
                 except Exception as exc:  # the first batch starts them (or builds here), as without this
@@ -580,8 +584,11 @@ class ConversationAssembler:
                 except Exception as exc:  # a bad conversation must not stop the loop; it is logged and retried
                     self.log.error("assembly failed", reason=f"{type(exc).__name__}: {exc}")
                 # a backlog: go on at once (looking again for end-marked conversations first), unless ingest
-                # presses; the time the workers built (on other cores) is not time taken from ingest
-                spent = time.monotonic() - started - (self.pool_wait_s - waited)
+                # presses; the time the workers built (on other cores) is not time taken from ingest, nor is the
+                # WAL's fold: the checkpoint of ingest's own spans, which DuckDB would make at its threshold anyway
+                # (counted in the share, at a steady 20,000 spans/s a fold every 64 MB paused the assembler for
+                # seconds and it fell behind, `python bench/pipeline_pace.py --requests 1500 --rates 20000`)
+                spent = time.monotonic() - started - (self.pool_wait_s - waited) - (self.fold_s - folded)
                 paused = await self.pause(self.pause_for_ingest(spent, self._writer_busy() - busy,
                                                                 worked=bool(done) or pending is not None), stop)
                 backlog = done >= MAX_PER_POLL or pending is not None or deferred
@@ -773,6 +780,10 @@ class ConversationAssembler:
         """Build the rest of the poll, write it, and drop what it assembled from the waiting set; how many
         conversations it assembled."""
         failed, mapped = self._finish_all(poll)
+        with self._stage("write"):
+            started = time.monotonic()
+            self.fold_wal(self.con)
+            self.fold_s += time.monotonic() - started
         owners = poll.owners
         # once the trace is in its new conversation's version, its old one gets a version without it
         left = {old for trace, old in poll.moved.items()
