@@ -157,7 +157,7 @@ class StoreSettings(_Section):
                                                         "complete, checkpoints stay small (DuckDB's own, at "
                                                         "checkpoint_threshold, landing while exports came in at "
                                                         "half load, held 10-21 of them past 100 ms in two runs of "
-                                                        "eight), while ingest alone keeps checkpoint_threshold's "
+                                                        "nine), while ingest alone keeps checkpoint_threshold's "
                                                         "fewer checkpoints (BENCHMARKS.md); none: only DuckDB's "
                                                         "own checkpoints")
     journal_after: float | None = Field(0.05, gt=0, description="seconds, or a duration like 50ms: a commit "
