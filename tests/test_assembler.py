@@ -197,6 +197,85 @@ def test_a_delayed_turn_received_before_its_conversations_earlier_trace_gets_a_v
         store.close()
 
 
+@pytest.mark.parametrize("late_key", [None, "chat-2"], ids=["late span without a key", "late span naming another"])
+def test_an_earlier_traces_late_span_waiting_apart_is_in_its_conversations_next_version(tmp_path: Path,
+                                                                                   late_key: str | None) -> None:
+    """A conversation goes on past a trace assembled long before, whose late span waits apart (its own wait, not yet
+    quiet): the poll of the conversation reads that trace with no upper bound, so the version has the late span,
+    or, when it names a stronger key, leaves the trace to that conversation, as without the bound (the review's
+    finding: bounded by when the trace was assembled, the version missed it and another followed)."""
+    store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=0.3)
+    now = dt.datetime.now(dt.UTC)
+
+    async def write(trace: int, span: int, session: str | None, turn: str | None, key: str, minutes: int) -> None:
+        await store.write(spans_to_arrow(_spans(trace, span, session=session, turn=turn, key=key),
+                                         now + dt.timedelta(minutes=minutes)))
+
+    async def scenario() -> None:
+        await write(1, 1, "chat-1", "first question", "session.id", 0)
+        await asyncio.sleep(0.35)
+        assert assembler.assemble_due() == 1
+        await write(2, 2, "chat-1", "second question", "session.id", 20)
+        await asyncio.sleep(0.15)
+        await write(1, 3, late_key, "more of the first" if late_key is None else None, "gen_ai.conversation.id", 21)
+        await asyncio.sleep(0.2)
+        assembler.assemble_due()  # chat-1 is due; the late span's own wait is not
+        await asyncio.sleep(0.35)
+        while assembler.assemble_due():
+            await asyncio.sleep(0.35)
+
+    try:
+        asyncio.run(scenario())
+        expected = [("chat-1", 1, 1), ("chat-1", 2, 3)] if late_key is None else \
+            [("chat-1", 1, 1), ("chat-1", 2, 1), ("chat-2", 1, 1)]
+        assert _versions(store) == expected
+    finally:
+        store.close()
+
+
+def test_a_trace_left_out_of_a_full_index_then_noted_by_an_older_commit_is_read_whole(tmp_path: Path) -> None:
+    """Commits do not come in the order of receipt: a trace left out of a full index, then noted by a later commit
+    of spans received earlier, has newer spans than that commit's, and its read has no upper bound."""
+    store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=0.0, max_waiting_traces=20)
+    now = dt.datetime.now(dt.UTC)
+
+    async def scenario() -> None:
+        for i in range(20):
+            await _write_turn(store, 100 + i, 100 + i, f"chat-{i}", "hi", now)
+        await _write_turn(store, 1, 1, "chat-x", "first question", now + dt.timedelta(seconds=2))
+        assert assembler.left_out == 1
+        assert assembler.assemble_due(limit=1) == 1  # one place free: fewer than take_in waits for
+        await _write_turn(store, 1, 2, "chat-x", "second question", now + dt.timedelta(seconds=1))
+        _drain(assembler)
+
+    try:
+        asyncio.run(scenario())
+        assert [v for v in _versions(store) if v[0] == "chat-x"] == [("chat-x", 1, 2)]
+    finally:
+        store.close()
+
+
+def test_a_trace_received_before_the_clock_was_set_back_stays_in_its_conversation(tmp_path: Path) -> None:
+    """Reads of traces assembled before are not bounded by when they were assembled (a wall clock reading): spans
+    stamped while the clock ran half an hour ahead are still read when the conversation goes on."""
+    store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=0.0)
+    now = dt.datetime.now(dt.UTC)
+
+    async def scenario() -> None:
+        await _write_turn(store, 1, 1, "chat-1", "first question", now + dt.timedelta(minutes=30))
+        assert assembler.assemble_due() == 1
+        await _write_turn(store, 2, 2, "chat-1", "second question", now)
+        assert assembler.assemble_due() == 1
+        await _write_turn(store, 3, 3, "chat-1", "third question", now + dt.timedelta(seconds=1))
+        assert assembler.assemble_due() == 1
+
+    try:
+        asyncio.run(scenario())
+        assert _versions(store) == [("chat-1", 1, 1), ("chat-1", 2, 2), ("chat-1", 3, 3)]
+    finally:
+        store.close()
+
+
 def test_a_poll_in_a_backlog_reads_up_to_its_conversations_newest_receipt_and_a_later_span_goes_in_the_next(
         tmp_path: Path) -> None:
     """The span read of a poll stops at the newest receipt its conversations' commits brought when it was

@@ -79,7 +79,6 @@ WRITE_AT_ONCE = 128  # conversations written per transaction while exports come 
 # writer (on its thread); `python bench/pipeline_pace.py` prints it per conversation
 CPU_STAGES = ("plan", "read", "build", "write", "observe")
 WAIT_FOR_AT_ONCE = 1000  # traces taken into the waiting index per hold of its lock (`_wait_for`)
-MARK_SLACK_US = 600_000_000  # an assembled trace's spans may be this much newer than its row's write (a clock set back)
 UNBOUNDED = 1 << 62  # a conversation's newest receipt when not known (a trace taken in from the store): no bound
 SPANS_PER_READ = 16_000  # spans read back in one query while assembling; with the batches in flight (workers + 1)
 # it bounds the assembler's memory
@@ -398,10 +397,11 @@ class ConversationAssembler:
                     self._note(trace, keys.get(trace), now, first_us, newest_us)
                 elif len(self._group_of) >= limit:
                     self._leave_out(first_us)
-                else:  # it may be one of the traces left out earlier, not taken in yet: its spans from then on
+                else:  # it may be one of the traces left out earlier, not taken in yet: its spans from then on,
+                    # which an earlier commit may have brought with newer receipts than this one's
                     left = self._left_out_since
                     self._note(trace, keys.get(trace), now, first_us if left is None else min(first_us, left),
-                               newest_us)
+                               newest_us if left is None else UNBOUNDED)
             self._ended.update(t for t in ended.to_pylist() if t in self._group_of)
 
     def _leave_out(self, first_us: int) -> None:
@@ -560,14 +560,14 @@ class ConversationAssembler:
         pending: _Poll | None = None  # sent to the workers, written in the next round (`assemble_next`)
         try:
             while not stop.is_set():
-                done, deferred = 0, False
+                done, deferred, worked = 0, False, False  # worked: took traces in, wrote or sent a poll, or failed
                 started, busy, waited, folded = time.monotonic(), self._writer_busy(), self.pool_wait_s, self.fold_s
                 try:
                     await asyncio.to_thread(self._start_workers_if_due)
                 except Exception as exc:  # the first batch starts them (or builds here), as without this
                     self.log.error("assembly workers could not start", reason=f"{type(exc).__name__}: {exc}")
                 try:
-                    await asyncio.to_thread(self.take_in)
+                    worked = bool(await asyncio.to_thread(self.take_in))
                     writable = self.store_writable()  # a failing disk: a commit now would fail, and DuckDB can abort
                     if writable != self._writable:  # the process reverting it; said once each way
                         self._writable = writable
@@ -575,6 +575,7 @@ class ConversationAssembler:
                                      "the pipeline goes on: the store takes writes again" if writable else
                                      "the pipeline waits: the store takes no writes now (GET /readyz says why)")
                     poll, pending = pending, None  # the thread owns it now: written or dropped there
+                    worked = worked or poll is not None
                     if writable:
                         deferred = self.deferred
                         done, pending = await asyncio.to_thread(self.assemble_next, poll, MAX_PER_POLL)
@@ -582,6 +583,7 @@ class ConversationAssembler:
                     elif poll is not None:
                         await asyncio.to_thread(self.abandon, poll)
                 except Exception as exc:  # a bad conversation must not stop the loop; it is logged and retried
+                    worked = True
                     self.log.error("assembly failed", reason=f"{type(exc).__name__}: {exc}")
                 # a backlog: go on at once (looking again for end-marked conversations first), unless ingest
                 # presses; the time the workers built (on other cores) is not time taken from ingest, nor is the
@@ -590,7 +592,7 @@ class ConversationAssembler:
                 # seconds and it fell behind, `python bench/pipeline_pace.py --requests 1500 --rates 20000`)
                 spent = time.monotonic() - started - (self.pool_wait_s - waited) - (self.fold_s - folded)
                 paused = await self.pause(self.pause_for_ingest(spent, self._writer_busy() - busy,
-                                                                worked=bool(done) or pending is not None), stop)
+                                                                worked=worked or pending is not None), stop)
                 backlog = done >= MAX_PER_POLL or pending is not None or deferred
                 wait = 0.0 if backlog else self.settings.conversations.poll_s - paused
                 if wait > 0:
@@ -724,8 +726,9 @@ class ConversationAssembler:
         since = min(d.first_us for d in due.values())
         assembled_before = self._assembled(waiting)
         since = min([since, *self._assembled_since(assembled_before)])
-        # and no newer than the newest their commits brought, or (of spans assembled before) than their assembly
-        until = max([*(d.newest_us for d in due.values()), *self._assembled_until(assembled_before)])
+        # and no newer than the newest their commits brought; a trace assembled before has spans no commit noted
+        # while it waited here (its earlier ones, and late ones noted in another conversation's wait): no bound
+        until = UNBOUNDED if assembled_before else max(d.newest_us for d in due.values())
         owners = self._trace_keys(waiting, since, until)  # the stored spans decide: a late span may carry no key itself
         # a trace that a stronger key moved to another conversation leaves its old one short of it
         moved = {row.trace_id: row.conversation_id for row in assembled_before
@@ -760,7 +763,7 @@ class ConversationAssembler:
                             owners.setdefault(trace, into if unkeyed else hit.mapped.conversation_id)
             unread = [row for row in earlier if row.trace_id not in kept]
             since = min([since, *self._assembled_since(unread)])
-            until = max([until, *self._assembled_until(unread)])
+            until = UNBOUNDED if unread else until
             owners.update(self._trace_keys({row.trace_id for row in unread} - set(owners), since, until))
             for trace, key, _, _ in earlier:
                 if owners.get(trace, trace) == key:
@@ -899,12 +902,6 @@ class ConversationAssembler:
         """The same, of every trace assembled before into one of these conversations: their earlier traces (a
         trace belongs to its strongest key's conversation; one that gets a stronger key waits again)."""
         return self.index.by_conversation(keys)
-
-    @staticmethod
-    def _assembled_until(rows: list[Assembled]) -> list[int]:
-        """The received_at bound (µs) these traces' assembled spans are no newer than: when their rows were written,
-        with `MARK_SLACK_US` for a wall clock set back since (UNBOUNDED where it is not known)."""
-        return [row.marked_us + MARK_SLACK_US if row.marked_us is not None else UNBOUNDED for row in rows]
 
     @staticmethod
     def _assembled_since(rows: list[Assembled]) -> list[int]:
