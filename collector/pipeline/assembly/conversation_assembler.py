@@ -653,9 +653,10 @@ class ConversationAssembler:
         """How long to pause after a round that took `spent_s`, during which the span writer was committing
         for `writer_busy_s`. Both share two cores and one database: when the writer was busy half the time or
         more, the assembler keeps to `[conversations] share_under_load` so exports stay fast (its backlog waits,
-        stored); otherwise it goes on at once. A round that neither wrote nor sent a poll (`worked` False) took
-        next to nothing from ingest, however long it waited for the GIL: no pause (one of 1.4 s, after a round that
-        found nothing due yet, held back the first conversations due, `python bench/pipeline_pace.py`)."""
+        stored); otherwise it goes on at once. A round that took no trace in, wrote and sent no poll and did not
+        fail (`worked` False) took next to nothing from ingest, however long it waited for the GIL: no pause (one of
+        1.4 s, after a round that found nothing due yet, held back the first conversations due, `python
+        bench/pipeline_pace.py`)."""
         share = self.settings.conversations.share_under_load
         if not worked or spent_s <= 0 or writer_busy_s < spent_s / 2 or share >= 1:
             return 0.0
