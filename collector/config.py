@@ -153,13 +153,12 @@ class StoreSettings(_Section):
                                       "journal_after. Without the journal, smaller ones hold exports more often: "
                                       "over 1.5M spans 16MB gave a p99 of 1.2 s, 64MB 300 ms (BENCHMARKS.md)")
     assembling_checkpoint_threshold: str | None = Field("64MB", description="WAL size at which the assembler "
-                                                        "checkpoints it after its writes: while conversations "
-                                                        "complete, checkpoints stay small (DuckDB's own, at "
-                                                        "checkpoint_threshold, landing while exports came in at "
-                                                        "half load, held 10-21 of them past 100 ms in two runs of "
-                                                        "nine), while ingest alone keeps checkpoint_threshold's "
-                                                        "fewer checkpoints (BENCHMARKS.md); none: only DuckDB's "
-                                                        "own checkpoints")
+                                                        "checkpoints it after its writes, so the checkpoints made "
+                                                        "while conversations complete stay small (its time does "
+                                                        "not count in the assembler's share under load), while "
+                                                        "ingest alone keeps checkpoint_threshold's fewer "
+                                                        "checkpoints (BENCHMARKS.md); none: only DuckDB's own "
+                                                        "checkpoints")
     journal_after: float | None = Field(0.05, gt=0, description="seconds, or a duration like 50ms: a commit "
                                         "running longer than this (a "
                                         "checkpoint holds every commit for about a second) has the exports waiting "
