@@ -180,9 +180,9 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
     """One fresh collector sent the traffic, at full speed or paced at `rate` spans/s, until the last score."""
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "tracejudge.toml"
-        workers = "" if args.assembly_workers is None else f"assembly_workers = {args.assembly_workers}\n"
+        assembly = "" if args.assembly_workers is None else f"assembly_workers = {args.assembly_workers}\n"
         if args.share_under_load is not None:
-            workers += f"share_under_load = {args.share_under_load}\n"
+            assembly += f"share_under_load = {args.share_under_load}\n"
         store = "".join(f"{name} = \"{value}\"\n" for name, value in (
             ("checkpoint_threshold", args.checkpoint_threshold),
             ("assembling_checkpoint_threshold", args.assembling_checkpoint_threshold),
@@ -192,7 +192,7 @@ def one_run(quiet: str, requests: list[bytes], args: argparse.Namespace, convers
         store = f"[store]\n{store}" if store else ""
         if args.request_row_bytes is not None:
             store += f"[limits]\nrequest_row_bytes = \"{args.request_row_bytes}\"\n"
-        config.write_text(f"[conversations]\nquiet_period_s = \"{quiet}\"\n{workers}{store}")
+        config.write_text(f"[conversations]\nquiet_period_s = \"{quiet}\"\n{assembly}{store}")
         collector = CollectorProcess(Path(tmp) / "pace.duckdb", config=config).start()
         try:
             pid = collector.proc.pid  # type: ignore[union-attr]

@@ -729,7 +729,8 @@ class ConversationAssembler:
         since = min([since, *self._assembled_since(assembled_before)])
         # and no newer than the newest their commits brought; a trace assembled before has spans no commit noted
         # while it waited here (its earlier ones, and late ones noted in another conversation's wait): no bound
-        until = UNBOUNDED if assembled_before else max(d.newest_us for d in due.values())
+        newest = max(d.newest_us for d in due.values())
+        until = None if assembled_before or newest >= UNBOUNDED else newest  # None: no upper bound
         owners = self._trace_keys(waiting, since, until)  # the stored spans decide: a late span may carry no key itself
         # a trace that a stronger key moved to another conversation leaves its old one short of it
         moved = {row.trace_id: row.conversation_id for row in assembled_before
@@ -764,15 +765,14 @@ class ConversationAssembler:
                             owners.setdefault(trace, into if unkeyed else hit.mapped.conversation_id)
             unread = [row for row in earlier if row.trace_id not in kept]
             since = min([since, *self._assembled_since(unread)])
-            until = UNBOUNDED if unread else until
+            until = None if unread else until
             owners.update(self._trace_keys({row.trace_id for row in unread} - set(owners), since, until))
             for trace, key, _, _ in earlier:
                 if owners.get(trace, trace) == key:
                     conversations[key].add(trace)
                     going_on.add(key)
-        until_us = until if until < UNBOUNDED else None
-        poll = _Poll(due, owners, moved, conversations, since, until_us, kept, going_on,
-                     self._batches(conversations, since, until_us, kept), self.left_out)
+        poll = _Poll(due, owners, moved, conversations, since, until, kept, going_on,
+                     self._batches(conversations, since, until, kept), self.left_out)
         try:
             self._send(poll, self.pool.workers + 1)
         except Exception:
@@ -889,10 +889,10 @@ class ConversationAssembler:
                 bounds).fetchall()
         return {trace: (rank if rank is not None else _UNKEYED, key) for trace, rank, key in rows}
 
-    def _trace_keys(self, traces: set[str], since_us: int, until_us: int) -> dict[str, str]:
+    def _trace_keys(self, traces: set[str], since_us: int, until_us: int | None) -> dict[str, str]:
         """Each trace's conversation: the highest-precedence key on any of its spans (as the mapping does)."""
         return {trace: key for trace, (_, key) in
-                self._strongest_keys(traces, since_us, until_us if until_us < UNBOUNDED else None).items()}
+                self._strongest_keys(traces, since_us, until_us).items()}
 
     def _assembled(self, traces: set[str]) -> list[Assembled]:
         """(trace, conversation, its oldest span's received_at in µs or None, ...) of these traces, assembled
