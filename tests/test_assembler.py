@@ -571,6 +571,54 @@ def test_an_end_marked_conversation_is_assembled_in_the_first_poll_even_behind_a
         store.close()
 
 
+def test_an_end_marker_on_one_span_inside_a_large_commit_puts_its_conversation_first(tmp_path: Path) -> None:
+    """The marker is looked for in the commit's attribute bytes at once before value by value: one span among
+    hundreds in the same commit, older conversations all due, still goes first."""
+    store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=0.0)
+    turn = json.dumps([{"role": "user", "parts": [{"type": "text", "content": "hello"}]}])
+    spans = [span(n, n, "invoke_agent", attributes={
+        "gen_ai.operation.name": "invoke_agent", "gen_ai.input.messages": turn, "gen_ai.conversation.id": f"chat-{n}"})
+        for n in range(1, 301)]
+    spans[150]["attributes"].append({"key": "tracejudge.conversation.end", "value": {"boolValue": True}})
+
+    async def commit() -> None:
+        decoded = decode_otlp(json.dumps(request(({"service.name": "agent"}, spans))), "application/json")
+        await store.write(spans_to_arrow(decoded.spans, dt.datetime.now(dt.UTC)))
+
+    try:
+        asyncio.run(commit())
+        assert assembler.assemble_due(limit=1) == 1
+        assert store.cursor().execute("SELECT conversation_id FROM conversations").fetchall() == [("chat-151",)]
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("kind", ["string", "large_string", "sliced", "chunked", "spans"])
+def test_the_quick_look_for_a_marker_never_misses_a_value_that_holds_it(kind: str) -> None:
+    import pyarrow as pa
+
+    values = ['{"a":1}', '{"tracejudge.conversation.end":true}', '{"b":2}']
+    if kind == "spans":  # the column as the receivers build it (the JSON extension type)
+        spans = [span(n, n, "invoke_agent", attributes={"gen_ai.operation.name": "invoke_agent"}) for n in (1, 2)]
+        spans[1]["attributes"].append({"key": "tracejudge.conversation.end", "value": {"boolValue": True}})
+        rows = spans_to_arrow(decode_otlp(json.dumps(request(({"service.name": "a"}, spans))), "application/json")
+                              .spans, dt.datetime.now(dt.UTC))
+        column, without = rows.spans.column("attributes"), rows.spans.slice(0, 1).column("attributes")
+    elif kind == "sliced":
+        column = pa.chunked_array([pa.array(values).slice(1, 1)])
+        without = pa.chunked_array([pa.array(values).slice(2, 1)])
+    elif kind == "chunked":
+        column = pa.chunked_array([pa.array(values[:1]), pa.array(values[1:])])
+        without = pa.chunked_array([pa.array(values[:1]), pa.array(values[2:])])
+    else:
+        column = pa.chunked_array([pa.array(values, getattr(pa, kind)())])
+        without = pa.chunked_array([pa.array([values[0], values[2]], getattr(pa, kind)())])
+    marker = conversation_assembler.END_MARKER
+    assert conversation_assembler._may_hold(column, marker)
+    if kind not in ("spans", "sliced"):  # a slice's buffer holds its neighbours' bytes: yes is allowed, a miss never
+        assert not conversation_assembler._may_hold(without, marker)
+
+
 def test_the_assembler_keeps_to_its_share_only_while_ingest_keeps_the_writer_busy(tmp_path: Path) -> None:
     store, assembler = _assembling_store(tmp_path / "t.duckdb", quiet_period_s=1)
     assembler.settings.conversations.share_under_load = 0.25

@@ -232,6 +232,21 @@ def _built_here_cpu(future: Future[BatchResult]) -> float:
     return result.cpu_s if result.here else 0.0
 
 
+def _may_hold(column: pa.ChunkedArray, text: str) -> bool:
+    """Whether a value of this string column may hold `text`: one search of each chunk's character data, where every
+    value's bytes lie, instead of a search of each value (`pc.match_substring` took 0.39 ms for a commit of 512 spans
+    on the span writer's thread, this 0.06 ms). It may say yes for bytes across two values or outside a slice, never
+    no for a value that holds it."""
+    needle = text.encode()
+    for chunk in plain_strings(column).chunks:
+        if not (pa.types.is_string(chunk.type) or pa.types.is_large_string(chunk.type)):
+            return True  # another layout: the values are searched one by one
+        data = chunk.buffers()[2]
+        if data is not None and needle in data.to_pybytes():
+            return True
+    return False
+
+
 def _commit_keys(table: pa.Table) -> dict[str, tuple[int, str]]:
     """Each trace's strongest conversation key among the committed rows, computed on the Arrow columns."""
     keyed = table.select(["trace_id", "conversation_key", "conversation_key_source"]).filter(
@@ -381,8 +396,10 @@ class ConversationAssembler:
     def _observe(self, table: pa.Table) -> None:
         keys = _commit_keys(table)
         traces = pc.unique(table.column("trace_id")).to_pylist()
-        end_marked = pc.match_substring(plain_strings(table.column("attributes")), END_MARKER)
-        ended = table.filter(end_marked).column("trace_id")
+        attributes = table.column("attributes")
+        # nearly every commit holds no end marker: the values are searched only when their bytes may hold one
+        ended = table.filter(pc.match_substring(plain_strings(attributes), END_MARKER)).column("trace_id").to_pylist() \
+            if _may_hold(attributes, END_MARKER) else []
         received = pc.min_max(table.column("received_at"))
         first_us = received["min"].value or 0
         newest_us = received["max"].value
@@ -402,7 +419,7 @@ class ConversationAssembler:
                     left = self._left_out_since
                     self._note(trace, keys.get(trace), now, first_us if left is None else min(first_us, left),
                                newest_us if left is None else UNBOUNDED)
-            self._ended.update(t for t in ended.to_pylist() if t in self._group_of)
+            self._ended.update(t for t in ended if t in self._group_of)
 
     def _leave_out(self, first_us: int) -> None:
         """A new trace finds the index full: it is stored, and taken in by `take_in` once there is room; the lock is
