@@ -6,6 +6,12 @@ the index then holds with `tracemalloc`: trace ids and conversation keys include
 no conversation key (each its own conversation) and traces keyed `gen_ai.conversation.id`, eight to a
 conversation. Run: `python bench/waiting_index.py [--traces 200000]`; against older code, copy this file into a
 worktree of it.
+
+`--cpu` times `observe` instead, on the span writer's thread's share of each commit: CPU ms per commit of one and of
+four of `bench/ingest.py`'s requests (512 agent spans each, 64 traces, 8 conversations), built by the receivers'
+`spans_to_arrow` as a commit hands them over, the fastest of `--repeat` runs on a fresh assembler each.
+
+    python bench/waiting_index.py --cpu [--repeat 30]
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import datetime as dt
 import io
 import json
 import sys
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -25,7 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tracejudge.collector.config import Settings  # noqa: E402
 from tracejudge.collector.log import Logger  # noqa: E402
 from tracejudge.collector.pipeline.assembly.conversation_assembler import ConversationAssembler  # noqa: E402
+from tracejudge.collector.receivers.span_rows import spans_to_arrow  # noqa: E402
 from tracejudge.collector.store.schema import migrate  # noqa: E402
+from tracejudge.mapping import decode_otlp  # noqa: E402
 
 COMMIT = 4096
 
@@ -64,10 +73,36 @@ def bytes_per_trace(traces: int, per_conversation: int | None) -> float:
     return held / traces
 
 
+def observe_cpu_ms(requests: int, repeat: int) -> float:
+    """CPU ms of one `observe` of a commit of `requests` of bench/ingest.py's requests, the fastest of `repeat`."""
+    from bench.ingest import build_requests
+
+    now = dt.datetime.now(dt.UTC)
+    table = pa.concat_tables([spans_to_arrow(decode_otlp(body, "application/x-protobuf").spans, now).spans
+                              for body in build_requests(requests, 512)])
+    best = float("inf")
+    for _ in range(repeat):
+        con = duckdb.connect()
+        migrate(con)
+        assembler = ConversationAssembler(con, Settings(), Logger(stream=io.StringIO()), lambda metric: "pending", {})
+        started = time.thread_time()
+        assembler.observe(table)
+        best = min(best, time.thread_time() - started)
+        con.close()
+    return best * 1000
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--traces", type=int, default=200_000)
+    parser.add_argument("--cpu", action="store_true", help="time observe's CPU per commit instead of the memory")
+    parser.add_argument("--repeat", type=int, default=30, help="with --cpu: runs; the fastest is printed")
     args = parser.parse_args()
+    if args.cpu:
+        for requests in (1, 4):
+            print(f"observe, a commit of {requests} request(s) of 512 agent spans: "
+                  f"{observe_cpu_ms(requests, args.repeat):.3f} ms CPU (best of {args.repeat})")
+        return
     for label, per in (("no conversation key (each trace its own conversation)", None),
                        ("keyed, 8 traces to a conversation", 8)):
         print(f"{label}: {bytes_per_trace(args.traces, per):,.0f} bytes per waiting trace, ids and keys included "
