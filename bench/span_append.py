@@ -15,8 +15,12 @@
 6. The largest commit (`--largest-commit`): one transaction appending 16 to 256 MB of JSON text into a table
    under the collector's 96 MB `memory_limit` on one thread, each in a fresh file: which commit, which fail
    (what `[limits] request_row_bytes` is sized by).
+7. The span writer's cost per commit (`--commit-overhead`): the real `SpanStore` (no checkpoint within the run)
+   committing `bench/ingest.py`'s requests one a commit (as at half load, where each export commits alone) and eight
+   a commit (as at full speed): the writer's busy time per commit and per request. Compare versions of the writer by
+   running it on each in turn.
 Run: `python bench/span_append.py [--blocks 8] [--block-rows 204800] [--ids 60000] [--writer-settings]
-[--request-digests] [--checkpoints] [--largest-commit]`.
+[--request-digests] [--checkpoints] [--largest-commit] [--commit-overhead]`.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from bench.ingest import build_requests  # noqa: E402
 from tracejudge.collector.receivers.span_rows import (
     decode_to_arrow,  # noqa: E402
     plain_strings,  # noqa: E402
+    spans_to_arrow,  # noqa: E402
 )
 from tracejudge.collector.store.connection.id_table import id_table  # noqa: E402
 from tracejudge.collector.store.schema import SPANS_COLUMNS  # noqa: E402
@@ -226,6 +231,38 @@ def largest_commit(tmp: Path, memory_limit: str = "96MB") -> None:
         print(f"{mb:4d} MB of JSON text in one commit under memory_limit {memory_limit}: {outcome}")
 
 
+def commit_overhead(folder: Path, requests: int = 400, rounds: int = 2) -> None:
+    """The span writer's busy time per commit of 1 and of 8 requests of 512 spans (part 7)."""
+    import asyncio
+    import datetime as dt
+    import hashlib
+
+    from tracejudge.collector.store.span_store import SpanStore
+    from tracejudge.mapping import decode_otlp
+
+    now = dt.datetime.now(dt.UTC)
+    rows = [spans_to_arrow(decode_otlp(body, "application/x-protobuf").spans, now)
+            for body in build_requests(requests, 512)]
+    store = SpanStore(folder / "commits.duckdb", checkpoint_threshold="4GB")
+    store.open()
+    try:
+        for run in range(rounds):
+            for group in (1, 8):
+                async def send(group: int = group, run: int = run) -> None:
+                    for start in range(0, len(rows), group):
+                        await asyncio.gather(*[
+                            store.write(r, hashlib.sha256(f"{run}-{group}-{start + i}".encode()).digest())
+                            for i, r in enumerate(rows[start:start + group])])
+
+                busy, commits = store.stats.busy_s, store.stats.commits
+                asyncio.run(send())
+                busy, commits = store.stats.busy_s - busy, store.stats.commits - commits
+                print(f"{group} request(s) of 512 spans a commit: {commits} commits, the writer busy "
+                      f"{busy / commits * 1000:.2f} ms a commit, {busy / len(rows) * 1000:.2f} ms a request")
+    finally:
+        store.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--blocks", type=int, default=8)
@@ -236,7 +273,12 @@ def main() -> None:
     parser.add_argument("--checkpoints", action="store_true", help="only compare checkpoint thresholds (part 5)")
     parser.add_argument("--commit-rows", type=int, default=2048, help="rows per commit in part 5")
     parser.add_argument("--largest-commit", action="store_true", help="only the largest commit the pool holds (6)")
+    parser.add_argument("--commit-overhead", action="store_true", help="only the span writer's cost per commit (7)")
     args = parser.parse_args()
+    if args.commit_overhead:
+        with tempfile.TemporaryDirectory() as tmp:
+            commit_overhead(Path(tmp))
+        return
     if args.largest_commit:
         with tempfile.TemporaryDirectory() as tmp:
             largest_commit(Path(tmp))
