@@ -28,14 +28,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
 
-from bench.ingest import build_requests  # noqa: E402
+from bench.ingest import as_received, build_requests  # noqa: E402
 from tracejudge.collector.config import Settings  # noqa: E402
 from tracejudge.collector.log import Logger  # noqa: E402
 from tracejudge.collector.pipeline.assembly.conversation_assembler import ConversationAssembler  # noqa: E402
 from tracejudge.collector.pipeline.assembly.mapped_traces import MappedTraceCache  # noqa: E402
-from tracejudge.collector.receivers.span_rows import spans_to_arrow  # noqa: E402
 from tracejudge.collector.store.span_store import SpanStore, mark_pandas_absent  # noqa: E402
-from tracejudge.mapping import decode_otlp  # noqa: E402
 
 
 def turn_request(conversation: int, turn: int, rng: random.Random) -> bytes:
@@ -69,8 +67,7 @@ def run(conversations: int, turns: int, trace_cache: int, measure_cache: bool = 
 
         async def fill(bodies: list[bytes]) -> None:
             for body in bodies:
-                await store.write(spans_to_arrow(decode_otlp(body, "application/x-protobuf").spans,
-                                                 dt.datetime.now(dt.UTC)))
+                await store.write(as_received(body, dt.datetime.now(dt.UTC)))
 
         for turn in range(turns):
             asyncio.run(fill([turn_request(c, turn, rng) for c in range(conversations)]))

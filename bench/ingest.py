@@ -12,6 +12,7 @@ Run: `python bench/ingest.py [--requests 200] [--spans 512] [--in-flight 8] [--c
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import sqlite3
@@ -32,6 +33,9 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.support.collector_process import CollectorProcess  # noqa: E402
 from tracejudge.collector.process_memory import descendants  # noqa: E402
+from tracejudge.collector.receivers.span_rows import spans_to_arrow  # noqa: E402
+from tracejudge.collector.store.span_tables import SpanRows  # noqa: E402
+from tracejudge.mapping import decode_otlp  # noqa: E402
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
@@ -98,6 +102,11 @@ def build_requests(count: int, spans_per_request: int, offset: int = 0, sdk_reso
             resource.resource.attributes.extend(_kv(key, value) for key, value in SDK_RESOURCE)
         out.append(ExportTraceServiceRequest(resource_spans=[resource]).SerializeToString())
     return out
+
+
+def as_received(body: bytes, received: dt.datetime) -> SpanRows:
+    """A request's rows as the receivers hand them to the span store: decoded, received at `received`."""
+    return spans_to_arrow(decode_otlp(body, "application/x-protobuf").spans, received)
 
 
 def process_tree(pid: int) -> list[int]:

@@ -29,14 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import duckdb  # noqa: E402
 
 from bench.assembly import random_trace_ids  # noqa: E402
-from bench.ingest import build_requests  # noqa: E402
+from bench.ingest import as_received, build_requests  # noqa: E402
 from tracejudge.collector.pipeline.assembly.conversation_builder import SPAN_SELECT  # noqa: E402
-from tracejudge.collector.receivers.span_rows import spans_to_arrow  # noqa: E402
 from tracejudge.collector.store.connection.arrow_reads import arrow_table  # noqa: E402
 from tracejudge.collector.store.connection.id_table import id_table  # noqa: E402
 from tracejudge.collector.store.span_store import SpanStore  # noqa: E402
 from tracejudge.collector.store.span_tables import SpanRows  # noqa: E402
-from tracejudge.mapping import decode_otlp  # noqa: E402
 
 TRACES_PER_READ = 2_000  # 16,000 spans: the most the assembler reads back at once (SPANS_PER_READ)
 
@@ -69,8 +67,7 @@ def main() -> None:
     args = parser.parse_args()
     bodies = random_trace_ids(build_requests(args.requests, 512), 2)
     start = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
-    batches: list[SpanRows] = [spans_to_arrow(decode_otlp(body, "application/x-protobuf").spans,
-                                              start + dt.timedelta(seconds=n)) for n, body in enumerate(bodies)]
+    batches: list[SpanRows] = [as_received(body, start + dt.timedelta(seconds=n)) for n, body in enumerate(bodies)]
     traces_of = [list(dict.fromkeys(batch.spans.column("trace_id").to_pylist())) for batch in batches]
     read_after = sorted({len(batches) // 2 + (len(batches) - len(batches) // 2) * k // args.repeat
                          for k in range(args.repeat)})

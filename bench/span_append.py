@@ -38,11 +38,10 @@ import duckdb
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.ingest import build_requests  # noqa: E402
+from bench.ingest import as_received, build_requests  # noqa: E402
 from tracejudge.collector.receivers.span_rows import (
     decode_to_arrow,  # noqa: E402
     plain_strings,  # noqa: E402
-    spans_to_arrow,  # noqa: E402
 )
 from tracejudge.collector.store.connection.id_table import id_table  # noqa: E402
 from tracejudge.collector.store.schema import SPANS_COLUMNS  # noqa: E402
@@ -238,11 +237,9 @@ def commit_overhead(folder: Path, requests: int = 400, rounds: int = 2) -> None:
     import hashlib
 
     from tracejudge.collector.store.span_store import SpanStore
-    from tracejudge.mapping import decode_otlp
 
     now = dt.datetime.now(dt.UTC)
-    rows = [spans_to_arrow(decode_otlp(body, "application/x-protobuf").spans, now)
-            for body in build_requests(requests, 512)]
+    rows = [as_received(body, now) for body in build_requests(requests, 512)]
     store = SpanStore(folder / "commits.duckdb", checkpoint_threshold="4GB")
     store.open()
     try:

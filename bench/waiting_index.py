@@ -32,9 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tracejudge.collector.config import Settings  # noqa: E402
 from tracejudge.collector.log import Logger  # noqa: E402
 from tracejudge.collector.pipeline.assembly.conversation_assembler import ConversationAssembler  # noqa: E402
-from tracejudge.collector.receivers.span_rows import spans_to_arrow  # noqa: E402
 from tracejudge.collector.store.schema import migrate  # noqa: E402
-from tracejudge.mapping import decode_otlp  # noqa: E402
 
 COMMIT = 4096
 
@@ -75,11 +73,10 @@ def bytes_per_trace(traces: int, per_conversation: int | None) -> float:
 
 def observe_cpu_ms(requests: int, repeat: int) -> float:
     """CPU ms of one `observe` of a commit of `requests` of bench/ingest.py's requests, the fastest of `repeat`."""
-    from bench.ingest import build_requests
+    from bench.ingest import as_received, build_requests
 
     now = dt.datetime.now(dt.UTC)
-    table = pa.concat_tables([spans_to_arrow(decode_otlp(body, "application/x-protobuf").spans, now).spans
-                              for body in build_requests(requests, 512)])
+    table = pa.concat_tables([as_received(body, now).spans for body in build_requests(requests, 512)])
     best = float("inf")
     for _ in range(repeat):
         con = duckdb.connect()

@@ -42,7 +42,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.assembly import random_trace_ids  # noqa: E402
-from bench.ingest import build_requests  # noqa: E402
+from bench.ingest import as_received, build_requests  # noqa: E402
 from tracejudge.collector.pipeline.assembly import conversation_builder  # noqa: E402
 from tracejudge.collector.pipeline.assembly.conversation_builder import (  # noqa: E402
     ROWS_AT_ONCE,
@@ -56,9 +56,8 @@ from tracejudge.collector.pipeline.assembly.span_columns import (  # noqa: E402
     write_columns,
 )
 from tracejudge.collector.pipeline.sampling import attribute_values, model_usage  # noqa: E402
-from tracejudge.collector.receivers.span_rows import spans_to_arrow  # noqa: E402
 from tracejudge.collector.store.span_store import SpanStore  # noqa: E402
-from tracejudge.mapping import compose_conversation, decode_otlp, map_traces  # noqa: E402
+from tracejudge.mapping import compose_conversation, map_traces  # noqa: E402
 from tracejudge.mapping.stored_spans import STORED_COLUMNS, latest_copies, stored_spans  # noqa: E402
 
 
@@ -72,8 +71,7 @@ def stored_batch(requests: int) -> tuple:
         try:
             async def fill() -> None:
                 for body in bodies:
-                    await store.write(spans_to_arrow(decode_otlp(body, "application/x-protobuf").spans,
-                                                     dt.datetime.now(dt.UTC)))
+                    await store.write(as_received(body, dt.datetime.now(dt.UTC)))
 
             asyncio.run(fill())
             con = store.cursor()

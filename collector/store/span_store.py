@@ -779,8 +779,8 @@ class SpanStore:
             try:
                 self._con.execute("BEGIN TRANSACTION")
                 # the known ids are a bounded cache: a row may be stored already (OR IGNORE), never missing
-                self._append("span_resources", resources, "INSERT OR IGNORE")
-                self._append("span_scopes", scopes, "INSERT OR IGNORE")
+                self._insert_missing("span_resources", resources)
+                self._insert_missing("span_scopes", scopes)
                 self._insert("span_records", table)
                 if replays is not None:
                     self._insert("journal_replays", replays)
@@ -795,8 +795,8 @@ class SpanStore:
 
     def _insert(self, name: str, table: pa.Table) -> None:
         """Append the table's rows, in the table's column order, from a relation of the Arrow table: registering and
-        dropping a view for it (`_append`) cost about 0.8 ms a statement. With `_record_digests`, a commit of one
-        request took 6.0-6.1 ms of the writer's time against 7.6-8.0 (`python bench/span_append.py
+        dropping a view for it (as `_insert_missing` must) cost about 0.8 ms a statement. With `_record_digests`, a
+        commit of one request took 6.0-6.1 ms of the writer's time against 7.6-8.0 (`python bench/span_append.py
         --commit-overhead`): at half load nearly every export commits alone."""
         assert self._con is not None
         if table.num_rows:
@@ -811,13 +811,15 @@ class SpanStore:
             self._con.execute("INSERT INTO ingest_requests VALUES " + ", ".join(["(?, ?)"] * len(chunk)),
                               [value for digest in chunk for value in (digest, at)])
 
-    def _append(self, name: str, table: pa.Table, insert: str = "INSERT") -> None:
+    def _insert_missing(self, name: str, table: pa.Table) -> None:
+        """Append the rows whose key is not stored yet (`INSERT OR IGNORE`, which a relation's `insert_into` does not
+        take: through a registered view; after the first commits these tables are nearly always empty)."""
         assert self._con is not None
         if not table.num_rows:
             return
         self._con.register("incoming", table)
         try:
-            self._con.execute(f"{insert} INTO {name} SELECT * FROM incoming")
+            self._con.execute(f"INSERT OR IGNORE INTO {name} SELECT * FROM incoming")
         finally:  # in an aborted transaction this fails too, and would hide the error that aborted it
             with contextlib.suppress(duckdb.Error):
                 self._con.unregister("incoming")

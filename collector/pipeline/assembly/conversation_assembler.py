@@ -405,10 +405,10 @@ class ConversationAssembler:
     def _observe(self, table: pa.Table) -> None:
         keys = _commit_keys(table)
         traces = pc.unique(table.column("trace_id")).to_pylist()
-        attributes = table.column("attributes")
-        # nearly every commit holds no end marker: the values are searched only when their bytes may hold one
-        ended = table.filter(pc.match_substring(plain_strings(attributes), END_MARKER)).column("trace_id").to_pylist() \
-            if _may_hold(attributes, END_MARKER) else []
+        attributes = plain_strings(table.column("attributes"))
+        ended: list[str] = []
+        if _may_hold(attributes, END_MARKER):  # nearly never: only then are the values searched one by one
+            ended = table.filter(pc.match_substring(attributes, END_MARKER)).column("trace_id").to_pylist()
         received = pc.min_max(table.column("received_at"))
         first_us = received["min"].value or 0
         newest_us = received["max"].value
