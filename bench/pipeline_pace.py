@@ -22,6 +22,8 @@ keeps up with.
     python bench/pipeline_pace.py --rates 10000,20000  # the whole pipeline paced at 10k, then 20k spans/s
     python bench/pipeline_pace.py --rates 10000 --checkpoint-threshold 4GB --assembling-checkpoint-threshold none
                                                        # no checkpoint within the run
+    python bench/pipeline_pace.py --rates 50000 --paced-only --repeat 8
+                                                       # only the paced runs, eight of them: the tail's spread
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import grpc
@@ -290,6 +293,42 @@ def collector_errors(log_lines: list[str], most: int = 3) -> list[str]:
     return list(found)[-most:]
 
 
+def ingest_alone_and_whole_pipeline(requests: list[bytes], args: argparse.Namespace, conversations: int,
+                                    spans: int) -> dict[str, dict[str, Any]]:
+    """The first two runs: the traffic with nothing completing, then with the 2 s quiet period (the pace)."""
+    alone = one_run("1h", requests, args, conversations)
+    print(f"ingest alone (quiet period 1h): {alone['ingest_wall_s']} s, {spans / alone['ingest_wall_s']:,.0f} "
+          f"spans/s; CPU {alone['cpu_s_total']} s; peak RSS {alone['peak_rss_mb']} MB (PSS {alone['peak_pss_mb']} "
+          f"MB); export p99 {alone['p99_ms']} ms")
+    report = {"ingest_alone": alone}
+    whole = report["whole_pipeline"] = one_run(f"{QUIET_S:.0f}s", requests, args, conversations)
+    if whole["pipeline_wall_s"] is None:
+        print(f"whole pipeline (quiet period 2s): {whole['scored']} of {conversations} scored (the wait ends after "
+              f"{args.timeout:.0f} s, or {STALL_S:.0f} s without a new score); the collector's last errors: "
+              f"{whole['errors'] or 'none'}")
+    else:
+        pipeline = whole["pipeline_wall_s"]
+        pace = alone["ingest_wall_s"] / pipeline
+        extra_cpu = whole["cpu_s_total"] - alone["cpu_s_total"]
+        print(f"whole pipeline (quiet period 2s): ingest {whole['ingest_wall_s']} s, last conversation scored after "
+              f"{pipeline} s: {conversations / pipeline:,.0f} conversations/s, {spans / pipeline:,.0f} spans/s")
+        pace_without_quiet = alone["ingest_wall_s"] / max(pipeline - QUIET_S, 1e-9)
+        print(f"pace {pace:.2f} (goal >= 0.6; {pace_without_quiet:.2f} without the {QUIET_S:.0f} s the collector "
+              f"waits for the last conversation to go quiet); CPU {whole['cpu_s_total']} s "
+              f"(server {whole['cpu_s_server']}, "
+              f"children {whole['cpu_s_children']}): {extra_cpu * 1000 / conversations:.2f} ms of CPU per "
+              f"conversation beyond ingest; peak RSS {whole['peak_rss_mb']} MB (PSS {whole['peak_pss_mb']} MB); "
+              f"export p99 {whole['p99_ms']} ms; spans read back for assembly: {whole['read_back_spans']:,} in "
+              f"{whole['read_back_s']} s")
+        budget = ", ".join(f"{stage} {seconds * 1000 / conversations:.2f}"
+                           for stage, seconds in whole["assembly_cpu_s"].items())
+        print(f"assembly's CPU per conversation, by stage (ms): {budget} (build: the workers' and the server's; "
+              f"observe runs during ingest alone too)")
+        whole["pace"] = round(pace, 3)
+        whole["pace_without_quiet_period"] = round(pace_without_quiet, 3)
+    return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=750, help="exports (default 750: 384k spans)")
@@ -327,45 +366,27 @@ def main() -> None:
     parser.add_argument("--tail", action="store_true", help="print each paced run's exports half a second at a time, "
                         "by when they were due: the slowest, the median and how many took over 100 ms (whether the "
                         "tail comes in bursts, and when)")
+    parser.add_argument("--paced-only", action="store_true", help="with --rates: only the paced runs, not ingest alone "
+                        "nor the whole pipeline at full speed (tail comparisons, with --repeat)")
+    parser.add_argument("--repeat", type=int, default=1, help="run each paced rate this many times, each on a fresh "
+                        "collector (a burst past 100 ms comes in about one half-load run in eight)")
     args = parser.parse_args()
+    if args.paced_only and args.rates is None:
+        parser.error("--paced-only needs --rates: the half load is half of ingest alone's rate, measured in its run")
+    if args.repeat < 1:
+        parser.error("--repeat must be 1 or more")
     requests = build_requests(args.requests, args.spans)
     spans = args.requests * args.spans
     conversations = spans // 64
     print(f"traffic: {spans:,} spans, {conversations:,} conversations of 64 spans, {args.spans} per export, "
           f"{args.in_flight} in flight")
-    alone = one_run("1h", requests, args, conversations)
-    print(f"ingest alone (quiet period 1h): {alone['ingest_wall_s']} s, {spans / alone['ingest_wall_s']:,.0f} "
-          f"spans/s; CPU {alone['cpu_s_total']} s; peak RSS {alone['peak_rss_mb']} MB (PSS {alone['peak_pss_mb']} "
-          f"MB); export p99 {alone['p99_ms']} ms")
-    report = {"ingest_alone": alone}
-    whole = report["whole_pipeline"] = one_run(f"{QUIET_S:.0f}s", requests, args, conversations)
-    if whole["pipeline_wall_s"] is None:
-        print(f"whole pipeline (quiet period 2s): {whole['scored']} of {conversations} scored (the wait ends after "
-              f"{args.timeout:.0f} s, or {STALL_S:.0f} s without a new score); the collector's last errors: "
-              f"{whole['errors'] or 'none'}")
-    else:
-        pipeline = whole["pipeline_wall_s"]
-        pace = alone["ingest_wall_s"] / pipeline
-        extra_cpu = whole["cpu_s_total"] - alone["cpu_s_total"]
-        print(f"whole pipeline (quiet period 2s): ingest {whole['ingest_wall_s']} s, last conversation scored after "
-              f"{pipeline} s: {conversations / pipeline:,.0f} conversations/s, {spans / pipeline:,.0f} spans/s")
-        pace_without_quiet = alone["ingest_wall_s"] / max(pipeline - QUIET_S, 1e-9)
-        print(f"pace {pace:.2f} (goal >= 0.6; {pace_without_quiet:.2f} without the {QUIET_S:.0f} s the collector "
-              f"waits for the last conversation to go quiet); CPU {whole['cpu_s_total']} s "
-              f"(server {whole['cpu_s_server']}, "
-              f"children {whole['cpu_s_children']}): {extra_cpu * 1000 / conversations:.2f} ms of CPU per "
-              f"conversation beyond ingest; peak RSS {whole['peak_rss_mb']} MB (PSS {whole['peak_pss_mb']} MB); "
-              f"export p99 {whole['p99_ms']} ms; spans read back for assembly: {whole['read_back_spans']:,} in "
-              f"{whole['read_back_s']} s")
-        budget = ", ".join(f"{stage} {seconds * 1000 / conversations:.2f}"
-                           for stage, seconds in whole["assembly_cpu_s"].items())
-        print(f"assembly's CPU per conversation, by stage (ms): {budget} (build: the workers' and the server's; "
-              f"observe runs during ingest alone too)")
-        whole["pace"] = round(pace, 3)
-        whole["pace_without_quiet_period"] = round(pace_without_quiet, 3)
-    rates = [spans / alone["ingest_wall_s"] / 2] if args.rates is None else args.rates
-    for rate in rates:
-        paced = report[f"paced_{rate:.0f}"] = one_run(f"{QUIET_S:.0f}s", requests, args, conversations, rate)
+    report: dict[str, dict[str, Any]] = {}
+    if not args.paced_only:
+        report.update(ingest_alone_and_whole_pipeline(requests, args, conversations, spans))
+    rates = [spans / report["ingest_alone"]["ingest_wall_s"] / 2] if args.rates is None else args.rates
+    for rate, run_number in ((r, n) for r in rates for n in range(args.repeat)):
+        name = f"paced_{rate:.0f}" + (f"_{run_number + 1}" if args.repeat > 1 else "")
+        paced = report[name] = one_run(f"{QUIET_S:.0f}s", requests, args, conversations, rate)
         done = paced["pipeline_wall_s"]
         behind = f"{done - paced['ingest_wall_s'] - QUIET_S:.2f} s behind" if done else \
             f"{paced['scored']} of {conversations} scored (errors: {paced['errors'] or 'none'}),"
