@@ -241,9 +241,10 @@ class ConversationSettings(_Section):
     poll_s: float = Field(1.0, gt=0, description="how often completed conversations are looked for")
     max_spans: int = Field(50_000, ge=1, description="a conversation with more spans is not assembled (logged), "
                            "so one runaway trace cannot take the collector's memory")
-    share_under_load: float = Field(0.25, gt=0, le=1, description="while ingest keeps the span writer busy, the "
-                                    "assembler works at most this share of the time (it pauses between batches of "
-                                    "conversations, so exports stay fast); when ingest is light it never pauses")
+    share_under_load: float = Field(0.25, gt=0, le=1, description="while ingest keeps the span writer busy and "
+                                    "exports wait for it (50 ms or more), the assembler works at most this share of "
+                                    "the time (it pauses between batches of conversations, so exports stay fast); "
+                                    "when ingest is light, or no export waited, it never pauses")
     max_waiting_traces: int = Field(100_000, ge=1, description="traces the assembler keeps in memory while they "
                                     "wait for their quiet period (about 250 bytes each); past it, new traces are "
                                     "stored and taken in, oldest first, once it has room (so memory stays bounded "

@@ -144,11 +144,13 @@ class Collector:
         self.assembler = ConversationAssembler(self.store.cursor(), self.settings, self.log,
                                                self.stage.initial_status, self.stage.configs,
                                                writer_busy_s=self.store.stats.busy_now,
+                                               slowed_requests=lambda: self.store.stats.requests_slowed,
                                                checks=self.stage.deterministic, on_checked=self.stage.checked,
                                                index=self.index)
         self.store.listeners.append(self.assembler.observe)
         self.store.on_listener_error = self._assembler_missed
         self.metrics.journaled_spans.set_function(lambda: self.store.stats.journaled_spans)
+        self.metrics.requests_slowed.set_function(lambda: self.store.stats.requests_slowed)
         self.metrics.traces_waiting.set_function(self.assembler.pending_traces)
         self.metrics.conversations_waiting.set_function(self.assembler.pending_conversations)
         self.metrics.conversations_assembled.set_function(lambda: self.assembler.assembled)

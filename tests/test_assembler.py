@@ -628,6 +628,10 @@ def test_the_assembler_keeps_to_its_share_only_while_ingest_keeps_the_writer_bus
     assert assembler.pause_for_ingest(1.0, 0.4) == 0.0  # light ingest: a backlog is worked through at once
     assert assembler.pause_for_ingest(0.0, 0.0) == 0.0
     assert assembler.pause_for_ingest(0.5, 0.5, worked=False) == 0.0  # nothing was due: nothing taken from ingest
+    # the writer looked busy (its commits slow down while the assembler writes) but no export waited 50 ms: go on
+    assert assembler.pause_for_ingest(1.0, 0.9, slowed=0) == 0.0
+    assert assembler.pause_for_ingest(1.0, 0.9, slowed=1) == 3.0
+    assert assembler.pause_for_ingest(1.0, 0.4, slowed=5) == 0.0  # light ingest: a slowed export is not the round's
     assembler.settings.conversations.share_under_load = 1
     assert assembler.pause_for_ingest(1.0, 1.0) == 0.0
     store.close()

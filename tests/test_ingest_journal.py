@@ -213,6 +213,32 @@ def test_without_a_journal_an_export_waits_for_its_commit(tmp_path: Path) -> Non
     assert not IngestJournal.beside(tmp_path / "t.duckdb").folder.exists()
 
 
+@pytest.mark.parametrize("journal_after_s", [None, 0.02])
+def test_an_export_the_span_writer_held_up_is_counted_as_slowed_and_one_answered_at_once_is_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, journal_after_s: float | None) -> None:
+    """The assembler pauses for ingest only after a pass that slowed an export: the store counts the requests it
+    answered `SLOW_REQUEST_S` or more after they reached the writer. One the journal acknowledged while the commit
+    was held was answered at once, however late its commit."""
+    monkeypatch.setattr(span_store, "SLOW_REQUEST_S", 0.4)  # far above a first commit's time, below the hold's
+    store = SpanStore(tmp_path / "t.duckdb", journal_after_s=journal_after_s)
+    store.open()
+    try:
+        async def export() -> None:
+            assert await store.write(_request(1), _digest(1)) == 1  # the writer free: committed at once
+            assert store.stats.requests_slowed == 0
+            release = _hold_writer(store)
+            write = asyncio.ensure_future(store.write(_request(2), _digest(2)))
+            await asyncio.sleep(0.8)
+            release.set()
+            assert await asyncio.wait_for(write, 30) == 1
+
+        asyncio.run(export())
+    finally:
+        store.close()
+    assert store.stats.journaled_requests == (1 if journal_after_s else 0)
+    assert store.stats.requests_slowed == (0 if journal_after_s else 1)
+
+
 CHILD = """
 import asyncio, datetime as dt, json, sys, threading
 sys.path.insert(0, {repository!r})

@@ -302,7 +302,8 @@ class ConversationAssembler:
 
     def __init__(self, con: duckdb.DuckDBPyConnection, settings: Settings, logger: Logger,
                  job_status: Callable[[str], str], metric_configs: dict[str, str],
-                 writer_busy_s: Callable[[], float] | None = None, checks: tuple[str, ...] = (),
+                 writer_busy_s: Callable[[], float] | None = None, slowed_requests: Callable[[], int] | None = None,
+                 checks: tuple[str, ...] = (),
                  on_checked: Callable[[list[CheckedScore]], None] | None = None,
                  index: AssembledIndex | None = None) -> None:
         self.con = con
@@ -339,6 +340,9 @@ class ConversationAssembler:
         self._cohort_counts: dict[tuple[str, str], int] = {}
         self.writer_busy_s = writer_busy_s  # the span writer's seconds spent committing so far (None: not known)
         self._busy_at_write = 0.0  # `writer_busy_s` when versions were last written
+        # how many of the span writer's requests it answered 50 ms or more after they reached them, so far (None:
+        # not known): a round that slowed none took nothing from ingest that exports felt
+        self.slowed_requests = slowed_requests
         self.store_writable: Callable[[], bool] = lambda: True  # False while the store takes no pipeline write
         # after each poll's writes, on this cursor: the store checkpoints the WAL once it is past its assembling
         # threshold (`SpanStore.fold_wal`), in smaller folds than DuckDB's own while conversations are assembled
@@ -588,6 +592,7 @@ class ConversationAssembler:
             while not stop.is_set():
                 done, deferred, worked = 0, False, False  # worked: took traces in, wrote or sent a poll, or failed
                 started, busy, waited, folded = time.monotonic(), self._writer_busy(), self.pool_wait_s, self.fold_s
+                slowed = self._slowed()
                 try:
                     await asyncio.to_thread(self._start_workers_if_due)
                 except Exception as exc:  # the first batch starts them (or builds here), as without this
@@ -618,7 +623,8 @@ class ConversationAssembler:
                 # seconds and it fell behind, `python bench/pipeline_pace.py --requests 1500 --rates 20000`)
                 spent = time.monotonic() - started - (self.pool_wait_s - waited) - (self.fold_s - folded)
                 paused = await self.pause(self.pause_for_ingest(spent, self._writer_busy() - busy,
-                                                                worked=worked or pending is not None), stop)
+                                                                worked=worked or pending is not None,
+                                                                slowed=self._slowed() - slowed), stop)
                 backlog = done >= MAX_PER_POLL or pending is not None or deferred
                 wait = 0.0 if backlog else self.settings.conversations.poll_s - paused
                 if wait > 0:
@@ -675,16 +681,24 @@ class ConversationAssembler:
     def _writer_busy(self) -> float:
         return self.writer_busy_s() if self.writer_busy_s is not None else 0.0
 
-    def pause_for_ingest(self, spent_s: float, writer_busy_s: float, worked: bool = True) -> float:
+    def _slowed(self) -> int:
+        return self.slowed_requests() if self.slowed_requests is not None else 0
+
+    def pause_for_ingest(self, spent_s: float, writer_busy_s: float, worked: bool = True,
+                         slowed: int | None = None) -> float:
         """How long to pause after a round that took `spent_s`, during which the span writer was committing
-        for `writer_busy_s`. Both share two cores and one database: when the writer was busy half the time or
-        more, the assembler keeps to `[conversations] share_under_load` so exports stay fast (its backlog waits,
-        stored); otherwise it goes on at once. A round that took no trace in, wrote and sent no poll and did not
-        fail (`worked` False) took next to nothing from ingest, however long it waited for the GIL: no pause (one of
-        1.4 s, after a round that found nothing due yet, held back the first conversations due, `python
-        bench/pipeline_pace.py`)."""
+        for `writer_busy_s` and answered `slowed` requests 50 ms or more after they reached it (None: not known).
+        Both share two cores and one database: when the writer was busy half the time or more and the round slowed
+        an export, the assembler keeps to `[conversations] share_under_load` so exports stay fast (its backlog
+        waits, stored); otherwise it goes on at once. The writer's commits slow down while the assembler writes, so
+        at 20,000 spans/s it looked busy half the time in most rounds, though no export waited: the pause after
+        each held the assembler to a quarter of the time and it fell 6-7 s behind in 38 s (`python
+        bench/pipeline_pace.py --requests 1500 --rates 20000 --paced-only`). A round that took no trace in, wrote
+        and sent no poll and did not fail (`worked` False) took next to nothing from ingest, however long it waited
+        for the GIL: no pause (one of 1.4 s, after a round that found nothing due yet, held back the first
+        conversations due, `python bench/pipeline_pace.py`)."""
         share = self.settings.conversations.share_under_load
-        if not worked or spent_s <= 0 or writer_busy_s < spent_s / 2 or share >= 1:
+        if not worked or spent_s <= 0 or writer_busy_s < spent_s / 2 or share >= 1 or slowed == 0:
             return 0.0
         return spent_s * (1 - share) / share
 
