@@ -84,9 +84,10 @@ class CollectorMetrics:
         self.journaled_spans = Gauge("tracejudge_ingest_journaled_spans_total", "Spans acknowledged from the ingest "
                                      "journal because their commit was held up (a checkpoint), since start",
                                      registry=self.registry)
-        self.requests_slowed = Gauge("tracejudge_ingest_requests_slowed_total", "Export requests the span writer "
-                                     "answered 50 ms or more after they reached it, or from the ingest journal, since "
-                                     "start: the assembler pauses for ingest only after a pass that slowed one",
+        self.requests_slowed = Gauge("tracejudge_ingest_requests_slowed_total", "Export requests answered 50 ms or "
+                                     "more after they reached the span writer (by their commit, or by the ingest "
+                                     "journal), since start: the assembler pauses for ingest only after a pass that "
+                                     "slowed one",
                                      registry=self.registry)
         self.index_rebuilds = Gauge("tracejudge_assembled_index_rebuilds_total", "Times the index of assembled "
                                     "traces beside the database was found behind it and made again from it (a kill "

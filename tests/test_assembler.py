@@ -631,6 +631,9 @@ def test_the_assembler_keeps_to_its_share_only_while_ingest_keeps_the_writer_bus
     # the writer looked busy (its commits slow down while the assembler writes) but no export waited 50 ms: go on
     assert assembler.pause_for_ingest(1.0, 0.9, slowed=0) == 0.0
     assert assembler.pause_for_ingest(1.0, 0.9, slowed=1) == 3.0
+    assert assembler.pause_for_ingest(1.0, 0.9, slowed=None) == 3.0  # not known (no span writer's count): pauses
+    assembler.writer_busy_s, assembler.slowed_requests = None, None
+    assert assembler._slowed_since(0) is None  # an assembler not wired to the count never skips a pause
     assert assembler.pause_for_ingest(1.0, 0.4, slowed=5) == 0.0  # light ingest: a slowed export is not the round's
     assembler.settings.conversations.share_under_load = 1
     assert assembler.pause_for_ingest(1.0, 1.0) == 0.0
@@ -810,7 +813,8 @@ def test_a_poll_written_in_several_transactions_counts_a_new_cohort_once(tmp_pat
     config.sampling.rules = [SamplingRule(when="new_cohort", first=first, rate=1.0)]
     assembler = ConversationAssembler(store.cursor(), config, Logger(stream=io.StringIO()),
                                       lambda metric: "pending", {m: "x" for m in config.scoring.metrics},
-                                      writer_busy_s=store.stats.busy_now)  # the span writer's, as serve wires it
+                                      writer_busy_s=store.stats.busy_now,  # the span writer's, as serve wires it
+                                      slowed_requests=lambda: store.stats.requests_slowed)
     store.listeners.append(assembler.observe)
     transactions: list[int] = []
     write_chunk = assembler._write_chunk

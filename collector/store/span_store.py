@@ -31,7 +31,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -105,7 +105,7 @@ class _Pending:
     digest: bytes | None = None
     journal: JournalFile | None = None  # the file it was acknowledged from, while its commit was held up
     done: bool = False  # committed, or answered: never journaled after this
-    queued_at: float = 0.0  # perf_counter when it was handed to the writer
+    queued_at: float = field(default_factory=time.perf_counter)  # when it was handed to the writer
 
 
 @dataclass
@@ -283,7 +283,7 @@ class SpanStore:
             self._queued_spans += rows
         loop = asyncio.get_running_loop()
         future: asyncio.Future[int] = loop.create_future()
-        pending = _Pending(span_rows, loop, future, rows, span_rows.nbytes, digest, queued_at=time.perf_counter())
+        pending = _Pending(span_rows, loop, future, rows, span_rows.nbytes, digest)
         with self._lock:
             self._unacked[id(pending)] = pending
         self._queue.put(pending)
@@ -708,6 +708,10 @@ class SpanStore:
             # write fails too; any other failure (disk full, file gone) makes it unhealthy until a commit succeeds
             self.healthy = (_memory_failure(error) or isinstance(error, JournalError | OSError | KeyError)) \
                 and self._can_commit()
+        now = time.perf_counter()
+        with self._lock:  # those acknowledged from the journal were counted then (settled: none is journaled now)
+            self.stats.requests_slowed += sum(p.journal is None and now - p.queued_at >= SLOW_REQUEST_S
+                                              for p in batch)
         for pending in batch:
             outcome: Any = (StoreError(f"the span store could not commit ({self.stats.last_error}); "
                                        "the export was not acknowledged and can be retried")
@@ -739,11 +743,7 @@ class SpanStore:
         commits, or the next start does. Journal files with no request outstanding are returned, to be removed."""
         emptied: list[Path] = []
         failed: set[Path] = set()
-        now = time.perf_counter()
         with self._lock:
-            # answered now, those not acknowledged from the journal already (counted as they were)
-            self.stats.requests_slowed += sum(p.journal is None and now - p.queued_at >= SLOW_REQUEST_S
-                                              for p in batch)
             for pending in batch:
                 file = pending.journal
                 pending.done = True

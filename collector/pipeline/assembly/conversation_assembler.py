@@ -624,7 +624,7 @@ class ConversationAssembler:
                 spent = time.monotonic() - started - (self.pool_wait_s - waited) - (self.fold_s - folded)
                 paused = await self.pause(self.pause_for_ingest(spent, self._writer_busy() - busy,
                                                                 worked=worked or pending is not None,
-                                                                slowed=self._slowed() - slowed), stop)
+                                                                slowed=self._slowed_since(slowed)), stop)
                 backlog = done >= MAX_PER_POLL or pending is not None or deferred
                 wait = 0.0 if backlog else self.settings.conversations.poll_s - paused
                 if wait > 0:
@@ -683,6 +683,10 @@ class ConversationAssembler:
 
     def _slowed(self) -> int:
         return self.slowed_requests() if self.slowed_requests is not None else 0
+
+    def _slowed_since(self, before: int) -> int | None:
+        """Exports slowed since the count was `before`; None when the count is not known (every busy pass pauses)."""
+        return self._slowed() - before if self.slowed_requests is not None else None
 
     def pause_for_ingest(self, spent_s: float, writer_busy_s: float, worked: bool = True,
                          slowed: int | None = None) -> float:
