@@ -395,6 +395,15 @@ def main() -> None:
               f"after {done} s, {behind} the last export and its quiet period; export p50 / p99 "
               f"{paced['p50_ms']} / {paced['p99_ms']} ms, {paced['over_50_ms']} / {paced['over_100_ms']} of "
               f"{len(requests)} over 50 / 100 ms; peak RSS {paced['peak_rss_mb']} MB (PSS {paced['peak_pss_mb']} MB)")
+    if args.repeat > 1:
+        for rate in rates:
+            runs = [report[f"paced_{rate:.0f}_{n + 1}"] for n in range(args.repeat)]
+            over = sum(r["over_100_ms"] for r in runs)
+            p99s = sorted(r["p99_ms"] for r in runs)
+            bursts = sum(r["over_100_ms"] > len(requests) / 100 for r in runs)  # the p99 itself past 100 ms
+            print(f"{rate:,.0f} spans/s over {len(runs)} runs: export p99 {p99s[0]}-{p99s[-1]} ms (median "
+                  f"{p99s[len(p99s) // 2]}), {over} of {len(runs) * len(requests)} exports over 100 ms; runs with "
+                  f"over 1 % of their exports past 100 ms: {bursts}")
     for name, outcome in report.items():
         if outcome["problems"]:
             print(f"the collector's warnings and errors, {name.replace('_', ' ')}: {outcome['problems']}")
