@@ -455,6 +455,8 @@ def test_admin_health_readiness_and_metrics(db: Path) -> None:
         text = httpx.get(f"{collector.admin_url}/metrics").text
         assert 'tracejudge_export_requests_total{protocol="grpc",status="ok"} 1.0' in text
         assert "tracejudge_commit_seconds_bucket" in text and "tracejudge_store_bytes" in text
+        # exports the span writer answered 50 ms or more after they came (what the assembler's pauses follow)
+        assert "\ntracejudge_ingest_requests_slowed_total " in text
         collector.stop()
 
 
