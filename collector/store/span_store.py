@@ -487,8 +487,7 @@ class SpanStore:
                     self._journaled_bytes += pending.nbytes
                     pending.rows = None  # held on disk, not in memory, until its commit (set after `journal`)
             acknowledged = [p for p in fresh if p.journal is file]
-            now = time.perf_counter()
-            self.stats.requests_slowed += sum(now - p.queued_at >= SLOW_REQUEST_S for p in acknowledged)
+            self.stats.requests_slowed += _slowed(acknowledged)
         if not file.outstanding:
             self._remove_journal_file(path)
         self.stats.journaled_requests += len(acknowledged)
@@ -708,10 +707,8 @@ class SpanStore:
             # write fails too; any other failure (disk full, file gone) makes it unhealthy until a commit succeeds
             self.healthy = (_memory_failure(error) or isinstance(error, JournalError | OSError | KeyError)) \
                 and self._can_commit()
-        now = time.perf_counter()
         with self._lock:  # those acknowledged from the journal were counted then (settled: none is journaled now)
-            self.stats.requests_slowed += sum(p.journal is None and now - p.queued_at >= SLOW_REQUEST_S
-                                              for p in batch)
+            self.stats.requests_slowed += _slowed([p for p in batch if p.journal is None])
         for pending in batch:
             outcome: Any = (StoreError(f"the span store could not commit ({self.stats.last_error}); "
                                        "the export was not acknowledged and can be retried")
@@ -932,6 +929,12 @@ def _combined(rows: list[SpanRows], known_resources: set[int], known_scopes: set
     spans = pa.concat_tables([r.spans for r in rows]) if len(rows) > 1 else rows[0].spans
     return (spans, _new_rows([r.resources for r in rows], "resource_id", known_resources),
             _new_rows([r.scopes for r in rows], "scope_id", known_scopes))
+
+
+def _slowed(answered: list[_Pending]) -> int:
+    """How many of the requests about to be answered waited `SLOW_REQUEST_S` or more since they reached the writer."""
+    now = time.perf_counter()
+    return sum(now - pending.queued_at >= SLOW_REQUEST_S for pending in answered)
 
 
 def _answer(pending: _Pending, outcome: Any) -> None:

@@ -340,8 +340,8 @@ class ConversationAssembler:
         self._cohort_counts: dict[tuple[str, str], int] = {}
         self.writer_busy_s = writer_busy_s  # the span writer's seconds spent committing so far (None: not known)
         self._busy_at_write = 0.0  # `writer_busy_s` when versions were last written
-        # how many of the span writer's requests it answered 50 ms or more after they reached them, so far (None:
-        # not known): a round that slowed none took nothing from ingest that exports felt
+        # how many requests the span writer answered 50 ms or more after they reached it, so far (None: not
+        # known): a round that slowed none took nothing from ingest that exports felt
         self.slowed_requests = slowed_requests
         self.store_writable: Callable[[], bool] = lambda: True  # False while the store takes no pipeline write
         # after each poll's writes, on this cursor: the store checkpoints the WAL once it is past its assembling
@@ -681,12 +681,14 @@ class ConversationAssembler:
     def _writer_busy(self) -> float:
         return self.writer_busy_s() if self.writer_busy_s is not None else 0.0
 
-    def _slowed(self) -> int:
-        return self.slowed_requests() if self.slowed_requests is not None else 0
+    def _slowed(self) -> int | None:
+        """The span writer's count of slowed exports so far; None when it is not known (every busy pass pauses)."""
+        return self.slowed_requests() if self.slowed_requests is not None else None
 
-    def _slowed_since(self, before: int) -> int | None:
-        """Exports slowed since the count was `before`; None when the count is not known (every busy pass pauses)."""
-        return self._slowed() - before if self.slowed_requests is not None else None
+    def _slowed_since(self, before: int | None) -> int | None:
+        """Exports slowed since the count was `before` (None: not known)."""
+        now = self._slowed()
+        return None if now is None or before is None else now - before
 
     def pause_for_ingest(self, spent_s: float, writer_busy_s: float, worked: bool = True,
                          slowed: int | None = None) -> float:
